@@ -1,0 +1,5 @@
+"""``python -m tpuwatch``."""
+
+from tpuwatch.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,114 @@
+"""The ``tpuwatch`` command line.  Usage and config errors exit 2 with one line, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any, NoReturn
+
+from tpuwatch import __version__, config as config_module, logsetup
+from tpuwatch.config import SCENARIOS, Config
+from tpuwatch.schema import ConfigError
+
+log = logging.getLogger("tpuwatch")
+
+EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tpuwatch", description="Health monitor and alerting agent for ML accelerator hosts.")
+    parser.add_argument("--version", action="version", version=f"tpuwatch {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument("--config", metavar="PATH",
+                         help=f"config file (default {config_module.DEFAULT_PATH} if it exists, else built-in "
+                              "defaults)")
+        return sub
+
+    run = command("run", "Run the monitoring daemon.")
+    run.add_argument("--simulate", metavar="SCENARIO", choices=SCENARIOS,
+                     help=f"use simulated chips running a scenario: {', '.join(SCENARIOS)}")
+    check = command("check", "Run every collector once and report; exit 0 healthy, 1 unhealthy.")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+
+    config_cmd = commands.add_parser("config", help="Validate or show the configuration.")
+    config_sub = config_cmd.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
+    for name, text in (("check", "Validate the config; exit 2 naming the bad key."),
+                       ("show", "Print the effective config, secrets redacted.")):
+        sub = config_sub.add_parser(name, help=text, description=text)
+        sub.add_argument("--config", metavar="PATH", help="config file")
+    return parser
+
+
+def _load(args: argparse.Namespace) -> Config:
+    config = config_module.load(args.config)
+    scenario = getattr(args, "simulate", None)
+    return config_module.simulated(config, scenario) if scenario else config
+
+
+def _cmd_run(args: argparse.Namespace, config: Config) -> int:
+    from tpuwatch.daemon import Daemon
+    from tpuwatch.web import StartupError
+
+    logsetup.configure(config.log_level)
+    try:
+        daemon = Daemon(config, args.config)
+    except (StartupError, ConfigError) as exc:
+        log.error("cannot start: %s", exc)
+        return EXIT_USAGE
+    daemon.start()
+    try:
+        daemon.wait()
+    finally:
+        daemon.stop()
+    return EXIT_OK
+
+
+def _cmd_check(args: argparse.Namespace, config: Config) -> int:
+    from tpuwatch.report import check_once, render_check
+
+    logsetup.configure("error")
+    result = check_once(config)
+    print(json.dumps(result, indent=2) if args.json else render_check(result))
+    return EXIT_OK if result["status"] == "healthy" else EXIT_UNHEALTHY
+
+
+def _cmd_config(args: argparse.Namespace, config: Config) -> int:
+    if args.config_command == "show":
+        sys.stdout.write(config_module.to_yaml(config))
+    else:
+        print(f"{args.config or 'built-in defaults'}: ok")
+    return EXIT_OK
+
+
+_COMMANDS: dict[str, Any] = {"run": _cmd_run, "check": _cmd_check, "config": _cmd_config}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``tpuwatch`` console script."""
+    args = _parser().parse_args(argv)
+    try:
+        config = _load(args)
+    except ConfigError as exc:
+        print(f"tpuwatch: config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return _COMMANDS[args.command](args, config)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, no traceback
+        if os.environ.get("TPUWATCH_DEBUG"):
+            raise
+        print(f"tpuwatch: internal error: {type(exc).__name__}: {exc} (TPUWATCH_DEBUG=1 shows the traceback)",
+              file=sys.stderr)
+        return EXIT_UNHEALTHY

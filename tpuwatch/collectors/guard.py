@@ -1,0 +1,129 @@
+"""Run collectors isolated from each other: a deadline, a status, and counted failures.
+
+Every call runs in its own daemon thread.  A call that raises or outlives its
+deadline marks the collector failed for that cycle and drops its readings; a
+call that never returns keeps its one thread and blocks only its own
+collector (later cycles count ``still_running`` instead of piling up threads).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tpuwatch.catalog import CATALOG
+from tpuwatch.samples import Sample, invalid_reason
+
+log = logging.getLogger(__name__)
+
+
+class Collector(Protocol):
+    """A source of readings.  ``collect()`` returns [] for "no data" and raises on failure."""
+
+    name: str
+
+    def collect(self) -> list[Sample]: ...
+
+
+@dataclass
+class CollectorStatus:
+    """What the last run of one collector did, plus running totals."""
+
+    success: bool | None = None
+    duration_seconds: float = 0.0
+    samples: int = 0
+    last_error: str | None = None
+    errors: Counter[str] = field(default_factory=Counter)
+    dropped: Counter[str] = field(default_factory=Counter)
+
+
+class _Call:
+    """One collect() call in a daemon thread."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.done = threading.Event()
+        self.result: list[Sample] | None = None
+        self.error: BaseException | None = None
+        self.started = time.monotonic()
+        self.finished = self.started
+        self._collector = collector
+        threading.Thread(target=self._run, name=f"collect-{collector.name}", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self.result = list(self._collector.collect())
+        except BaseException as exc:  # noqa: BLE001 - isolate every failure of a collector
+            self.error = exc
+        finally:
+            self.finished = time.monotonic()
+            self.done.set()
+
+
+class GuardedCollector:
+    """A collector behind a guard that records success, duration and failures."""
+
+    def __init__(self, collector: Collector) -> None:
+        self.collector = collector
+        self.name = collector.name
+        self.status = CollectorStatus()
+        self._call: _Call | None = None
+        self._hung = False
+        self._failing = False
+        self._logged_drops: set[tuple[str, str]] = set()
+
+    def start(self) -> None:
+        """Begin a run unless the previous one is still hung."""
+        self._hung = self._call is not None and not self._call.done.is_set()
+        if not self._hung:
+            self._call = _Call(self.collector)
+
+    def finish(self, deadline: float) -> list[Sample] | None:
+        """Wait until ``deadline`` (monotonic) for the run; valid readings, or None on failure."""
+        call = self._call
+        if call is None:
+            return None
+        if not call.done.wait(max(0.0, deadline - time.monotonic())):
+            hung_for = time.monotonic() - call.started
+            self._fail("still_running" if self._hung else "timeout", f"no answer after {hung_for:.1f}s", hung_for)
+            return None
+        if call.error is not None:
+            self._fail("error", f"{type(call.error).__name__}: {call.error}", call.finished - call.started)
+            return None
+        readings = self._valid(call.result or [])
+        self.status.success = True
+        self.status.duration_seconds = call.finished - call.started
+        self.status.samples = len(readings)
+        self.status.last_error = None
+        if self._failing:
+            log.info("collector %s recovered", self.name)
+            self._failing = False
+        return readings
+
+    def _fail(self, reason: str, detail: str, duration: float) -> None:
+        self.status.success = False
+        self.status.duration_seconds = duration
+        self.status.samples = 0
+        self.status.last_error = detail
+        self.status.errors[reason] += 1
+        if not self._failing:
+            log.error("collector %s failed (%s): %s", self.name, reason, detail)
+            self._failing = True
+
+    def _valid(self, readings: list[Sample]) -> list[Sample]:
+        kept = []
+        for reading in readings:
+            spec = CATALOG[reading.name]
+            reason = invalid_reason(reading.value, spec.allow_negative)
+            if reason is None:
+                kept.append(reading)
+                continue
+            self.status.dropped[reason] += 1
+            if (reading.name, reason) not in self._logged_drops:
+                self._logged_drops.add((reading.name, reason))
+                log.warning("collector %s: dropped %s reading of %s %s (logged once)",
+                            self.name, reason, reading.name, dict(reading.labels))
+        return kept

@@ -1,0 +1,150 @@
+"""The configuration: one YAML file validated once into typed, frozen dataclasses."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+
+from tpuwatch.schema import ConfigError, Duration, ListenAddress, Range, Secret, Url, build, dump
+
+DEFAULT_PATH = Path("/etc/tpuwatch/config.yaml")
+DEFAULT_PORT = 9847
+
+SCENARIOS = ("healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost")
+Scenario = Literal["healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost"]
+SimChip = Literal["v4", "v5e", "v5p", "v6e", "h100", "h200"]
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where the host's pseudo-filesystems are mounted (node_exporter's --path.* idea)."""
+
+    sysfs: str = "/sys"
+    procfs: str = "/proc"
+    dev: str = "/dev"
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """The simulated device backend: the fire-drill mode and the base of tests."""
+
+    count: Annotated[int, Range(1, 64)] = 4
+    scenario: Scenario = "healthy"
+    chip: SimChip = "v5e"
+    seed: int = 0
+    fault_device: Annotated[int, Range(0, 63)] = 0
+    fault_after: Annotated[float, Duration()] = 30.0
+
+    def validate(self, path: str) -> None:
+        if self.fault_device >= self.count:
+            raise ConfigError(f"{path}.fault_device", f"{self.fault_device} is not below count {self.count}")
+
+
+@dataclass(frozen=True)
+class DevicesConfig:
+    """Which device backend samples the accelerators."""
+
+    backend: Literal["auto", "sim", "none"] = "auto"
+    sim: SimConfig = field(default_factory=SimConfig)
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """Host memory/CPU and the processes that hold accelerator device files."""
+
+    device_files: list[str] = field(
+        default_factory=lambda: ["accel[0-9]*", "vfio/[0-9]*", "nvidia[0-9]*"]
+    )
+    holder_scan_interval: Annotated[float, Duration(minimum=1.0)] = 60.0
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Bounds of the in-memory series store: memory is fixed by these, not by uptime."""
+
+    points_per_series: Annotated[int, Range(2, 100_000)] = 360
+    max_series: Annotated[int, Range(16, 1_000_000)] = 10_000
+
+
+@dataclass(frozen=True)
+class ReceiverConfig:
+    """One alert receiver; delivery is wired by the alerting subsystem."""
+
+    name: str
+    type: Literal["webhook", "alertmanager", "pagerduty", "slack"]
+    url: Annotated[str, Url()] | None = None
+    url_file: str | None = None
+    routing_key: Annotated[str, Secret()] | None = None
+    routing_key_file: str | None = None
+
+    def validate(self, path: str) -> None:
+        if (self.url is None) == (self.url_file is None) and self.type != "pagerduty":
+            raise ConfigError(path, f"receiver {self.name!r} needs exactly one of url, url_file")
+        if self.type == "pagerduty" and self.routing_key is None and self.routing_key_file is None:
+            raise ConfigError(path, f"receiver {self.name!r} needs routing_key or routing_key_file")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration; every key has a default."""
+
+    listen: Annotated[str, ListenAddress()] = f"127.0.0.1:{DEFAULT_PORT}"
+    interval: Annotated[float, Duration(minimum=0.1, maximum=3600.0)] = 10.0
+    collector_timeout: Annotated[float, Duration(minimum=0.05, maximum=600.0)] = 5.0
+    state_dir: str = "/var/lib/tpuwatch"
+    web_config: str | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    paths: Paths = field(default_factory=Paths)
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
+    host: HostConfig = field(default_factory=HostConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    notify: list[ReceiverConfig] = field(default_factory=list)
+
+    def validate(self, path: str) -> None:
+        if self.collector_timeout > self.interval:
+            raise ConfigError("collector_timeout", "must not exceed interval")
+        names = [r.name for r in self.notify]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise ConfigError(f"notify[{i}].name", f"duplicate receiver name {name!r}")
+
+
+def parse(text: str, source: str = "<config>") -> Config:
+    """Validate YAML text into a Config; raise ConfigError on any problem."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError("", f"{source}: YAML syntax error at {where}: {problem}") from None
+    return build(Config, data)
+
+
+def load(path: str | os.PathLike[str] | None) -> Config:
+    """Load the config file at ``path``; with None, the default file if present, else defaults."""
+    if path is None:
+        if not DEFAULT_PATH.exists():
+            return Config()
+        path = DEFAULT_PATH
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("", f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    return parse(text, str(path))
+
+
+def simulated(config: Config, scenario: str) -> Config:
+    """``config`` with the simulated backend forced on, running ``scenario``."""
+    sim = dataclasses.replace(config.devices.sim, scenario=scenario)
+    return dataclasses.replace(config, devices=dataclasses.replace(config.devices, backend="sim", sim=sim))
+
+
+def to_yaml(config: Config) -> str:
+    """The effective config as YAML, secrets redacted."""
+    return yaml.safe_dump(dump(config), sort_keys=False, default_flow_style=False)

@@ -1,0 +1,220 @@
+"""``tpuwatch run``: wire collectors, store, scheduler and endpoint; handle signals and reload."""
+
+from __future__ import annotations
+
+import logging
+import math
+import platform
+import signal
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from tpuwatch import __version__, config as config_module, logsetup, sdnotify
+from tpuwatch.collectors import build_collectors
+from tpuwatch.config import Config
+from tpuwatch.devices import DeviceCollector
+from tpuwatch.exporter import build_registry
+from tpuwatch.health import collector_problems, device_problems
+from tpuwatch.samples import Sample, sample
+from tpuwatch.sampler import Sampler
+from tpuwatch.schema import ConfigError
+from tpuwatch.store import SeriesStore
+from tpuwatch.web import Endpoint
+from tpuwatch.webconfig import load_web_config
+
+log = logging.getLogger(__name__)
+
+_SCHEDULER_EVENTS = {EVENT_JOB_ERROR: "error", EVENT_JOB_MISSED: "missed", EVENT_JOB_MAX_INSTANCES: "max_instances"}
+
+
+def _build_sampler(config: Config, store: SeriesStore) -> Sampler:
+    collectors, notes = build_collectors(config)
+    for note in notes:
+        log.info("%s", note)
+    return Sampler(collectors, store, config.collector_timeout)
+
+
+def _sampling_section(config: Config) -> tuple[Any, ...]:
+    return (config.devices, config.paths, config.host, config.collector_timeout)
+
+
+class Daemon:
+    """The long-running service.  ``start()``, then ``wait()`` until a signal stops it."""
+
+    def __init__(self, config: Config, config_path: str | None) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.started_at = time.time()
+        self.store = SeriesStore(config.store.points_per_series, config.store.max_series)
+        self.sampler = _build_sampler(config, self.store)
+        self.scheduler_events: Counter[str] = Counter()
+        self.reload_ok = True
+        self.reload_success_at = self.started_at
+        self._stop = threading.Event()
+        self._reload_requested = threading.Event()
+        self._scheduler = BackgroundScheduler(timezone="UTC")
+        self._scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
+        self.registry = build_registry(lambda: self.store.current(), self.self_samples)
+        self.endpoint = Endpoint(config.listen, self.registry, self.health, load_web_config(config.web_config))
+
+    # --- lifecycle -------------------------------------------------------
+
+    def start(self) -> None:
+        """First sample, then the schedule; tells systemd READY=1."""
+        self._sample()
+        self._schedule()
+        self._scheduler.start()
+        log.info("tpuwatch %s serving %s://%s/metrics, sampling every %ss",
+                 __version__, self.endpoint.scheme, self.config.listen, f"{self.config.interval:g}")
+        sdnotify.notify("READY=1", f"STATUS={self._status_line()}")
+
+    def wait(self) -> None:
+        """Block until SIGTERM/SIGINT, performing reloads on SIGHUP."""
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_reload_signal)
+        while not self._stop.is_set():
+            self._stop.wait(1.0)
+            if self._reload_requested.is_set():
+                self._reload_requested.clear()
+                self.reload()
+
+    def stop(self) -> None:
+        """Stop sampling and serving; does not wait for hung collectors."""
+        sdnotify.notify("STOPPING=1")
+        self._scheduler.shutdown(wait=False)
+        self.endpoint.close()
+        log.info("tpuwatch stopped")
+
+    def reload(self) -> bool:
+        """Re-read the config file; a bad one is refused and the running config kept."""
+        sdnotify.notify("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
+        try:
+            new = config_module.load(self.config_path)
+            web = load_web_config(new.web_config)
+            endpoint = self.endpoint
+            if new.listen != self.config.listen:
+                endpoint = Endpoint(new.listen, self.registry, self.health, web)
+        except (ConfigError, RuntimeError) as exc:
+            self.reload_ok = False
+            log.error("reload refused, keeping the running config: %s", exc)
+            sdnotify.notify("READY=1", "STATUS=reload refused: keeping the running config")
+            return False
+        if endpoint is not self.endpoint:
+            self.endpoint.close()
+            self.endpoint = endpoint
+        else:
+            self.endpoint.set_web_config(web)
+        logsetup.configure(new.log_level)
+        if new.store != self.config.store:
+            self.store = SeriesStore(new.store.points_per_series, new.store.max_series)
+            self.sampler = _build_sampler(new, self.store)
+        elif _sampling_section(new) != _sampling_section(self.config):
+            for guard in self.sampler.guards:
+                self.store.forget(guard.name)
+            self.sampler = _build_sampler(new, self.store)
+        self.config = new
+        self._schedule()
+        self.reload_ok, self.reload_success_at = True, time.time()
+        log.info("config reloaded from %s", self.config_path or "defaults")
+        sdnotify.notify("READY=1", f"STATUS={self._status_line()}")
+        return True
+
+    # --- jobs ------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        grace = math.ceil(self.config.interval)
+        self._scheduler.add_job(self._sample, "interval", seconds=self.config.interval, id="sample",
+                                replace_existing=True, coalesce=True, max_instances=1, misfire_grace_time=grace)
+        ping = sdnotify.watchdog_interval()
+        if ping is not None:
+            self._scheduler.add_job(self._watchdog, "interval", seconds=ping, id="watchdog", replace_existing=True,
+                                    coalesce=True, max_instances=1, misfire_grace_time=math.ceil(ping))
+
+    def _sample(self) -> None:
+        self.sampler.run_once()
+
+    def _watchdog(self) -> None:
+        if self._sampling_fresh():
+            sdnotify.notify("WATCHDOG=1", f"STATUS={self._status_line()}")
+
+    def _on_job_event(self, event: JobExecutionEvent) -> None:
+        name = _SCHEDULER_EVENTS.get(event.code, "other")
+        self.scheduler_events[name] += 1
+        if event.code == EVENT_JOB_ERROR:
+            log.error("job %s failed: %s", event.job_id, event.exception)
+        else:
+            log.warning("job %s %s", event.job_id, name.replace("_", " "))
+
+    def _on_stop_signal(self, signum: int, frame: object) -> None:
+        self._stop.set()
+
+    def _on_reload_signal(self, signum: int, frame: object) -> None:
+        self._reload_requested.set()
+
+    # --- views -----------------------------------------------------------
+
+    def _sampling_fresh(self) -> bool:
+        last = self.sampler.last_cycle_end
+        return last is not None and time.time() - last <= 3 * self.config.interval + self.config.collector_timeout
+
+    def _device_readings(self) -> list[Any]:
+        guard = self.sampler.guard("devices")
+        return guard.collector.last_readings if guard and isinstance(guard.collector, DeviceCollector) else []
+
+    def _status_line(self) -> str:
+        devices = self._device_readings()
+        up = sum(1 for r in devices if r.up)
+        problems = device_problems(devices) + collector_problems(self.sampler.guards)
+        state = f"{len(problems)} problem(s)" if problems else "healthy"
+        return f"{up}/{len(devices)} devices up, {state}"
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """(healthy, report) for /healthz: healthy means tpuwatch itself can monitor."""
+        last = self.sampler.last_cycle_end
+        checks: dict[str, Any] = {
+            "sampling": {"status": "ok" if self._sampling_fresh() else "stale",
+                         "last_sample_age_seconds": round(time.time() - last, 3) if last else None},
+            "config": {"status": "ok" if self.reload_ok else "reload_failed"},
+        }
+        for guard in self.sampler.guards:
+            checks[f"collector:{guard.name}"] = {
+                "status": {True: "ok", False: "failing", None: "pending"}[guard.status.success],
+                "duration_seconds": round(guard.status.duration_seconds, 6),
+                "error": guard.status.last_error,
+            }
+        problems = device_problems(self._device_readings())
+        checks["devices"] = {"status": "problems" if problems else "ok", "problems": problems}
+        healthy = self._sampling_fresh() and all(g.status.success for g in self.sampler.guards)
+        report = {"status": "healthy" if healthy else "unhealthy",
+                  "uptime_seconds": round(time.time() - self.started_at, 3),
+                  "version": __version__, "checks": checks}
+        return healthy, report
+
+    def self_samples(self) -> list[Sample]:
+        """tpuwatch's own metrics: collectors, scheduler, store, config, build."""
+        out = [sample("tpuwatch_build_info", 1, version=__version__, python=platform.python_version())]
+        for guard in self.sampler.guards:
+            status, name = guard.status, guard.name
+            if status.success is not None:
+                out.append(sample("tpuwatch_collector_success", 1 if status.success else 0, collector=name))
+                out.append(sample("tpuwatch_collector_duration_seconds", status.duration_seconds, collector=name))
+                out.append(sample("tpuwatch_collector_samples", status.samples, collector=name))
+            out += [sample("tpuwatch_collector_errors_total", n, collector=name, reason=r)
+                    for r, n in status.errors.items()]
+            out += [sample("tpuwatch_readings_dropped_total", n, collector=name, reason=r)
+                    for r, n in status.dropped.items()]
+        out += [sample("tpuwatch_scheduler_events_total", self.scheduler_events[e], event=e)
+                for e in _SCHEDULER_EVENTS.values()]
+        if self.sampler.last_cycle_end is not None:
+            out.append(sample("tpuwatch_last_sample_timestamp_seconds", self.sampler.last_cycle_end))
+        out.append(sample("tpuwatch_store_series", self.store.series_count()))
+        out.append(sample("tpuwatch_store_evicted_series_total", self.store.evicted_total))
+        out.append(sample("tpuwatch_config_last_reload_successful", 1 if self.reload_ok else 0))
+        out.append(sample("tpuwatch_config_last_reload_success_timestamp_seconds", self.reload_success_at))
+        return out

@@ -1,0 +1,110 @@
+"""Simulated accelerators: the fire-drill mode for alert routing and the base of tests.
+
+Each chip runs a workload whose memory follows an allocator sawtooth around a
+per-chip baseline, with utilization, temperature and power that follow the
+load.  A scenario injects one fault into ``fault_device`` once ``fault_after``
+has passed.  Values depend only on the seed, the chip, the number of reads and
+the elapsed time on the injected clock, so a run is reproducible.
+
+The simulator exports every signal tpuwatch knows, including temperature,
+power and ECC counters that real TPUs do not expose, so that every alert
+route can be drilled on any host.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tpuwatch.config import SimConfig
+from tpuwatch.devices.base import DeviceReading
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class ChipModel:
+    """Published figures of one chip kind, used to keep simulated readings plausible."""
+
+    memory_bytes: int
+    idle_watts: float
+    max_watts: float
+
+
+CHIPS: dict[str, ChipModel] = {
+    "v4": ChipModel(32 * GIB, 90, 192),
+    "v5e": ChipModel(16 * GIB, 60, 170),
+    "v5p": ChipModel(95 * GIB, 120, 350),
+    "v6e": ChipModel(32 * GIB, 80, 250),
+    "h100": ChipModel(80 * GIB, 70, 700),
+    "h200": ChipModel(141 * GIB, 75, 700),
+}
+
+SAWTOOTH_PERIOD_S = 120.0
+LEAK_FRACTION_PER_S = 0.0005  # of capacity: a chip at 65% fills in about 12 minutes
+OVERHEAT_C_PER_S = 0.5
+OVERHEAT_MAX_C = 96.0
+UNCORRECTED_AFTER_S = (30.0, 300.0)  # after the fault starts, one uncorrectable error at each
+
+
+class SimBackend:
+    """``devices.backend: sim``: N deterministic simulated chips following a scenario."""
+
+    name = "sim"
+
+    def __init__(self, config: SimConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self._clock = clock
+        self._start = clock()
+        self._model = CHIPS[config.chip]
+        self._rngs = [random.Random(f"{config.seed}:{i}") for i in range(config.count)]
+        self._baseline = [0.55 + 0.15 * rng.random() for rng in self._rngs]
+        self._phase = [rng.random() for rng in self._rngs]
+        self._corrected = [0] * config.count
+
+    def read(self) -> list[DeviceReading]:
+        """One reading per present chip."""
+        elapsed = self._clock() - self._start
+        fault_age = elapsed - self.config.fault_after
+        readings = []
+        for index in range(self.config.count):
+            faulty = index == self.config.fault_device and fault_age >= 0
+            if faulty and self.config.scenario == "device-lost":
+                continue
+            readings.append(self._chip(index, elapsed, fault_age if faulty else None))
+        return readings
+
+    def _chip(self, index: int, elapsed: float, fault_age: float | None) -> DeviceReading:
+        rng, model, scenario = self._rngs[index], self._model, self.config.scenario
+        cycle = (elapsed / SAWTOOTH_PERIOD_S + self._phase[index]) % 1.0
+        used_fraction = self._baseline[index] + 0.12 * cycle + rng.gauss(0, 0.003)
+        if fault_age is not None and scenario == "hbm-leak":
+            used_fraction += LEAK_FRACTION_PER_S * fault_age
+        used = min(1.0, max(0.05, used_fraction)) * model.memory_bytes
+
+        load = 0.8 + 0.15 * math.sin(2 * math.pi * cycle) + rng.gauss(0, 0.02)
+        utilization = min(1.0, max(0.0, load))
+        temperature = 38.0 + 30.0 * utilization + rng.gauss(0, 0.4)
+        if fault_age is not None and scenario == "overheat":
+            temperature = min(OVERHEAT_MAX_C, temperature + OVERHEAT_C_PER_S * fault_age)
+        power = model.idle_watts + (model.max_watts - model.idle_watts) * utilization + rng.gauss(0, 2.0)
+
+        uncorrected = 0
+        if fault_age is not None and scenario == "ecc-errors":
+            self._corrected[index] += rng.randint(0, 4)
+            uncorrected = sum(1 for after in UNCORRECTED_AFTER_S if fault_age >= after)
+        return DeviceReading(
+            device=str(index),
+            chip=self.config.chip,
+            pci=f"0000:{index + 0x10:02x}:00.0",
+            memory_used_bytes=round(used),
+            memory_total_bytes=model.memory_bytes,
+            utilization_ratio=round(utilization, 4),
+            temperature_celsius=round(temperature, 1),
+            power_watts=round(max(0.0, power), 1),
+            ecc_corrected_total=self._corrected[index],
+            ecc_uncorrected_total=uncorrected,
+        )

@@ -1,0 +1,36 @@
+"""Verdicts on the latest readings: what is wrong, and on which chip."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tpuwatch.collectors import GuardedCollector
+from tpuwatch.devices import DeviceReading
+
+TEMPERATURE_LIMIT_C = 85.0
+MEMORY_FULL_RATIO = 0.98
+
+
+def device_problems(readings: Iterable[DeviceReading]) -> list[str]:
+    """One sentence per problem seen on a chip."""
+    problems = []
+    for r in readings:
+        where = f"device {r.device} ({r.chip}{', pci ' + r.pci if r.pci else ''})"
+        if not r.up:
+            problems.append(f"{where} is down or lost")
+            continue
+        if r.ecc_uncorrected_total:
+            problems.append(f"{where}: {int(r.ecc_uncorrected_total)} uncorrectable ECC error(s)")
+        if r.temperature_celsius is not None and r.temperature_celsius >= TEMPERATURE_LIMIT_C:
+            problems.append(f"{where}: temperature {r.temperature_celsius:.1f} C "
+                            f"(limit {TEMPERATURE_LIMIT_C:.0f} C)")
+        if r.memory_used_bytes is not None and r.memory_total_bytes:
+            ratio = r.memory_used_bytes / r.memory_total_bytes
+            if ratio >= MEMORY_FULL_RATIO:
+                problems.append(f"{where}: memory {ratio:.0%} full")
+    return problems
+
+
+def collector_problems(guards: Iterable[GuardedCollector]) -> list[str]:
+    """One sentence per collector whose last run failed."""
+    return [f"collector {g.name} failed: {g.status.last_error}" for g in guards if g.status.success is False]

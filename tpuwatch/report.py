@@ -1,0 +1,86 @@
+"""``tpuwatch check``: one pass of every collector, as a JSON-ready verdict and a readable table."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tpuwatch.collectors import build_collectors
+from tpuwatch.config import Config
+from tpuwatch.devices import DeviceCollector
+from tpuwatch.health import collector_problems, device_problems
+from tpuwatch.sampler import Sampler
+from tpuwatch.store import SeriesStore
+
+GIB = float(1 << 30)
+
+
+def check_once(config: Config) -> dict[str, Any]:
+    """Sample once and judge; the shape is DESIGN.md's ``tpuwatch check --json``."""
+    collectors, notes = build_collectors(config)
+    store = SeriesStore(points_per_series=2, max_series=100_000)
+    sampler = Sampler(collectors, store, config.collector_timeout)
+    sampler.run_once()
+    devices = next((c for c in collectors if isinstance(c, DeviceCollector)), None)
+    readings = devices.last_readings if devices else []
+    problems = device_problems(readings) + collector_problems(sampler.guards)
+    current = store.current()
+    host = {s.name.removeprefix("tpuwatch_host_"): s.value for s in current if s.name.startswith("tpuwatch_host_")}
+    holders = [{**dict(s.labels), "resident_memory_bytes": s.value} for s in current
+               if s.name == "tpuwatch_holder_process_resident_memory_bytes"]
+    return {
+        "status": "unhealthy" if problems else "healthy",
+        "backend": devices.backend.name if devices else "none",
+        "notes": notes,
+        "devices": [dataclasses.asdict(r) for r in readings],
+        "host": host,
+        "holders": holders,
+        "collectors": [
+            {"collector": g.name, "success": g.status.success, "duration_seconds": g.status.duration_seconds,
+             "samples": g.status.samples, "error": g.status.last_error}
+            for g in sampler.guards
+        ],
+        "problems": problems,
+    }
+
+
+def _fmt(value: Any, unit: str = "", scale: float = 1.0, digits: int = 1) -> str:
+    return "-" if value is None else f"{value / scale:.{digits}f}{unit}"
+
+
+def render_check(result: dict[str, Any]) -> str:
+    """The check result as a table per device and a verdict line."""
+    lines = [f"backend: {result['backend']}"] + [f"  {note}" for note in result["notes"]]
+    if result["devices"]:
+        header = ("DEVICE", "CHIP", "PCI", "UP", "MEM USED/TOTAL GiB", "UTIL", "TEMP C", "POWER W", "ECC CE/UE")
+        rows = [header]
+        for d in result["devices"]:
+            ecc = "-" if d["ecc_corrected_total"] is None and d["ecc_uncorrected_total"] is None else (
+                f"{_fmt(d['ecc_corrected_total'], digits=0)}/{_fmt(d['ecc_uncorrected_total'], digits=0)}")
+            rows.append((
+                d["device"], d["chip"], d["pci"] or "-", "yes" if d["up"] else "NO",
+                f"{_fmt(d['memory_used_bytes'], scale=GIB)}/{_fmt(d['memory_total_bytes'], scale=GIB)}",
+                _fmt(d["utilization_ratio"], "%", 0.01, 0), _fmt(d["temperature_celsius"]),
+                _fmt(d["power_watts"], digits=0), ecc,
+            ))
+        widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
+        lines.append("")
+        lines += ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    host = result["host"]
+    if "memory_total_bytes" in host:
+        lines.append("")
+        lines.append(f"host: {_fmt(host.get('memory_available_bytes'), scale=GIB)} of "
+                     f"{_fmt(host['memory_total_bytes'], scale=GIB)} GiB memory available")
+    for h in result["holders"]:
+        lines.append(f"holder: pid {h['pid']} ({h['command']}) {_fmt(h['resident_memory_bytes'], scale=GIB, digits=2)}"
+                     " GiB resident")
+    lines.append("collectors: " + ", ".join(
+        f"{c['collector']} {'ok' if c['success'] else 'FAILED'} {c['duration_seconds'] * 1000:.1f}ms"
+        for c in result["collectors"]))
+    lines.append("")
+    if result["problems"]:
+        lines.append(f"UNHEALTHY: {len(result['problems'])} problem(s)")
+        lines += [f"  - {p}" for p in result["problems"]]
+    else:
+        lines.append("HEALTHY")
+    return "\n".join(lines)

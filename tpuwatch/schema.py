@@ -1,0 +1,267 @@
+"""Turn plain YAML data into typed dataclasses, naming the key path of every error.
+
+Field types drive validation.  Besides ``int``, ``float``, ``bool``, ``str``,
+``Literal[...]``, ``list[...]``, ``X | None`` and nested dataclasses, a field may
+be ``Annotated`` with one of the checks below (``Duration``, ``Range``,
+``ListenAddress``, ``Url``, ``Secret``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+import types
+import typing
+from typing import Any, Literal, Union
+from urllib.parse import urlsplit
+
+
+class ConfigError(ValueError):
+    """A config value that cannot be used; ``str()`` is ``path.to.key: reason``."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}" if path else reason)
+
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """Parse ``500ms``, ``10s``, ``5m``, ``2h``, ``1d`` into seconds."""
+    match = _DURATION_RE.match(text)
+    if not match:
+        raise ValueError(f"invalid duration {text!r} (use a number and ms, s, m, h or d, like 10s)")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+def format_duration(seconds: float) -> str:
+    """The shortest exact spelling of ``seconds`` in the config's duration syntax."""
+    for unit in ("d", "h", "m", "s"):
+        size = _DURATION_UNITS[unit]
+        if seconds >= size and (seconds / size).is_integer():
+            return f"{int(seconds / size)}{unit}"
+    millis = seconds * 1000
+    return f"{int(millis)}ms" if millis.is_integer() else f"{seconds}s"
+
+
+def parse_listen_address(text: str) -> tuple[str, int]:
+    """Split ``host:port`` / ``[v6]:port`` / ``:port``; the host must be an IP or a name."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError(f"invalid listen address {text!r} (use host:port, like 127.0.0.1:9847)")
+    port = int(port_text)
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} out of range 1-65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        ipaddress.IPv6Address(host)
+    elif host and not re.fullmatch(r"[A-Za-z0-9.-]+", host):
+        raise ValueError(f"invalid host {host!r} in listen address")
+    return host, port
+
+
+class Check:
+    """Base of the ``Annotated`` markers: convert and validate one value.
+
+    A check that ``parses`` sees the raw YAML value before the base type is checked.
+    """
+
+    parses = False
+
+    def convert(self, value: Any) -> Any:
+        return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Duration(Check):
+    """A duration string (``10s``) converted to float seconds, within bounds."""
+
+    parses = True
+
+    minimum: float = 0.0
+    maximum: float = float("inf")
+
+    def convert(self, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise ValueError(f"expected a duration like 10s, got {_kind(value)}")
+        seconds = float(value) if not isinstance(value, str) else parse_duration(value)
+        if not self.minimum <= seconds <= self.maximum:
+            raise ValueError(
+                f"duration {format_duration(seconds)} out of range "
+                f"{format_duration(self.minimum)}..{format_duration(self.maximum)}"
+            )
+        return seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class Range(Check):
+    """A number within ``minimum..maximum``."""
+
+    minimum: float = float("-inf")
+    maximum: float = float("inf")
+
+    def convert(self, value: Any) -> Any:
+        if not self.minimum <= value <= self.maximum:
+            raise ValueError(f"{value} out of range {self.minimum:g}..{self.maximum:g}")
+        return value
+
+
+class ListenAddress(Check):
+    """``host:port`` for a listening socket."""
+
+    def convert(self, value: Any) -> str:
+        parse_listen_address(value)
+        return value
+
+
+class Url(Check):
+    """An absolute http or https URL with a host."""
+
+    def convert(self, value: Any) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"invalid URL {redact_url(value)!r} (need http:// or https:// and a host)")
+        return value
+
+
+class Secret(Check):
+    """A value never printed: ``config show`` writes ``<secret>``."""
+
+
+SECRET_PLACEHOLDER = "<secret>"
+
+
+def redact_url(url: str) -> str:
+    """Hide the password of ``user:password@`` in a URL."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", f":{SECRET_PLACEHOLDER}@", 1)
+    return parts._replace(netloc=netloc).geturl()
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def build(cls: type, data: Any, path: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``; raise ConfigError naming the failing key path."""
+    return _convert(cls, data, path)
+
+
+def _convert(hint: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is typing.Annotated:
+        base, *markers = typing.get_args(hint)
+        checks = [m for m in markers if isinstance(m, Check)]
+        for check in checks:
+            if check.parses:
+                value = _check(check, value, path)
+        value = _convert(base, value, path)
+        for check in checks:
+            if not check.parses:
+                value = _check(check, value, path)
+        return value
+    if origin in (Union, types.UnionType):
+        options = typing.get_args(hint)
+        if value is None and type(None) in options:
+            return None
+        (inner,) = [o for o in options if o is not type(None)]
+        return _convert(inner, value, path)
+    if origin is Literal:
+        choices = typing.get_args(hint)
+        if value not in choices:
+            raise ConfigError(path, f"must be one of {', '.join(map(str, choices))}; got {value!r}")
+        return value
+    if origin is list:
+        (inner,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ConfigError(path, f"expected a list, got {_kind(value)}")
+        return [_convert(inner, item, f"{path}[{i}]") for i, item in enumerate(value)]
+    if origin is dict:
+        key_hint, value_hint = typing.get_args(hint)
+        if not isinstance(value, dict):
+            raise ConfigError(path, f"expected a mapping, got {_kind(value)}")
+        return {
+            _convert(key_hint, k, _join(path, str(k))): _convert(value_hint, v, _join(path, str(k)))
+            for k, v in value.items()
+        }
+    if dataclasses.is_dataclass(hint):
+        return _build_dataclass(hint, value, path)
+    return _convert_scalar(hint, value, path)
+
+
+def _check(check: Check, value: Any, path: str) -> Any:
+    try:
+        return check.convert(value)
+    except ValueError as exc:
+        raise ConfigError(path, str(exc)) from None
+
+
+def _convert_scalar(hint: Any, value: Any, path: str) -> Any:
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is Any or (isinstance(value, hint) and not (hint is int and isinstance(value, bool))):
+        return value
+    expected = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    raise ConfigError(path, f"expected {expected.get(hint, hint.__name__)}, got {_kind(value)}")
+
+
+def _build_dataclass(cls: Any, value: Any, path: str) -> Any:
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise ConfigError(path, f"expected a mapping, got {_kind(value)}")
+    hints = typing.get_type_hints(cls, include_extras=True)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for key in value:
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise ConfigError(_join(path, str(key)), f"unknown key (known keys: {known})")
+    kwargs = {name: _convert(hints[name], value[name], _join(path, name)) for name in fields if name in value}
+    instance = cls(**kwargs)
+    validate = getattr(instance, "validate", None)
+    if validate is not None:
+        validate(path)
+    return instance
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def dump(instance: Any) -> Any:
+    """Plain data for ``instance`` in config syntax, with secrets and URL passwords redacted."""
+    if not dataclasses.is_dataclass(instance):
+        if isinstance(instance, list):
+            return [dump(item) for item in instance]
+        return instance
+    hints = typing.get_type_hints(type(instance), include_extras=True)
+    out: dict[str, Any] = {}
+    for field in dataclasses.fields(instance):
+        value = getattr(instance, field.name)
+        markers = _markers(hints[field.name])
+        if value is not None and any(isinstance(m, Secret) for m in markers):
+            value = SECRET_PLACEHOLDER
+        elif value is not None and any(isinstance(m, Duration) for m in markers):
+            value = format_duration(value)
+        elif value is not None and any(isinstance(m, Url) for m in markers):
+            value = redact_url(value)
+        out[field.name] = dump(value)
+    return out
+
+
+def _markers(hint: Any) -> list[Any]:
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        return [m for arg in typing.get_args(hint) for m in _markers(arg)]
+    if typing.get_origin(hint) is typing.Annotated:
+        return list(typing.get_args(hint)[1:])
+    return []

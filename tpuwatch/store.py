@@ -1,0 +1,101 @@
+"""Bounded in-memory series store: the latest readings and a fixed-size history per series."""
+
+from __future__ import annotations
+
+import threading
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from tpuwatch.samples import Labels, Sample
+
+SeriesKey = tuple[str, Labels]
+
+
+class Ring:
+    """A fixed-capacity ring of (timestamp, value) pairs stored as packed doubles."""
+
+    __slots__ = ("_capacity", "_times", "_values", "_next")
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._times = array("d")
+        self._values = array("d")
+        self._next = 0
+
+    def append(self, timestamp: float, value: float) -> None:
+        """Add a point, overwriting the oldest once full."""
+        if len(self._times) < self._capacity:
+            self._times.append(timestamp)
+            self._values.append(value)
+            return
+        self._times[self._next] = timestamp
+        self._values[self._next] = value
+        self._next = (self._next + 1) % self._capacity
+
+    def points(self) -> list[tuple[float, float]]:
+        """All points, oldest first."""
+        order = list(range(self._next, len(self._times))) + list(range(self._next))
+        return [(self._times[i], self._values[i]) for i in order]
+
+    def __len__(self) -> int:
+        return len(self._times)
+
+
+class SeriesStore:
+    """Latest samples per owner (a collector) plus bounded history per series.
+
+    Memory is fixed by ``points_per_series`` x ``max_series``: when a new series
+    would exceed ``max_series`` the least recently updated one is evicted.
+    """
+
+    def __init__(self, points_per_series: int, max_series: int) -> None:
+        self._points = points_per_series
+        self._max_series = max_series
+        self._current: dict[str, tuple[Sample, ...]] = {}
+        self._history: OrderedDict[SeriesKey, Ring] = OrderedDict()
+        self._lock = threading.Lock()
+        self.evicted_total = 0
+
+    def replace(self, owner: str, samples: Iterable[Sample], timestamp: float) -> None:
+        """Make ``samples`` the owner's current readings and append them to history.
+
+        Series the owner no longer reports disappear from ``current()`` at once
+        (a vanished chip is absent, not stale); their history ages out.
+        """
+        batch = tuple(samples)
+        with self._lock:
+            self._current[owner] = batch
+            for name, labels, value in batch:
+                key = (name, labels)
+                ring = self._history.get(key)
+                if ring is None:
+                    ring = self._history[key] = Ring(self._points)
+                    if len(self._history) > self._max_series:
+                        self._history.popitem(last=False)
+                        self.evicted_total += 1
+                else:
+                    self._history.move_to_end(key)
+                ring.append(timestamp, value)
+
+    def forget(self, owner: str) -> None:
+        """Drop an owner's current readings (its collector was removed)."""
+        with self._lock:
+            self._current.pop(owner, None)
+
+    def current(self) -> list[Sample]:
+        """Every owner's latest samples."""
+        with self._lock:
+            batches = list(self._current.values())
+        return [s for batch in batches for s in batch]
+
+    def history(self, name: str, labels: Labels) -> list[tuple[float, float]]:
+        """Recorded (timestamp, value) points of one series, oldest first."""
+        with self._lock:
+            ring = self._history.get((name, labels))
+            return ring.points() if ring is not None else []
+
+    def series_count(self) -> int:
+        """Number of series with history."""
+        with self._lock:
+            return len(self._history)

@@ -1,0 +1,153 @@
+"""The HTTP endpoint: /metrics, /healthz and a landing page, with optional TLS and basic auth.
+
+Each connection is handled (and its TLS handshake done) in its own thread, with
+a socket timeout and a cap on concurrent connections, so a slow client cannot
+stall scraping.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import json
+import logging
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from tpuwatch.schema import parse_listen_address
+from tpuwatch.webconfig import WebConfig
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 32
+CONNECTION_TIMEOUT_S = 10.0
+
+HealthFn = Callable[[], tuple[bool, dict[str, Any]]]
+
+_LANDING = b"""<!doctype html><html><head><title>tpuwatch</title></head><body>
+<h1>tpuwatch</h1><p><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a></p>
+</body></html>
+"""
+
+
+class StartupError(RuntimeError):
+    """The endpoint cannot start; the message is one line for the user."""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 64
+
+    def __init__(self, address: tuple[str, int], family: socket.AddressFamily, registry: CollectorRegistry,
+                 health: HealthFn, web: WebConfig) -> None:
+        self.address_family = family
+        self.registry = registry
+        self.health = health
+        self.web = web
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            request.settimeout(CONNECTION_TIMEOUT_S)
+            context = self.web.ssl_context
+            if context is not None:
+                try:
+                    request = context.wrap_socket(request, server_side=True)
+                except (ssl.SSLError, OSError) as exc:
+                    log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
+                    self.shutdown_request(request)
+                    return
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        if not self.server.web.authorized(self.headers.get("Authorization")):
+            self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8",
+                       {"WWW-Authenticate": 'Basic realm="tpuwatch"'})
+            return
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+            body = encoder(self.server.registry)
+            extra = {}
+            if "gzip" in self.headers.get("Accept-Encoding", ""):
+                body, extra = gzip.compress(body, compresslevel=1), {"Content-Encoding": "gzip"}
+            self._send(200, body, content_type, extra)
+        elif path == "/healthz":
+            healthy, report = self.server.health()
+            body = (json.dumps(report, indent=2) + "\n").encode()
+            self._send(200 if healthy else 503, body, "application/json")
+        elif path == "/":
+            self._send(200, _LANDING, "text/html; charset=utf-8")
+        else:
+            self._send(404, b"Not found\n", "text/plain; charset=utf-8")
+
+    def _send(self, code: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+        log.debug("%s %s", self.address_string(), format % args)
+
+
+class Endpoint:
+    """A running HTTP endpoint in a background thread."""
+
+    def __init__(self, listen: str, registry: CollectorRegistry, health: HealthFn, web: WebConfig) -> None:
+        host, port = parse_listen_address(listen)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            self._server = _Server((host, port), family, registry, health, web)
+        except OSError as exc:
+            reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+            raise StartupError(f"listen {listen}: {reason}") from None
+        self.listen = listen
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+        self._thread.start()
+
+    @property
+    def scheme(self) -> str:
+        """http or https."""
+        return "https" if self._server.web.ssl_context is not None else "http"
+
+    def set_web_config(self, web: WebConfig) -> None:
+        """Use new TLS and auth settings for connections from now on."""
+        self._server.web = web
+
+    def close(self) -> None:
+        """Stop serving and release the port."""
+        self._server.shutdown()
+        self._server.server_close()
