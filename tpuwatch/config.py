@@ -95,7 +95,7 @@ class Config:
 
     listen: Annotated[str, ListenAddress()] = f"127.0.0.1:{DEFAULT_PORT}"
     interval: Annotated[float, Duration(minimum=0.1, maximum=3600.0)] = 10.0
-    collector_timeout: Annotated[float, Duration(minimum=0.05, maximum=600.0)] = 5.0
+    collector_timeout: Annotated[float, Duration(minimum=0.05, maximum=600.0)] | None = None
     state_dir: str = "/var/lib/tpuwatch"
     web_config: str | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -105,8 +105,13 @@ class Config:
     store: StoreConfig = field(default_factory=StoreConfig)
     notify: list[ReceiverConfig] = field(default_factory=list)
 
+    @property
+    def collector_deadline(self) -> float:
+        """Seconds one collector run may take: collector_timeout, or half the interval up to 5s."""
+        return self.collector_timeout if self.collector_timeout is not None else min(5.0, self.interval / 2)
+
     def validate(self, path: str) -> None:
-        if self.collector_timeout > self.interval:
+        if self.collector_timeout is not None and self.collector_timeout > self.interval:
             raise ConfigError("collector_timeout", "must not exceed interval")
         names = [r.name for r in self.notify]
         for i, name in enumerate(names):

@@ -36,11 +36,11 @@ def _build_sampler(config: Config, store: SeriesStore) -> Sampler:
     collectors, notes = build_collectors(config)
     for note in notes:
         log.info("%s", note)
-    return Sampler(collectors, store, config.collector_timeout)
+    return Sampler(collectors, store, config.collector_deadline)
 
 
 def _sampling_section(config: Config) -> tuple[Any, ...]:
-    return (config.devices, config.paths, config.host, config.collector_timeout)
+    return (config.devices, config.paths, config.host, config.collector_deadline)
 
 
 class Daemon:
@@ -161,7 +161,7 @@ class Daemon:
 
     def _sampling_fresh(self) -> bool:
         last = self.sampler.last_cycle_end
-        return last is not None and time.time() - last <= 3 * self.config.interval + self.config.collector_timeout
+        return last is not None and time.time() - last <= 3 * self.config.interval + self.config.collector_deadline
 
     def _device_readings(self) -> list[Any]:
         guard = self.sampler.guard("devices")

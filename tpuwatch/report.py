@@ -19,7 +19,7 @@ def check_once(config: Config) -> dict[str, Any]:
     """Sample once and judge; the shape is DESIGN.md's ``tpuwatch check --json``."""
     collectors, notes = build_collectors(config)
     store = SeriesStore(points_per_series=2, max_series=100_000)
-    sampler = Sampler(collectors, store, config.collector_timeout)
+    sampler = Sampler(collectors, store, config.collector_deadline)
     sampler.run_once()
     devices = next((c for c in collectors if isinstance(c, DeviceCollector)), None)
     readings = devices.last_readings if devices else []

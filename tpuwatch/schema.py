@@ -226,6 +226,9 @@ def _build_dataclass(cls: Any, value: Any, path: str) -> Any:
         if key not in fields:
             known = ", ".join(sorted(fields))
             raise ConfigError(_join(path, str(key)), f"unknown key (known keys: {known})")
+    for name, spec in fields.items():
+        if name not in value and spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+            raise ConfigError(_join(path, name), "required key missing")
     kwargs = {name: _convert(hints[name], value[name], _join(path, name)) for name in fields if name in value}
     instance = cls(**kwargs)
     validate = getattr(instance, "validate", None)

@@ -47,7 +47,7 @@ SAWTOOTH_PERIOD_S = 120.0
 LEAK_FRACTION_PER_S = 0.0005  # of capacity: a chip at 65% fills in about 12 minutes
 OVERHEAT_C_PER_S = 0.5
 OVERHEAT_MAX_C = 96.0
-UNCORRECTED_AFTER_S = (30.0, 300.0)  # after the fault starts, one uncorrectable error at each
+UNCORRECTED_AFTER_S = (0.0, 120.0)  # after the fault starts, one uncorrectable error at each
 
 
 class SimBackend:

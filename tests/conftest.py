@@ -1,0 +1,127 @@
+"""Shared test helpers: free ports, deadline polling, and a real `tpuwatch run` subprocess."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns a truthy value or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+        except (requests.RequestException, OSError):
+            value = None
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def require_tool(name: str) -> str:
+    """Path of an external tool; skip without it, except in CI (TPUWATCH_REQUIRE_TOOLS=1) where it fails."""
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("TPUWATCH_REQUIRE_TOOLS") == "1":
+            pytest.fail(f"{name} is required in CI but not installed")
+        pytest.skip(f"{name} not installed")
+    return path
+
+
+class DaemonProcess:
+    """`tpuwatch run` as a real subprocess, with its config file and stderr log."""
+
+    def __init__(self, workdir: Path, config: dict[str, Any], args: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.config_path = workdir / "config.yaml"
+        self.log_path = workdir / "stderr.log"
+        self.port = free_port()
+        config = {"listen": f"127.0.0.1:{self.port}", "state_dir": str(workdir / "state"), **config}
+        self.write_config(config)
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tpuwatch", "run", "--config", str(self.config_path), *(args or [])],
+            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+        )
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        self.config_path.write_text(yaml.safe_dump(config))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, scheme: str = "http", **request_kwargs: Any) -> None:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            return requests.get(f"{scheme}://127.0.0.1:{self.port}/healthz", timeout=2,
+                                **request_kwargs).status_code in (200, 503, 401)
+        wait_until(ready, timeout=20, what="the daemon's endpoint")
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def start_daemon(tmp_path: Path) -> Iterator[Callable[..., DaemonProcess]]:
+    """Start real daemons; every one is stopped at teardown."""
+    started: list[DaemonProcess] = []
+
+    def start(config: dict[str, Any], **kwargs: Any) -> DaemonProcess:
+        workdir = tmp_path / f"daemon{len(started)}"
+        workdir.mkdir()
+        daemon = DaemonProcess(workdir, config, **kwargs)
+        started.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in started:
+        daemon.stop()
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the tpuwatch command line in a subprocess."""
+    return subprocess.run([sys.executable, "-m", "tpuwatch", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+SIM_FAST = {"interval": "200ms", "collector_timeout": "150ms",
+            "devices": {"backend": "sim", "sim": {"count": 4, "fault_after": "0s"}}}

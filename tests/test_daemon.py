@@ -1,0 +1,202 @@
+"""`tpuwatch run` as a real subprocess: scrape, health, reload, signals, isolation, sd_notify."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import requests
+
+from conftest import SIM_FAST, DaemonProcess, free_port, run_cli, wait_until
+from fakeproc import make_hanging_procfs
+
+
+def metric(daemon: DaemonProcess, line_prefix: str) -> float | None:
+    """Value of the first /metrics line starting with ``line_prefix``."""
+    for line in requests.get(f"{daemon.url}/metrics", timeout=5).text.splitlines():
+        if line.startswith(line_prefix + " ") or line.startswith(line_prefix + "{") and "}" not in line_prefix:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def up_devices(daemon: DaemonProcess) -> set[str]:
+    text = requests.get(f"{daemon.url}/metrics", timeout=5).text
+    return {line.split('"')[1] for line in text.splitlines()
+            if line.startswith("tpuwatch_device_up{") and line.endswith(" 1.0")}
+
+
+def test_without_accelerators_it_says_so_and_serves_host_metrics(
+        start_daemon: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    daemon = start_daemon({"interval": "200ms", "paths": {"sysfs": str(tmp_path / "empty-sysfs")}})
+    daemon.wait_ready()
+    assert "no accelerator" in daemon.log() and "host metrics only" in daemon.log()
+    health = requests.get(f"{daemon.url}/healthz", timeout=5)
+    assert health.status_code == 200
+    report = health.json()
+    assert set(report) == {"status", "uptime_seconds", "version", "checks"} and report["status"] == "healthy"
+    assert report["checks"]["collector:host"]["status"] == "ok"
+    assert metric(daemon, "tpuwatch_host_memory_total_bytes") > 0
+    assert metric(daemon, 'tpuwatch_collector_success{collector="host"}') == 1.0
+    assert daemon.proc.poll() is None
+
+
+def test_sigterm_stops_within_five_seconds(start_daemon: Callable[..., DaemonProcess]) -> None:
+    daemon = start_daemon(SIM_FAST)
+    daemon.wait_ready()
+    started = time.monotonic()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.proc.wait(timeout=5) == 0
+    assert time.monotonic() - started < 5
+    assert "Traceback" not in daemon.log()
+
+
+def test_reload_applies_a_good_config_and_refuses_a_bad_one(start_daemon: Callable[..., DaemonProcess]) -> None:
+    daemon = start_daemon(SIM_FAST)
+    daemon.wait_ready()
+    wait_until(lambda: up_devices(daemon) == {"0", "1", "2", "3"}, what="four simulated chips")
+    good = {**SIM_FAST, "listen": f"127.0.0.1:{daemon.port}", "devices": {"backend": "sim", "sim": {"count": 2}}}
+    daemon.write_config(good)
+    daemon.signal(signal.SIGHUP)
+    wait_until(lambda: up_devices(daemon) == {"0", "1"}, what="the reload to two chips")
+    assert metric(daemon, "tpuwatch_config_last_reload_successful") == 1.0
+
+    daemon.config_path.write_text("interval: 200ms\ndevices:\n  backend: quantum\n")
+    daemon.signal(signal.SIGHUP)
+    wait_until(lambda: "reload refused" in daemon.log(), what="the refusal to be logged")
+    assert "devices.backend: must be one of auto, sim, none" in daemon.log()
+    assert metric(daemon, "tpuwatch_config_last_reload_successful") == 0.0
+    assert requests.get(f"{daemon.url}/healthz", timeout=5).json()["checks"]["config"]["status"] == "reload_failed"
+    before = metric(daemon, "tpuwatch_last_sample_timestamp_seconds")
+    wait_until(lambda: metric(daemon, "tpuwatch_last_sample_timestamp_seconds") > before,
+               what="sampling to go on under the old config")
+    assert up_devices(daemon) == {"0", "1"}
+    assert daemon.proc.poll() is None
+
+
+def test_reload_can_move_the_listen_address(start_daemon: Callable[..., DaemonProcess]) -> None:
+    daemon = start_daemon(SIM_FAST)
+    daemon.wait_ready()
+    new_port = free_port()
+    daemon.write_config({**SIM_FAST, "listen": f"127.0.0.1:{new_port}"})
+    daemon.signal(signal.SIGHUP)
+    wait_until(lambda: requests.get(f"http://127.0.0.1:{new_port}/healthz", timeout=2).ok, what="the new port")
+    old_port, daemon.port = daemon.port, new_port
+    try:
+        requests.get(f"http://127.0.0.1:{old_port}/healthz", timeout=2)
+        raise AssertionError("the old port still answers")
+    except requests.ConnectionError:
+        pass
+
+
+def test_a_port_in_use_is_a_clear_error() -> None:
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        result = subprocess.run([sys.executable, "-m", "tpuwatch", "run", "--config", "/dev/stdin"],
+                                input=f"listen: 127.0.0.1:{port}\ndevices: {{backend: none}}\n",
+                                capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert f"listen 127.0.0.1:{port}: address already in use" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_hung_collector_stalls_neither_the_others_nor_metrics_nor_shutdown(
+        start_daemon: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    procfs, dev = make_hanging_procfs(tmp_path)
+    config = {**SIM_FAST, "paths": {"procfs": str(procfs), "dev": str(dev)}}
+    daemon = start_daemon(config)
+    daemon.wait_ready()
+    wait_until(lambda: metric(daemon, 'tpuwatch_collector_errors_total{collector="host",reason="still_running"}'),
+               what="the hung host collector to be counted")
+    assert metric(daemon, 'tpuwatch_collector_success{collector="host"}') == 0.0
+    assert metric(daemon, 'tpuwatch_collector_success{collector="devices"}') == 1.0
+    before = metric(daemon, "tpuwatch_last_sample_timestamp_seconds")
+    wait_until(lambda: metric(daemon, "tpuwatch_last_sample_timestamp_seconds") > before, what="sampling")
+    health = requests.get(f"{daemon.url}/healthz", timeout=5)
+    assert health.status_code == 503 and health.json()["checks"]["collector:host"]["status"] == "failing"
+    assert daemon.log().count("collector host failed") == 1
+    started = time.monotonic()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.proc.wait(timeout=5) == 0 and time.monotonic() - started < 5
+
+
+def test_simulate_shows_the_fault_on_its_chip(start_daemon: Callable[..., DaemonProcess]) -> None:
+    daemon = start_daemon({**SIM_FAST, "devices": {"sim": {"fault_after": "0s", "fault_device": 2}}},
+                          args=["--simulate", "ecc-errors"])
+    daemon.wait_ready()
+    assert metric(daemon, 'tpuwatch_device_ecc_errors_total{device="2",kind="uncorrected"}') >= 1
+    assert metric(daemon, 'tpuwatch_device_ecc_errors_total{device="0",kind="uncorrected"}') == 0
+    problems = requests.get(f"{daemon.url}/healthz", timeout=5).json()["checks"]["devices"]["problems"]
+    assert problems == ["device 2 (v5e, pci 0000:12:00.0): 1 uncorrectable ECC error(s)"]
+
+
+def test_sd_notify_protocol(start_daemon: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    path = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(str(path))
+        listener.settimeout(10)
+        daemon = start_daemon(SIM_FAST, env={"NOTIFY_SOCKET": str(path), "WATCHDOG_USEC": "400000"})
+
+        def next_message(containing: str) -> str:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                message = listener.recv(4096).decode()
+                if containing in message.split("\n"):
+                    return message
+            raise AssertionError(f"no {containing} from the daemon")
+
+        ready = next_message("READY=1")
+        assert "STATUS=4/4 devices up, healthy" in ready
+        next_message("WATCHDOG=1")
+        daemon.signal(signal.SIGHUP)
+        reloading = next_message("RELOADING=1")
+        assert "MONOTONIC_USEC=" in reloading
+        next_message("READY=1")
+        daemon.signal(signal.SIGTERM)
+        next_message("STOPPING=1")
+        assert daemon.proc.wait(timeout=5) == 0
+
+
+def test_check_json_verdicts(tmp_path: Path) -> None:
+    healthy, faulty = tmp_path / "healthy.yaml", tmp_path / "faulty.yaml"
+    healthy.write_text("devices: {backend: sim, sim: {count: 2}}\n")
+    faulty.write_text("devices: {backend: sim, sim: {count: 2, scenario: ecc-errors, fault_after: 0s, "
+                      "fault_device: 1}}\n")
+    result = run_cli("check", "--json", "--config", str(healthy))
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["status"] == "healthy" and report["backend"] == "sim" and report["problems"] == []
+    device = report["devices"][0]
+    assert {"device": "0", "chip": "v5e", "pci": "0000:10:00.0", "up": True}.items() <= device.items()
+    assert device["memory_total_bytes"] == 16 << 30 and 0 < device["memory_used_bytes"] < 16 << 30
+    bad = run_cli("check", "--json", "--config", str(faulty))
+    assert bad.returncode == 1
+    assert json.loads(bad.stdout)["problems"] == ["device 1 (v5e, pci 0000:11:00.0): 1 uncorrectable ECC error(s)"]
+    table = run_cli("check", "--config", str(faulty))
+    assert table.returncode == 1
+    assert "DEVICE" in table.stdout and "UNHEALTHY: 1 problem(s)" in table.stdout
+
+
+def test_check_reports_a_hung_collector_as_unhealthy(tmp_path: Path) -> None:
+    procfs, dev = make_hanging_procfs(tmp_path)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"collector_timeout: 300ms\ndevices: {{backend: none}}\n"
+                    f"paths: {{procfs: {procfs}, dev: {dev}}}\n")
+    started = time.monotonic()
+    result = run_cli("check", "--json", "--config", str(path))
+    assert time.monotonic() - started < 10
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["problems"] == ["collector host failed: no answer after 0.3s"]
+
+
+def test_importing_tpuwatch_never_imports_jax() -> None:
+    code = ("import sys, tpuwatch.cli, tpuwatch.daemon, tpuwatch.report; "
+            "sys.exit(any(m == 'jax' or m.startswith('jax.') for m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -1,0 +1,66 @@
+"""The series store: bounded history, eviction, absent-not-stale current readings."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+from tpuwatch.samples import sample
+from tpuwatch.store import Ring, SeriesStore
+
+
+def test_ring_keeps_the_newest_points_in_order() -> None:
+    ring = Ring(3)
+    for i in range(5):
+        ring.append(float(i), i * 10.0)
+    assert ring.points() == [(2.0, 20.0), (3.0, 30.0), (4.0, 40.0)]
+    assert len(ring) == 3
+
+
+def test_current_replaces_an_owners_readings() -> None:
+    store = SeriesStore(points_per_series=4, max_series=100)
+    store.replace("devices", [sample("tpuwatch_device_up", 1, device="0"),
+                              sample("tpuwatch_device_up", 1, device="1")], 1.0)
+    store.replace("host", [sample("tpuwatch_host_memory_total_bytes", 8)], 1.0)
+    store.replace("devices", [sample("tpuwatch_device_up", 1, device="0")], 2.0)
+    current = store.current()
+    assert sample("tpuwatch_device_up", 1, device="1") not in current
+    assert len(current) == 2
+    store.forget("host")
+    assert [s.name for s in store.current()] == ["tpuwatch_device_up"]
+
+
+def test_history_is_bounded_per_series() -> None:
+    store = SeriesStore(points_per_series=5, max_series=100)
+    for t in range(100):
+        store.replace("devices", [sample("tpuwatch_device_up", t, device="0")], float(t))
+    points = store.history("tpuwatch_device_up", (("device", "0"),))
+    assert points == [(float(t), float(t)) for t in range(95, 100)]
+
+
+def test_series_beyond_the_limit_evict_the_least_recently_updated() -> None:
+    store = SeriesStore(points_per_series=2, max_series=16)
+    for pid in range(40):
+        store.replace("host", [sample("tpuwatch_holder_process_resident_memory_bytes", 1, pid=str(pid),
+                                      command="x")], float(pid))
+    assert store.series_count() == 16
+    assert store.evicted_total == 24
+    assert store.history("tpuwatch_holder_process_resident_memory_bytes", (("command", "x"), ("pid", "39")))
+    assert not store.history("tpuwatch_holder_process_resident_memory_bytes", (("command", "x"), ("pid", "0")))
+
+
+def test_memory_is_fixed_by_config_not_by_uptime() -> None:
+    store = SeriesStore(points_per_series=50, max_series=200)
+    batch = [sample("tpuwatch_device_memory_used_bytes", 1, device=str(d)) for d in range(100)]
+
+    def run(cycles: int, start: int) -> None:
+        for t in range(start, start + cycles):
+            store.replace("devices", batch, float(t))
+
+    run(100, 0)  # fill every ring
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    run(2000, 100)
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    assert grown < 16_384, f"store grew by {grown} bytes after its rings were full"
