@@ -47,6 +47,10 @@ _SPECS = [
                ("device_file", "pid", "command")),
     MetricSpec("tpuwatch_holder_process_resident_memory_bytes", "gauge",
                "Resident memory of a process that holds an accelerator device file.", ("pid", "command")),
+    # --- device backends (tpu, nvidia) ---
+    # --- kernel log ---
+    # --- canary ---
+    # --- trend analysis ---
     # tpuwatch itself.
     MetricSpec("tpuwatch_collector_success", "gauge", "1 if the collector's last run succeeded.", ("collector",)),
     MetricSpec("tpuwatch_collector_duration_seconds", "gauge", "Duration of the collector's last run.",

@@ -46,11 +46,61 @@ class SimConfig:
 
 
 @dataclass(frozen=True)
+class TpuConfig:
+    """Cloud TPU backend: sysfs discovery plus libtpu's runtime metric service."""
+
+    metrics_addr: list[str] = field(default_factory=lambda: ["localhost:8431"])
+    call_timeout: Annotated[float, Duration(minimum=0.05, maximum=60.0)] = 2.0
+
+
+@dataclass(frozen=True)
+class NvidiaConfig:
+    """NVIDIA backend (NVML through nvidia-ml-py)."""
+
+    call_timeout: Annotated[float, Duration(minimum=0.05, maximum=60.0)] = 2.0
+
+
+@dataclass(frozen=True)
 class DevicesConfig:
     """Which device backend samples the accelerators."""
 
     backend: Literal["auto", "sim", "none"] = "auto"
     sim: SimConfig = field(default_factory=SimConfig)
+    tpu: TpuConfig = field(default_factory=TpuConfig)
+    nvidia: NvidiaConfig = field(default_factory=NvidiaConfig)
+
+
+@dataclass(frozen=True)
+class KernelLogConfig:
+    """Where kernel messages are read and which rules classify them."""
+
+    source: Literal["auto", "kmsg", "journal", "file", "none"] = "auto"
+    path: str | None = None
+    rules_dirs: list[str] = field(default_factory=lambda: ["/etc/tpuwatch/rules.d"])
+    storm_window: Annotated[float, Duration(minimum=1.0, maximum=86400.0)] = 60.0
+
+    def validate(self, path: str) -> None:
+        if self.source == "file" and not self.path:
+            raise ConfigError(f"{path}.path", "required when source is file")
+
+
+@dataclass(frozen=True)
+class CanaryConfig:
+    """The scheduled reference inference on every idle chip."""
+
+    enabled: bool = True
+    every: Annotated[float, Duration(minimum=10.0)] = 3600.0
+    jitter: Annotated[float, Duration()] = 300.0
+    timeout: Annotated[float, Duration(minimum=1.0, maximum=3600.0)] = 120.0
+    python: str | None = None
+
+
+@dataclass(frozen=True)
+class TrendConfig:
+    """Leak and drift detection on the stored series."""
+
+    critical_eta: Annotated[float, Duration(minimum=60.0)] = 4 * 3600.0
+    max_eta: Annotated[float, Duration(minimum=60.0)] = 7 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +152,9 @@ class Config:
     paths: Paths = field(default_factory=Paths)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
     host: HostConfig = field(default_factory=HostConfig)
+    kernel_log: KernelLogConfig = field(default_factory=KernelLogConfig)
+    canary: CanaryConfig = field(default_factory=CanaryConfig)
+    trend: TrendConfig = field(default_factory=TrendConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     notify: list[ReceiverConfig] = field(default_factory=list)
 
