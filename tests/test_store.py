@@ -16,6 +16,14 @@ def test_ring_keeps_the_newest_points_in_order() -> None:
     assert len(ring) == 3
 
 
+def test_a_partly_filled_ring_returns_only_what_was_added() -> None:
+    ring = Ring(5)
+    assert ring.points() == [] and len(ring) == 0
+    ring.append(1.0, 10.0)
+    ring.append(2.0, 20.0)
+    assert ring.points() == [(1.0, 10.0), (2.0, 20.0)]
+
+
 def test_current_replaces_an_owners_readings() -> None:
     store = SeriesStore(points_per_series=4, max_series=100)
     store.replace("devices", [sample("tpuwatch_device_up", 1, device="0"),

@@ -13,33 +13,36 @@ SeriesKey = tuple[str, Labels]
 
 
 class Ring:
-    """A fixed-capacity ring of (timestamp, value) pairs stored as packed doubles."""
+    """A fixed-capacity ring of (timestamp, value) pairs stored as packed doubles.
 
-    __slots__ = ("_capacity", "_times", "_values", "_next")
+    Both arrays are allocated whole up front, so a series costs the same
+    memory from its first point to its millionth.
+    """
+
+    __slots__ = ("_capacity", "_times", "_values", "_next", "_count")
 
     def __init__(self, capacity: int) -> None:
         self._capacity = capacity
-        self._times = array("d")
-        self._values = array("d")
+        self._times = array("d", bytes(8 * capacity))
+        self._values = array("d", bytes(8 * capacity))
         self._next = 0
+        self._count = 0
 
     def append(self, timestamp: float, value: float) -> None:
         """Add a point, overwriting the oldest once full."""
-        if len(self._times) < self._capacity:
-            self._times.append(timestamp)
-            self._values.append(value)
-            return
         self._times[self._next] = timestamp
         self._values[self._next] = value
         self._next = (self._next + 1) % self._capacity
+        self._count = min(self._count + 1, self._capacity)
 
     def points(self) -> list[tuple[float, float]]:
         """All points, oldest first."""
-        order = list(range(self._next, len(self._times))) + list(range(self._next))
+        start = (self._next - self._count) % self._capacity
+        order = [(start + i) % self._capacity for i in range(self._count)]
         return [(self._times[i], self._values[i]) for i in order]
 
     def __len__(self) -> int:
-        return len(self._times)
+        return self._count
 
 
 class SeriesStore:
