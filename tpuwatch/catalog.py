@@ -51,6 +51,7 @@ _SPECS = [
     # --- kernel log ---
     # --- canary ---
     # --- trend analysis ---
+    # --- alerting ---
     # tpuwatch itself.
     MetricSpec("tpuwatch_collector_success", "gauge", "1 if the collector's last run succeeded.", ("collector",)),
     MetricSpec("tpuwatch_collector_duration_seconds", "gauge", "Duration of the collector's last run.",

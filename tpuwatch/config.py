@@ -140,6 +140,15 @@ class ReceiverConfig:
 
 
 @dataclass(frozen=True)
+class AlertingConfig:
+    """Alert rules, grouping and durable delivery to the receivers in ``notify``."""
+
+    group_wait: Annotated[float, Duration()] = 30.0
+    group_interval: Annotated[float, Duration(minimum=1.0)] = 300.0
+    repeat_interval: Annotated[float, Duration(minimum=60.0)] = 4 * 3600.0
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration; every key has a default."""
 
@@ -156,6 +165,7 @@ class Config:
     canary: CanaryConfig = field(default_factory=CanaryConfig)
     trend: TrendConfig = field(default_factory=TrendConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
+    alerting: AlertingConfig = field(default_factory=AlertingConfig)
     notify: list[ReceiverConfig] = field(default_factory=list)
 
     @property
