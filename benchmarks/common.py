@@ -1,0 +1,20 @@
+"""Shared by the benchmark scripts: where BENCHMARKS.md is and how a section of it is replaced."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS_MD = REPO_ROOT / "BENCHMARKS.md"
+_HEADER = ("# tpuwatch benchmarks\n\nEach section is written by one script under benchmarks/ "
+           "(`python benchmarks/run.py` runs them all) and states its command, machine and date.\n")
+
+
+def write_section(topic: str, markdown: str, path: Path = BENCHMARKS_MD) -> None:
+    """Replace (or append) the ``<!-- topic:begin -->`` ... ``<!-- topic:end -->`` block of ``path``."""
+    block = f"<!-- {topic}:begin -->\n{markdown.strip()}\n<!-- {topic}:end -->"
+    text = path.read_text() if path.exists() else _HEADER
+    pattern = re.compile(rf"<!-- {re.escape(topic)}:begin -->.*?<!-- {re.escape(topic)}:end -->", re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else f"{text.rstrip()}\n\n{block}\n"
+    path.write_text(text)
