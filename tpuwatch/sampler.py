@@ -1,4 +1,9 @@
-"""One sampling cycle: run every collector behind its guard and store what they read."""
+"""One sampling cycle: run every collector behind its guard and store what they read.
+
+A cycle has stages.  Collectors of one stage run concurrently under one
+deadline; a later stage (analysis, alert evaluation) starts once the readings
+of the earlier ones are in the store, so it sees this cycle's data.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,12 @@ from tpuwatch.store import SeriesStore
 
 
 class Sampler:
-    """Runs all collectors concurrently, each with the same deadline, into the store."""
+    """Runs the collectors stage by stage into the store."""
 
-    def __init__(self, collectors: Sequence[Collector], store: SeriesStore, timeout: float) -> None:
-        self.guards = [GuardedCollector(c) for c in collectors]
+    def __init__(self, collectors: Sequence[Collector], store: SeriesStore, timeout: float,
+                 derived: Sequence[Collector] = ()) -> None:
+        self.stages = [[GuardedCollector(c) for c in stage] for stage in (collectors, derived) if stage]
+        self.guards = [guard for stage in self.stages for guard in stage]
         self.store = store
         self.timeout = timeout
         self.cycles = 0
@@ -21,13 +28,14 @@ class Sampler:
 
     def run_once(self) -> None:
         """Sample every collector once; failed ones contribute no readings this cycle."""
-        for guard in self.guards:
-            guard.start()
-        deadline = time.monotonic() + self.timeout
         now = time.time()
-        for guard in self.guards:
-            readings = guard.finish(deadline)
-            self.store.replace(guard.name, readings or (), now)
+        for stage in self.stages:
+            for guard in stage:
+                guard.start()
+            deadline = time.monotonic() + self.timeout
+            for guard in stage:
+                readings = guard.finish(deadline)
+                self.store.replace(guard.name, readings or (), now)
         self.cycles += 1
         self.last_cycle_end = time.time()
 
