@@ -115,3 +115,22 @@ def test_failures_are_logged_once_per_streak(caplog: pytest.LogCaptureFixture) -
             guard.finish(time.monotonic() + 1)
     assert len([r for r in caplog.records if "failed" in r.getMessage()]) == 1
     assert guard.status.errors == {"error": 5}
+
+
+def test_derived_collectors_see_the_same_cycles_readings() -> None:
+    store = SeriesStore(10, 100)
+
+    class Doubler:
+        name = "doubler"
+
+        def collect(self) -> list[Sample]:
+            total = next(s.value for s in store.current() if s.name == "tpuwatch_host_memory_total_bytes")
+            return [sample("tpuwatch_host_memory_available_bytes", total * 2)]
+
+    source = Fixed("source", [sample("tpuwatch_host_memory_total_bytes", 21)])
+    sampler = Sampler([source], store, timeout=1.0, derived=[Doubler()])
+    sampler.run_once()
+    assert sample("tpuwatch_host_memory_available_bytes", 42) in store.current()
+    source.readings = [sample("tpuwatch_host_memory_total_bytes", 50)]
+    sampler.run_once()
+    assert sample("tpuwatch_host_memory_available_bytes", 100) in store.current()
