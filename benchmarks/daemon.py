@@ -44,15 +44,16 @@ from pathlib import Path
 
 import requests
 
-import tpuwatch
-from tpuwatch import config as config_module
-from tpuwatch.collectors import build_collectors
-from tpuwatch.collectors.host import scan_holders
-from tpuwatch.config import Config
-from tpuwatch.sampler import Sampler
-from tpuwatch.store import SeriesStore
-
 from common import BENCHMARKS_MD, REPO_ROOT, write_section
+
+sys.path.insert(0, str(REPO_ROOT))  # measure the tpuwatch of this checkout, whatever else is installed
+import tpuwatch  # noqa: E402
+from tpuwatch import config as config_module  # noqa: E402
+from tpuwatch.collectors import build_collectors  # noqa: E402
+from tpuwatch.collectors.host import scan_holders  # noqa: E402
+from tpuwatch.config import Config  # noqa: E402
+from tpuwatch.sampler import Sampler  # noqa: E402
+from tpuwatch.store import SeriesStore  # noqa: E402
 
 NODE_EXPORTER_NAMES = ("prometheus-node-exporter", "node_exporter")
 SIM_CHIPS = 8
