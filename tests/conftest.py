@@ -123,5 +123,5 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
                           timeout=timeout)
 
 
-SIM_FAST = {"interval": "200ms", "collector_timeout": "150ms",
+SIM_FAST = {"interval": "200ms", "collector_timeout": "150ms", "canary": {"enabled": False},
             "devices": {"backend": "sim", "sim": {"count": 4, "fault_after": "0s"}}}

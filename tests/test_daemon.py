@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import requests
 
 from conftest import SIM_FAST, DaemonProcess, free_port, run_cli, wait_until
@@ -36,6 +37,7 @@ def test_without_accelerators_it_says_so_and_serves_host_metrics(
     daemon = start_daemon({"interval": "200ms", "paths": {"sysfs": str(tmp_path / "empty-sysfs")}})
     daemon.wait_ready()
     assert "no accelerator" in daemon.log() and "host metrics only" in daemon.log()
+    assert "canary not scheduled: no accelerator" in daemon.log()
     health = requests.get(f"{daemon.url}/healthz", timeout=5)
     assert health.status_code == 200
     report = health.json()
@@ -200,3 +202,14 @@ def test_importing_tpuwatch_never_imports_jax() -> None:
     code = ("import sys, tpuwatch.cli, tpuwatch.daemon, tpuwatch.report; "
             "sys.exit(any(m == 'jax' or m.startswith('jax.') for m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_simulated_sdc_fails_the_canary_on_its_chip_only(start_daemon: Callable[..., DaemonProcess]) -> None:
+    pytest.importorskip("jax")
+    daemon = start_daemon({**SIM_FAST, "canary": {"enabled": True, "every": "1h", "jitter": "0s", "timeout": "60s"},
+                           "devices": {"sim": {"count": 4, "fault_device": 1}}}, args=["--simulate", "sdc"])
+    daemon.wait_ready()
+    healthy = wait_until(lambda: {d: metric(daemon, f'tpuwatch_canary_healthy{{device="{d}"}}') for d in "0123"}
+                         if metric(daemon, 'tpuwatch_canary_runs_total{result="fail"}') else None,
+                         timeout=60, what="the first canary run")
+    assert healthy == {"0": 1.0, "1": 0.0, "2": 1.0, "3": 1.0}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -16,6 +17,12 @@ from tpuwatch.schema import ConfigError
 log = logging.getLogger("tpuwatch")
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
+
+# Subcommands implemented in their subsystem's package: module with add_arguments(parser) and run(args, config).
+_EXTENSIONS = {
+    "canary": ("tpuwatch.canary.cli", "Run the reference inference once on every idle chip; exit 0 pass, "
+                                      "1 wrong results, 3 could not run."),
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -40,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
                      help=f"use simulated chips running a scenario: {', '.join(SCENARIOS)}")
     check = command("check", "Run every collector once and report; exit 0 healthy, 1 unhealthy.")
     check.add_argument("--json", action="store_true", help="machine-readable output")
+
+    for name, (module, help_text) in _EXTENSIONS.items():
+        importlib.import_module(module).add_arguments(command(name, help_text))
 
     config_cmd = commands.add_parser("config", help="Validate or show the configuration.")
     config_sub = config_cmd.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
@@ -103,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tpuwatch: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
+        if args.command in _EXTENSIONS:
+            return importlib.import_module(_EXTENSIONS[args.command][0]).run(args, config)
         return _COMMANDS[args.command](args, config)
     except KeyboardInterrupt:
         return 130

@@ -64,7 +64,7 @@ class NvidiaConfig:
 class DevicesConfig:
     """Which device backend samples the accelerators."""
 
-    backend: Literal["auto", "sim", "none"] = "auto"
+    backend: Literal["auto", "tpu", "nvidia", "sim", "none"] = "auto"
     sim: SimConfig = field(default_factory=SimConfig)
     tpu: TpuConfig = field(default_factory=TpuConfig)
     nvidia: NvidiaConfig = field(default_factory=NvidiaConfig)
@@ -93,6 +93,7 @@ class CanaryConfig:
     jitter: Annotated[float, Duration()] = 300.0
     timeout: Annotated[float, Duration(minimum=1.0, maximum=3600.0)] = 120.0
     python: str | None = None
+    lockfile: str = "/tmp/libtpu_lockfile"
 
 
 @dataclass(frozen=True)
@@ -123,29 +124,67 @@ class StoreConfig:
 
 @dataclass(frozen=True)
 class ReceiverConfig:
-    """One alert receiver; delivery is wired by the alerting subsystem."""
+    """One alert receiver: where notifications go, which alerts it takes, and its secrets.
+
+    Secret files (``url_file``, ``routing_key_file``, ``secret_file``) given as a
+    relative path are read from ``$CREDENTIALS_DIRECTORY`` (systemd's LoadCredential).
+    """
 
     name: str
     type: Literal["webhook", "alertmanager", "pagerduty", "slack"]
     url: Annotated[str, Url()] | None = None
     url_file: str | None = None
+    urls: list[Annotated[str, Url()]] = field(default_factory=list)
     routing_key: Annotated[str, Secret()] | None = None
     routing_key_file: str | None = None
+    secret_file: str | None = None
+    headers: Annotated[dict[str, str], Secret()] | None = None
+    match: dict[str, str] = field(default_factory=dict)
+    send_resolved: bool = True
 
     def validate(self, path: str) -> None:
-        if (self.url is None) == (self.url_file is None) and self.type != "pagerduty":
-            raise ConfigError(path, f"receiver {self.name!r} needs exactly one of url, url_file")
+        given = (self.url is not None) + (self.url_file is not None) + bool(self.urls)
+        if self.urls and self.type != "alertmanager":
+            raise ConfigError(f"{path}.urls", "only alertmanager receivers take a list of urls")
+        if given != 1 and self.type != "pagerduty":
+            raise ConfigError(path, f"receiver {self.name!r} needs exactly one of url, url_file"
+                              + (", urls" if self.type == "alertmanager" else ""))
         if self.type == "pagerduty" and self.routing_key is None and self.routing_key_file is None:
             raise ConfigError(path, f"receiver {self.name!r} needs routing_key or routing_key_file")
+        if self.secret_file is not None and self.type != "webhook":
+            raise ConfigError(f"{path}.secret_file", "only webhook receivers sign their requests")
+        import re  # local: this section owns no module-level imports of the shared file
+
+        for label, pattern in self.match.items():
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"{path}.match.{label}", f"invalid regular expression: {exc}") from None
 
 
 @dataclass(frozen=True)
 class AlertingConfig:
     """Alert rules, grouping and durable delivery to the receivers in ``notify``."""
 
+    enabled: bool = True
+    default_rules: bool = True
+    rule_files: list[str] = field(default_factory=lambda: ["/etc/tpuwatch/alerts.d/*.yaml"])
     group_wait: Annotated[float, Duration()] = 30.0
     group_interval: Annotated[float, Duration(minimum=1.0)] = 300.0
     repeat_interval: Annotated[float, Duration(minimum=60.0)] = 4 * 3600.0
+    resend_delay: Annotated[float, Duration(minimum=1.0, maximum=3600.0)] = 60.0
+    resolved_retention: Annotated[float, Duration(maximum=86400.0)] = 900.0
+    send_timeout: Annotated[float, Duration(minimum=0.1, maximum=300.0)] = 10.0
+    retry_initial: Annotated[float, Duration(minimum=0.01)] = 1.0
+    retry_max: Annotated[float, Duration(minimum=0.01)] = 300.0
+    max_age: Annotated[float, Duration(minimum=1.0)] = 86400.0
+    outbox_max_bytes: Annotated[int, Range(1 << 20, 1 << 40)] = 256 << 20
+    breaker_failures: Annotated[int, Range(1, 1000)] = 5
+    breaker_reset: Annotated[float, Duration(minimum=0.1)] = 300.0
+
+    def validate(self, path: str) -> None:
+        if self.retry_max < self.retry_initial:
+            raise ConfigError(f"{path}.retry_max", "must not be below retry_initial")
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,14 @@ import signal
 import threading
 import time
 from collections import Counter
+from datetime import datetime, timezone
 from typing import Any
 
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from tpuwatch import __version__, config as config_module, logsetup, sdnotify
+from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.collectors import build_collectors
 from tpuwatch.config import Config
 from tpuwatch.devices import DeviceCollector
@@ -32,15 +34,30 @@ log = logging.getLogger(__name__)
 _SCHEDULER_EVENTS = {EVENT_JOB_ERROR: "error", EVENT_JOB_MISSED: "missed", EVENT_JOB_MAX_INSTANCES: "max_instances"}
 
 
-def _build_sampler(config: Config, store: SeriesStore) -> Sampler:
+def _build_sampler(config: Config, store: SeriesStore, canary: CanaryCollector | None) -> Sampler:
     collectors, notes = build_collectors(config)
     for note in notes:
         log.info("%s", note)
-    return Sampler(collectors, store, config.collector_deadline)
+    return Sampler([*collectors, *([canary] if canary else [])], store, config.collector_deadline)
 
 
 def _sampling_section(config: Config) -> tuple[Any, ...]:
-    return (config.devices, config.paths, config.host, config.collector_deadline)
+    return (config.devices, config.paths, config.host, config.collector_deadline, config.canary)
+
+
+def _canary(config: Config) -> CanaryCollector | None:
+    return CanaryCollector(config) if config.canary.enabled else None
+
+
+def _canary_drill(config: Config) -> dict[str, Any]:
+    """With simulated chips: as many CPU devices as chips, and the sdc scenario's corruption on its chip."""
+    if config.devices.backend != "sim":
+        return {}
+    sim = config.devices.sim
+    drill: dict[str, Any] = {"env": {"XLA_FLAGS": f"--xla_force_host_platform_device_count={sim.count}"}}
+    if sim.scenario == "sdc":
+        drill |= {"inject": "scale", "inject_device": sim.fault_device}
+    return drill
 
 
 class Daemon:
@@ -51,7 +68,8 @@ class Daemon:
         self.config_path = config_path
         self.started_at = time.time()
         self.store = SeriesStore(config.store.points_per_series, config.store.max_series)
-        self.sampler = _build_sampler(config, self.store)
+        self.canary = _canary(config)
+        self.sampler = _build_sampler(config, self.store, self.canary)
         self.scheduler_events: Counter[str] = Counter()
         self.reload_ok = True
         self.reload_success_at = self.started_at
@@ -111,13 +129,15 @@ class Daemon:
         else:
             self.endpoint.set_web_config(web)
         logsetup.configure(new.log_level)
+        if new.canary != self.config.canary:
+            self.canary = _canary(new)
         if new.store != self.config.store:
             self.store = SeriesStore(new.store.points_per_series, new.store.max_series)
-            self.sampler = _build_sampler(new, self.store)
+            self.sampler = _build_sampler(new, self.store, self.canary)
         elif _sampling_section(new) != _sampling_section(self.config):
             for guard in self.sampler.guards:
                 self.store.forget(guard.name)
-            self.sampler = _build_sampler(new, self.store)
+            self.sampler = _build_sampler(new, self.store, self.canary)
         self.config = new
         self._schedule()
         self.reload_ok, self.reload_success_at = True, time.time()
@@ -131,10 +151,30 @@ class Daemon:
         grace = math.ceil(self.config.interval)
         self._scheduler.add_job(self._sample, "interval", seconds=self.config.interval, id="sample",
                                 replace_existing=True, coalesce=True, max_instances=1, misfire_grace_time=grace)
+        self._schedule_canary()
         ping = sdnotify.watchdog_interval()
         if ping is not None:
             self._scheduler.add_job(self._watchdog, "interval", seconds=ping, id="watchdog", replace_existing=True,
                                     coalesce=True, max_instances=1, misfire_grace_time=math.ceil(ping))
+
+    def _schedule_canary(self) -> None:
+        existing = self._scheduler.get_job("canary")
+        if self.canary is None or self.sampler.guard("devices") is None:
+            if existing:
+                existing.remove()
+            if self.canary is not None:
+                log.info("canary not scheduled: no accelerator (`tpuwatch canary` runs it by hand on the CPU)")
+            return
+        every = self.config.canary.every
+        first = None if existing else datetime.now(timezone.utc)  # the first run right away, then every period
+        self._scheduler.add_job(self._run_canary, "interval", seconds=every, jitter=self.config.canary.jitter,
+                                id="canary", replace_existing=True, coalesce=True, max_instances=1,
+                                misfire_grace_time=math.ceil(every), **({"next_run_time": first} if first else {}))
+
+    def _run_canary(self) -> None:
+        canary = self.canary
+        if canary is not None:
+            canary.run_once(**_canary_drill(self.config))
 
     def _sample(self) -> None:
         self.sampler.run_once()

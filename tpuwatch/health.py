@@ -17,8 +17,14 @@ def device_problems(readings: Iterable[DeviceReading]) -> list[str]:
     for r in readings:
         where = f"device {r.device} ({r.chip}{', pci ' + r.pci if r.pci else ''})"
         if not r.up:
-            problems.append(f"{where} is down or lost")
+            problems.append(f"{where} is down: {r.problem}" if r.problem else f"{where} is down or lost")
             continue
+        if r.status is not None and r.status != "ALIVE":
+            problems.append(f"{where}: driver status {r.status}")
+        if r.row_remap_failed:
+            problems.append(f"{where}: row remapping failed (memory cannot be repaired, replace the GPU)")
+        elif r.memory_repair_pending:
+            problems.append(f"{where}: memory repair pending (page retirement or row remap needs a GPU reset)")
         if r.ecc_uncorrected_total:
             problems.append(f"{where}: {int(r.ecc_uncorrected_total)} uncorrectable ECC error(s)")
         if r.temperature_celsius is not None and r.temperature_celsius >= TEMPERATURE_LIMIT_C:

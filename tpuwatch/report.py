@@ -8,6 +8,7 @@ from typing import Any
 from tpuwatch.collectors import build_collectors
 from tpuwatch.config import Config
 from tpuwatch.devices import DeviceCollector
+from tpuwatch.devices.base import sources_line
 from tpuwatch.health import collector_problems, device_problems
 from tpuwatch.sampler import Sampler
 from tpuwatch.store import SeriesStore
@@ -66,6 +67,10 @@ def render_check(result: dict[str, Any]) -> str:
         widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
         lines.append("")
         lines += ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        details = [(d["device"], sources_line(d["sources"])) for d in result["devices"] if d.get("sources")]
+        if details:
+            lines.append("")
+            lines += [f"device {device} read from {line}" for device, line in details]
     host = result["host"]
     if "memory_total_bytes" in host:
         lines.append("")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 from tpuwatch.config import Config
 from tpuwatch.devices.base import DeviceBackend, DeviceCollector, DeviceReading
+from tpuwatch.devices.nvidia import NvidiaBackend
+from tpuwatch.devices.pci import VENDOR_GOOGLE, VENDOR_NVIDIA, PciDevice, pci_root, scan_pci
 from tpuwatch.devices.sim import SimBackend
+from tpuwatch.devices.tpu import TpuBackend
 
 log = logging.getLogger(__name__)
 
@@ -17,34 +18,10 @@ __all__ = ["BACKENDS", "DeviceBackend", "DeviceCollector", "DeviceReading", "Pci
            "select_backend"]
 
 BACKENDS: dict[str, Callable[[Config], DeviceBackend]] = {
+    "tpu": TpuBackend,
+    "nvidia": NvidiaBackend,
     "sim": lambda config: SimBackend(config.devices.sim),
 }
-
-VENDOR_GOOGLE = "0x1ae0"
-VENDOR_NVIDIA = "0x10de"
-
-
-@dataclass(frozen=True)
-class PciDevice:
-    """One function under /sys/bus/pci/devices."""
-
-    address: str
-    vendor: str
-    device: str
-    pci_class: str
-
-
-def scan_pci(sysfs: str) -> list[PciDevice]:
-    """PCI functions under ``sysfs``/bus/pci/devices (an empty list where there is none)."""
-    found = []
-    root = Path(sysfs, "bus", "pci", "devices")
-    for entry in sorted(root.glob("*")):
-        try:
-            ids = [(entry / name).read_text().strip().lower() for name in ("vendor", "device", "class")]
-        except OSError:
-            continue
-        found.append(PciDevice(entry.name, *ids))
-    return found
 
 
 def _accelerators(pci: list[PciDevice]) -> dict[str, list[PciDevice]]:
@@ -55,7 +32,13 @@ def _accelerators(pci: list[PciDevice]) -> dict[str, list[PciDevice]]:
 
 
 def select_backend(config: Config) -> tuple[DeviceBackend | None, str]:
-    """The configured backend (None for host-only) and a sentence saying why."""
+    """The configured backend (None for host-only) and a sentence saying why; the choice is logged."""
+    backend, why = _choose(config)
+    log.info("device backend: %s", why)
+    return backend, why
+
+
+def _choose(config: Config) -> tuple[DeviceBackend | None, str]:
     choice = config.devices.backend
     if choice == "none":
         return None, "devices.backend is none: host metrics only"
@@ -63,15 +46,10 @@ def select_backend(config: Config) -> tuple[DeviceBackend | None, str]:
         backend = BACKENDS[choice](config)
         detail = f" (scenario {config.devices.sim.scenario})" if choice == "sim" else ""
         return backend, f"devices.backend is {choice}{detail}"
-    pci_root = Path(config.paths.sysfs, "bus", "pci", "devices")
     found = _accelerators(scan_pci(config.paths.sysfs))
     for kind, devices in found.items():
-        if not devices:
-            continue
-        addresses = ", ".join(d.address for d in devices)
-        if kind in BACKENDS:
+        if devices:
+            addresses = ", ".join(d.address for d in devices)
             return BACKENDS[kind](config), f"auto: {len(devices)} {kind} PCI device(s) at {addresses}"
-        return None, (f"auto: {len(devices)} {kind} PCI device(s) at {addresses}, but this build has no "
-                      f"{kind} backend: host metrics only")
-    return None, (f"auto: no accelerator under {pci_root} (no PCI vendor {VENDOR_GOOGLE} TPU or "
-                  f"{VENDOR_NVIDIA} GPU): host metrics only")
+    return None, (f"auto: no accelerator under {pci_root(config.paths.sysfs)} (no PCI vendor {VENDOR_GOOGLE} TPU "
+                  f"or {VENDOR_NVIDIA} GPU): host metrics only")

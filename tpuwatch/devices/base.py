@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from tpuwatch.samples import Sample, sample
@@ -28,6 +28,41 @@ class DeviceReading:
     power_watts: float | None = None
     ecc_corrected_total: float | None = None
     ecc_uncorrected_total: float | None = None
+    # Why the chip is down (up False), e.g. "NVML: GPU is lost (NVML_ERROR_GPU_IS_LOST)".
+    problem: str | None = None
+    # TPU v2-v4 driver status from sysfs (ALIVE, DEAD, LAMED, DRIVER_EXITING) and resets since boot.
+    status: str | None = None
+    reset_count: float | None = None
+    # libtpu runtime metrics: whether the runtime answered for this chip, and what it said.
+    runtime_metrics: bool | None = None
+    memory_bandwidth_utilization_ratio: float | None = None
+    tensorcore_idle_seconds: float | None = None
+    hlo_queue_size: float | None = None
+    hlo_execution_mean_seconds: float | None = None
+    # NVIDIA: lifetime ECC counts (the two fields above are since the driver loaded).
+    ecc_corrected_aggregate_total: float | None = None
+    ecc_uncorrected_aggregate_total: float | None = None
+    retired_pages_single_bit: float | None = None
+    retired_pages_double_bit: float | None = None
+    remapped_rows_corrected: float | None = None
+    remapped_rows_uncorrected: float | None = None
+    memory_repair_pending: bool | None = None
+    row_remap_failed: bool | None = None
+    pcie_replays_total: float | None = None
+    # Clock throttle reasons the chip supports, each True while active.
+    throttle_reasons: dict[str, bool] | None = None
+    # Processes holding the chip's device files, as "PID (command)"; None when not looked at.
+    owners: tuple[str, ...] | None = None
+    # What was read from where, e.g. {"memory": "libtpu:localhost:8431", "status": "sysfs:/sys/..."}.
+    sources: dict[str, str] = field(default_factory=dict)
+
+
+def sources_line(sources: dict[str, str]) -> str:
+    """What was read from where, one source at a time: "nvml: memory_used_bytes, power_watts; sysfs:...: presence"."""
+    by_source: dict[str, list[str]] = {}
+    for what, source in sources.items():
+        by_source.setdefault(source, []).append(what)
+    return "; ".join(f"{source}: {', '.join(what)}" for source, what in by_source.items())
 
 
 class DeviceBackend(Protocol):
@@ -44,6 +79,39 @@ _GAUGES = (
     ("utilization_ratio", "tpuwatch_device_utilization_ratio"),
     ("temperature_celsius", "tpuwatch_device_temperature_celsius"),
     ("power_watts", "tpuwatch_device_power_watts"),
+    ("reset_count", "tpuwatch_device_resets_total"),
+    ("runtime_metrics", "tpuwatch_device_runtime_metrics_available"),
+    ("memory_bandwidth_utilization_ratio", "tpuwatch_device_memory_bandwidth_utilization_ratio"),
+    ("tensorcore_idle_seconds", "tpuwatch_device_tensorcore_idle_seconds"),
+    ("hlo_queue_size", "tpuwatch_device_hlo_queue_size"),
+    ("hlo_execution_mean_seconds", "tpuwatch_device_hlo_execution_mean_seconds"),
+    ("memory_repair_pending", "tpuwatch_device_memory_repair_pending"),
+    ("row_remap_failed", "tpuwatch_device_row_remap_failed"),
+    ("pcie_replays_total", "tpuwatch_device_pcie_replays_total"),
+)
+
+# (attribute, metric, label name, label value): one series per label value.
+_LABELLED = (
+    ("ecc_corrected_total", "tpuwatch_device_ecc_errors_total", "kind", "corrected"),
+    ("ecc_uncorrected_total", "tpuwatch_device_ecc_errors_total", "kind", "uncorrected"),
+    ("ecc_corrected_aggregate_total", "tpuwatch_device_ecc_errors_aggregate_total", "kind", "corrected"),
+    ("ecc_uncorrected_aggregate_total", "tpuwatch_device_ecc_errors_aggregate_total", "kind", "uncorrected"),
+    ("retired_pages_single_bit", "tpuwatch_device_retired_pages", "cause", "multiple_single_bit_ecc"),
+    ("retired_pages_double_bit", "tpuwatch_device_retired_pages", "cause", "double_bit_ecc"),
+    ("remapped_rows_corrected", "tpuwatch_device_remapped_rows", "kind", "corrected"),
+    ("remapped_rows_uncorrected", "tpuwatch_device_remapped_rows", "kind", "uncorrected"),
+)
+
+DRIVER_STATUSES = ("ALIVE", "LAMED", "DEAD", "DRIVER_EXITING")
+
+# The fields the simulator fills; families of every other field only real backends emit, so checks that
+# every catalogue family appears on a simulated host exempt HARDWARE_ONLY_FAMILIES.
+_SIMULATED = {"memory_used_bytes", "memory_total_bytes", "utilization_ratio", "temperature_celsius", "power_watts",
+              "ecc_corrected_total", "ecc_uncorrected_total"}
+HARDWARE_ONLY_FAMILIES = frozenset(
+    {metric for attribute, metric in _GAUGES if attribute not in _SIMULATED}
+    | {metric for attribute, metric, _, _ in _LABELLED if attribute not in _SIMULATED}
+    | {"tpuwatch_device_driver_status", "tpuwatch_device_throttle_active"}
 )
 
 
@@ -59,10 +127,16 @@ def reading_samples(reading: DeviceReading, backend: str) -> list[Sample]:
         value = getattr(reading, attribute)
         if value is not None:
             out.append(sample(metric, value, device=device))
-    for kind in ("corrected", "uncorrected"):
-        value = getattr(reading, f"ecc_{kind}_total")
+    for attribute, metric, label, label_value in _LABELLED:
+        value = getattr(reading, attribute)
         if value is not None:
-            out.append(sample("tpuwatch_device_ecc_errors_total", value, device=device, kind=kind))
+            out.append(sample(metric, value, device=device, **{label: label_value}))
+    if reading.status is not None:
+        statuses = DRIVER_STATUSES if reading.status in DRIVER_STATUSES else (*DRIVER_STATUSES, reading.status)
+        out += [sample("tpuwatch_device_driver_status", 1 if s == reading.status else 0, device=device, status=s)
+                for s in statuses]
+    for reason, active in (reading.throttle_reasons or {}).items():
+        out.append(sample("tpuwatch_device_throttle_active", 1 if active else 0, device=device, reason=reason))
     return out
 
 
@@ -82,11 +156,15 @@ class DeviceCollector:
         for device, previous in self._known.items():
             if device not in readings:
                 readings[device] = DeviceReading(device=device, chip=previous.chip, pci=previous.pci, up=False)
-                if previous.up:
-                    log.error("device %s (%s, pci %s) is lost", device, previous.chip, previous.pci or "unknown")
         for device, reading in readings.items():
-            if device not in self._known and len(self._known) < MAX_REMEMBERED_DEVICES:
+            known = self._known.get(device)
+            if known is None and len(self._known) < MAX_REMEMBERED_DEVICES:
                 log.info("device %s found: %s, pci %s", device, reading.chip, reading.pci or "unknown")
+            if not reading.up and (known is None or known.up):
+                log.error("device %s (%s, pci %s) is down: %s", device, reading.chip, reading.pci or "unknown",
+                          reading.problem or "lost")
+            elif reading.up and known is not None and not known.up:
+                log.warning("device %s (%s, pci %s) is back", device, reading.chip, reading.pci or "unknown")
             if device in self._known or len(self._known) < MAX_REMEMBERED_DEVICES:
                 self._known[device] = reading
         self.last_readings = sorted(readings.values(), key=lambda r: _device_order(r.device))

@@ -107,4 +107,5 @@ class SimBackend:
             power_watts=round(max(0.0, power), 1),
             ecc_corrected_total=self._corrected[index],
             ecc_uncorrected_total=uncorrected,
+            sources={"all readings": f"simulator (scenario {scenario}, seed {self.config.seed})"},
         )

@@ -1,0 +1,237 @@
+"""The canary's pure parts: the verdict from captured worker output, tolerances, holds, the collector."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import require_tool
+
+from tpuwatch.canary import holds, model, spec, worker
+from tpuwatch.canary.collector import CanaryCollector
+from tpuwatch.canary.runner import judge
+from tpuwatch.catalog import CATALOG
+from tpuwatch.config import Config
+
+DATA = Path(__file__).parent / "testdata" / "canary"
+ALERTS = Path(__file__).parent.parent / "alerts"
+CLEAN_FP = "0a98d6364a9cd7c3"
+STACK = "jax 0.10.2, jaxlib 0.10.2, cpu"
+
+
+def lines(name: str) -> list[dict]:
+    """A captured worker run (tests/testdata/canary/NAME.jsonl)."""
+    return [json.loads(text) for text in (DATA / f"{name}.jsonl").read_text().splitlines()]
+
+
+def statuses(result) -> dict[str, str]:
+    return {d.device: d.status for d in result.devices}
+
+
+def test_clean_run_passes_and_stores_every_fingerprint() -> None:
+    result, history = judge(lines("clean"), None, {})
+    assert (result.status, result.reason) == ("pass", None)
+    assert statuses(result) == {"0": "pass", "1": "pass", "2": "pass", "3": "pass"}
+    assert result.devices[0].fingerprint == CLEAN_FP and result.devices[0].max_abs_error < result.tolerance
+    assert history == {f"attn-mlp-v1|float32|cpu|{STACK}": {d: CLEAN_FP for d in "0123"}}
+
+
+def test_bitflip_is_caught_by_the_peers_only_on_its_chip() -> None:
+    result, history = judge(lines("bitflip-2"), None, {})
+    assert result.status == "fail"
+    assert statuses(result) == {"0": "pass", "1": "pass", "2": "fail", "3": "pass"}
+    flipped = result.devices[2]
+    assert flipped.check == "peers" and f"differs from {CLEAN_FP} on 3 of 4 chips" in flipped.reason
+    assert flipped.max_abs_error < result.tolerance  # within tolerance: only the bits tell
+    assert "2" not in next(iter(history.values()))
+
+
+def test_a_changed_fingerprint_fails_the_history_check() -> None:
+    _, history = judge(lines("clean"), None, {})
+    key = next(iter(history))
+    result, after = judge(lines("clean"), None, {key: {**history[key], "1": "ffffffffffffffff"}})
+    assert statuses(result) == {"0": "pass", "1": "fail", "2": "pass", "3": "pass"}
+    assert result.devices[1].check == "history" and "changed since the last pass (ffffffffffffffff)" \
+        in result.devices[1].reason
+    assert after[key]["1"] == "ffffffffffffffff"  # a failing chip never overwrites its last good fingerprint
+
+
+def test_history_of_another_stack_is_not_compared() -> None:
+    result, _ = judge(lines("clean"), None, {"attn-mlp-v1|float32|cpu|jax 0.4.0": {"1": "ffffffffffffffff"}})
+    assert result.status == "pass"
+
+
+def test_nan_fails_the_reference_check() -> None:
+    result, _ = judge(lines("nan-1"), None, {})
+    assert statuses(result) == {"0": "pass", "1": "fail", "2": "pass", "3": "pass"}
+    assert (result.devices[1].check, result.devices[1].max_abs_error) == ("reference", None)
+    assert result.devices[1].reason.startswith("output has NaN or Inf")
+
+
+def test_an_error_over_the_tolerance_fails_the_reference_check() -> None:
+    run = lines("clean")
+    for line in run:
+        if line["event"] == "result":
+            line["max_abs_error"] = 0.01
+    result, _ = judge(run, None, {})
+    assert result.status == "fail" and {d.check for d in result.devices} == {"reference"}
+    assert "max abs error 0.01 > tolerance 0.000798" in result.devices[0].reason
+
+
+def test_a_crash_names_the_chip_it_died_on_and_skips_the_rest() -> None:
+    result, _ = judge(lines("crash-1"), "worker crashed with SIGSEGV", {})
+    assert (result.status, result.reason) == ("error", "worker crashed with SIGSEGV")
+    assert statuses(result) == {"0": "pass", "1": "error", "2": "skipped", "3": "skipped"}
+    assert result.devices[3].reason == "not run: the worker ended on device 1"
+
+
+def test_two_chips_that_disagree_have_no_majority() -> None:
+    run = [line for line in lines("bitflip-2") if line.get("device") in (None, "1", "2")]
+    result, _ = judge(run, None, {})
+    assert [d.check for d in result.devices] == ["peers", "peers"]
+    assert "no majority among 2 chips" in result.devices[0].reason
+
+
+def test_import_failure_is_an_error_of_the_run() -> None:
+    result, _ = judge([{"event": "error", "reason": "cannot import jax with /x/python: No module named 'jax'"}],
+                      "worker exited with status 3: ", {})
+    assert (result.status, result.devices) == ("error", ())
+    assert result.reason == "cannot import jax with /x/python: No module named 'jax'"
+
+
+def test_every_chip_held_is_skipped() -> None:
+    run = [{"event": "start", "platform": "tpu", "chip": None, "stack": None, "dtype": "float32", "scale": None},
+           {"event": "skipped", "device": "0", "reason": "held by pid 7 (lock on /tmp/libtpu_lockfile)"},
+           {"event": "done"}]
+    result, history = judge(run, None, {})
+    assert (result.status, result.reason, history) == ("skipped", "held by pid 7 (lock on /tmp/libtpu_lockfile)", {})
+
+
+def test_tolerance_is_derived_from_the_dot_chain_not_from_jax() -> None:
+    assert spec.tolerance("cpu", "float32", 1.0) == pytest.approx(4 * 2.0 ** -24 * 928)
+    assert spec.tolerance("tpu", "float32", 1.0) == 4 * spec.tolerance("cpu", "float32", 1.0)
+    assert spec.tolerance("rocm", "float32", 1.0) == spec.tolerance("tpu", "float32", 1.0)
+    # A float32 numpy run of the same model lands far inside the bound.
+    params, x = model.weights(), model.inputs()
+    expected = model.reference(params, x)
+    error = np.abs(model.forward(np, np.matmul, params, x) - expected).max()
+    assert error < spec.tolerance("cpu", "float32", float(np.abs(expected).max())) / 100
+
+
+def test_device_files_map_to_chips() -> None:
+    groups = {"12": 0, "13": 1}
+    assert [holds.chip_of_device_file(p, groups) for p in ("accel3", "vfio/13", "vfio/vfio", "vfio/99", "nvidia0")] \
+        == [3, 1, None, None, None]
+
+
+def test_tpu_chips_and_vfio_groups_come_from_sysfs(tmp_path: Path) -> None:
+    for pci, vendor, group in (("0000:00:05.0", "0x1ae0", "13"), ("0000:00:04.0", "0x1ae0", "12"),
+                               ("0000:00:03.0", "0x8086", "2")):
+        device = tmp_path / "bus/pci/devices" / pci
+        device.mkdir(parents=True)
+        (device / "vendor").write_text(vendor + "\n")
+        (device / "iommu_group").symlink_to(tmp_path / "kernel/iommu_groups" / group)
+    tpus = holds.pci_functions(str(tmp_path), holds.TPU_VENDOR)
+    assert tpus == ["0000:00:04.0", "0000:00:05.0"]
+    assert holds.vfio_groups(str(tmp_path), tpus) == {"12": 0, "13": 1}
+
+
+def _holder(code: str) -> subprocess.Popen[str]:
+    """A real process that holds something, ready once it printed a line."""
+    proc = subprocess.Popen([sys.executable, "-c", code + "; print('held', flush=True); import time; "
+                             "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_lock_held_by_another_process_names_it(tmp_path: Path) -> None:
+    lockfile = tmp_path / "libtpu_lockfile"
+    lockfile.touch()
+    assert holds.lock_holder(str(lockfile)) is None
+    proc = _holder(f"import fcntl; f = open({str(lockfile)!r}, 'r+'); fcntl.lockf(f, fcntl.LOCK_EX)")
+    try:
+        assert holds.lock_holder(str(lockfile)) == proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+    assert holds.lock_holder(str(lockfile)) is None
+    assert holds.lock_holder(str(tmp_path / "missing")) is None
+
+
+def test_an_open_device_file_names_its_holder(tmp_path: Path) -> None:
+    for name in ("accel0", "accel1"):
+        (tmp_path / name).touch()
+    with open(tmp_path / "accel0"):  # this process's own fds never count
+        assert holds.device_file_holders("/proc", str(tmp_path), {}) == {}
+    proc = _holder(f"f = open({str(tmp_path / 'accel1')!r})")
+    try:
+        assert holds.device_file_holders("/proc", str(tmp_path), {}) == {1: proc.pid}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_tpu_host_with_one_chip_held_runs_one_idle_chip_alone(tmp_path: Path) -> None:
+    sysfs, dev = tmp_path / "sys", tmp_path / "dev"
+    dev.mkdir()
+    for chip in range(4):
+        device = sysfs / "bus/pci/devices" / f"0000:00:0{chip + 4}.0"
+        device.mkdir(parents=True)
+        (device / "vendor").write_text("0x1ae0\n")
+        (dev / f"accel{chip}").touch()
+    args = argparse.Namespace(sysfs=str(sysfs), dev=str(dev), procfs="/proc", lockfile=str(tmp_path / "none"))
+    assert worker.plan(args).skips == {}
+    proc = _holder(f"f = open({str(dev / 'accel0')!r})")
+    try:
+        decided = worker.plan(args)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert decided.platform == "tpu" and decided.idle_tpu_left
+    assert decided.skips == {0: f"held by pid {proc.pid} (device file open)",
+                             2: "not run: another chip is held, one idle chip per run",
+                             3: "not run: another chip is held, one idle chip per run"}
+    assert decided.env["TPU_VISIBLE_CHIPS"] == "1" and decided.env["TPU_PROCESS_BOUNDS"] == "1,1,1"
+
+
+def _recorded(collector: CanaryCollector, name: str, ended: str | None = None) -> None:
+    collector.record(judge(lines(name), ended, {})[0])
+
+
+def test_collector_exports_nothing_before_the_first_run() -> None:
+    assert CanaryCollector(Config()).collect() == []
+
+
+def test_collector_samples_follow_the_last_measured_outcome() -> None:
+    collector = CanaryCollector(Config())
+    _recorded(collector, "clean")
+    _recorded(collector, "nan-1")
+    _recorded(collector, "crash-1", "worker crashed with SIGSEGV")
+    samples = {(s.name, s.labels): s.value for s in collector.collect()}
+    assert all(name in CATALOG for name, _ in samples)
+    assert samples[("tpuwatch_canary_runs_total", (("result", "pass"),))] == 1
+    assert samples[("tpuwatch_canary_runs_total", (("result", "fail"),))] == 1
+    assert samples[("tpuwatch_canary_runs_total", (("result", "error"),))] == 1
+    healthy = {dict(labels)["device"]: v for name, labels in samples if name == "tpuwatch_canary_healthy"
+               for v in [samples[(name, labels)]]}
+    # 0 and 1 were measured last by the crash run (pass, error); 2 and 3 were skipped there: nan-1 holds.
+    assert healthy == {"0": 1.0, "1": 0.0, "2": 1.0, "3": 1.0}
+    info = [dict(labels) for name, labels in samples if name == "tpuwatch_canary_info"]
+    assert {"device": "2", "fingerprint": CLEAN_FP, "stack": STACK, "chip": "cpu"} in info
+    assert not any(i["device"] == "1" for i in info)  # the crashed chip has no fingerprint
+    last_success = {dict(labels)["device"] for name, labels in samples
+                    if name == "tpuwatch_canary_last_success_timestamp_seconds"}
+    assert last_success == {"0", "1", "2", "3"}  # chip 1 keeps the time of its last pass
+    assert len(collector.results()) == 3
+
+
+def test_fleet_outlier_rule_passes_its_promtool_unit_tests() -> None:
+    promtool = require_tool("promtool")
+    for args in (["check", "rules", "canary.rules.yml"], ["test", "rules", "canary.test.yml"]):
+        proc = subprocess.run([promtool, *args], check=False, cwd=ALERTS, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stdout + proc.stderr

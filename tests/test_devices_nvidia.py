@@ -1,0 +1,219 @@
+"""NVIDIA backend at the nvidia-ml-py boundary: a stand-in ``pynvml`` module, lost and hung GPUs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from conftest import run_cli
+
+from tpuwatch.config import Config, DevicesConfig, NvidiaConfig, Paths
+from tpuwatch.devices import DeviceCollector, select_backend
+from tpuwatch.devices.nvidia import NvidiaBackend, pci_bus_id, throttle_reasons
+from tpuwatch.health import device_problems
+
+STANDIN = Path(__file__).parent / "testdata" / "devices" / "nvml"
+GPUS = STANDIN / "h100x4.json"
+
+
+class FakeNvml:
+    """The stand-in module on sys.path and the GPU state file it reads."""
+
+    def __init__(self, state: Path, module: ModuleType) -> None:
+        self.state = state
+        self.module = module
+
+    def change(self, index: int, **fields: Any) -> None:
+        data = json.loads(self.state.read_text())
+        data["gpus"][index].update(fields)
+        self.state.write_text(json.dumps(data))
+
+
+@pytest.fixture
+def nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeNvml]:
+    state = tmp_path / "gpus.json"
+    shutil.copyfile(GPUS, state)
+    monkeypatch.setenv("FAKE_NVML_STATE", str(state))
+    monkeypatch.syspath_prepend(str(STANDIN))
+    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
+    import pynvml
+    assert pynvml.__file__ == str(STANDIN / "pynvml.py")
+    yield FakeNvml(state, pynvml)
+    pynvml.RELEASE.set()  # let any call left hanging return
+
+
+def config(timeout: float = 0.5, backend: str = "nvidia", sysfs: str = "/sys") -> Config:
+    return Config(paths=Paths(sysfs=sysfs), devices=DevicesConfig(backend=backend,
+                                                                  nvidia=NvidiaConfig(call_timeout=timeout)))
+
+
+def test_pci_bus_id_is_written_as_sysfs_writes_it() -> None:
+    assert pci_bus_id("00000000:3B:00.0") == "0000:3b:00.0"
+    assert pci_bus_id(b"00000001:AF:00.1") == "0001:af:00.1"
+
+
+def test_throttle_reasons_lists_only_supported_ones() -> None:
+    assert throttle_reasons(supported=0x1 | 0x4 | 0x40, active=0x4 | 0x8) == {
+        "gpu_idle": False, "sw_power_cap": True, "hw_thermal_slowdown": False}
+
+
+def test_every_reading_comes_from_nvml(nvml: FakeNvml) -> None:
+    first, second, lost, fourth = NvidiaBackend(config()).read()
+    assert (first.device, first.chip, first.pci, first.up) == ("0", "NVIDIA H100 80GB HBM3", "0000:18:00.0", True)
+    assert (first.memory_used_bytes, first.memory_total_bytes) == (42949672960, 85520809984)
+    assert (first.utilization_ratio, first.temperature_celsius, first.power_watts) == (0.97, 61, 512.345)
+    assert (first.ecc_corrected_total, first.ecc_corrected_aggregate_total) == (3, 17)
+    assert (first.ecc_uncorrected_total, first.ecc_uncorrected_aggregate_total) == (0, 0)
+    assert (first.remapped_rows_corrected, first.remapped_rows_uncorrected, first.row_remap_failed) == (2, 0, False)
+    assert first.retired_pages_single_bit is None, "Ampere and later answer NOT_SUPPORTED: absent, not 0"
+    assert first.memory_repair_pending is False
+    assert first.pcie_replays_total == 5
+    assert first.throttle_reasons is not None and first.throttle_reasons["sw_power_cap"] is True
+    assert [name for name, active in first.throttle_reasons.items() if active] == ["sw_power_cap"]
+    assert first.sources["memory_used_bytes"] == "nvml" and "retired_pages_single_bit" not in first.sources
+    assert (second.ecc_uncorrected_total, second.memory_repair_pending) == (1, True)
+    assert (lost.up, lost.problem) == (False, "GPU is lost (nvmlDeviceGetHandleByIndex: GPU is lost)")
+    assert fourth.up and fourth.temperature_celsius == 31
+
+
+def test_health_names_the_lost_gpu_the_uncorrectable_error_and_the_pending_repair(nvml: FakeNvml) -> None:
+    collector = DeviceCollector(NvidiaBackend(config()))
+    collector.collect()
+    assert device_problems(collector.last_readings) == [
+        ("device 1 (NVIDIA H100 80GB HBM3, pci 0000:2a:00.0): memory repair pending (page retirement or row remap "
+         "needs a GPU reset)"),
+        "device 1 (NVIDIA H100 80GB HBM3, pci 0000:2a:00.0): 1 uncorrectable ECC error(s)",
+        "device 2 (unknown) is down: GPU is lost (nvmlDeviceGetHandleByIndex: GPU is lost)",
+    ]
+
+
+def test_a_gpu_lost_after_being_seen_keeps_its_identity(nvml: FakeNvml) -> None:
+    backend = NvidiaBackend(config())
+    backend.read()
+    nvml.change(0, lost=True)
+    reading = backend.read()[0]
+    assert (reading.chip, reading.pci, reading.up) == ("NVIDIA H100 80GB HBM3", "0000:18:00.0", False)
+    assert reading.memory_used_bytes is None
+
+
+def test_samples_carry_the_nvidia_families(nvml: FakeNvml) -> None:
+    samples = DeviceCollector(NvidiaBackend(config())).collect()
+    values = {(s.name, tuple(sorted(dict(s.labels).items()))): s.value for s in samples}
+    assert values[("tpuwatch_device_ecc_errors_aggregate_total", (("device", "0"), ("kind", "corrected")))] == 17
+    assert values[("tpuwatch_device_remapped_rows", (("device", "1"), ("kind", "uncorrected")))] == 1
+    assert values[("tpuwatch_device_memory_repair_pending", (("device", "1"),))] == 1
+    assert values[("tpuwatch_device_pcie_replays_total", (("device", "0"),))] == 5
+    assert values[("tpuwatch_device_throttle_active", (("device", "0"), ("reason", "sw_power_cap")))] == 1
+    assert values[("tpuwatch_device_throttle_active", (("device", "0"), ("reason", "gpu_idle")))] == 0
+    assert values[("tpuwatch_device_up", (("device", "2"),))] == 0
+    retired = sorted(labels for name, labels in values if name == "tpuwatch_device_retired_pages")
+    assert retired == [(("cause", "double_bit_ecc"), ("device", "3")), (("cause", "multiple_single_bit_ecc"),
+                                                                         ("device", "3"))], "absent where unsupported"
+    assert not any(labels == (("device", "2"),) for name, labels in values if name != "tpuwatch_device_up")
+
+
+def test_a_call_that_never_returns_marks_only_that_gpu_unresponsive(nvml: FakeNvml) -> None:
+    nvml.change(3, hang="nvmlDeviceGetPowerUsage")
+    backend = NvidiaBackend(config(timeout=0.3))
+    started = time.monotonic()
+    readings = backend.read()
+    assert time.monotonic() - started < 1.0
+    assert [r.up for r in readings] == [True, True, False, False]
+    assert readings[3].problem == "unresponsive: NVML nvmlDeviceGetPowerUsage: no answer within 0.3s"
+    assert readings[3].pci == "0000:5d:00.0", "what was read before the hang names the GPU"
+    threads = threading.active_count()
+    again = backend.read()
+    assert again[3].problem.startswith("unresponsive: NVML nvmlDeviceGetPowerUsage: an earlier call has not "
+                                       "returned for ")
+    assert again[0].up and again[0].memory_used_bytes == 42949672960
+    assert threading.active_count() <= threads + 1, "a stuck GPU holds one thread, not one more per read"
+    nvml.change(3, hang=None)
+    nvml.module.RELEASE.set()
+    recovered = backend.read()[3]
+    assert (recovered.up, recovered.power_watts) == (True, 68.0)
+
+
+def test_without_nvidia_ml_py_the_collector_fails_with_a_clear_reason() -> None:
+    backend = NvidiaBackend(config(), module="tpuwatch_no_such_pynvml")
+    with pytest.raises(RuntimeError, match=r"^nvidia-ml-py is not installed: pip install tpuwatch\[nvidia\]$"):
+        backend.read()
+
+
+def gpu_sysfs(root: Path) -> str:
+    """A sysfs tree with one NVIDIA 3D controller."""
+    entry = root / "sys" / "bus" / "pci" / "devices" / "0000:18:00.0"
+    entry.mkdir(parents=True)
+    for name, value in (("vendor", "0x10de"), ("device", "0x2330"), ("class", "0x030200")):
+        (entry / name).write_text(value + "\n")
+    return str(root / "sys")
+
+
+def test_auto_picks_nvidia_from_pci(tmp_path: Path) -> None:
+    backend, why = select_backend(config(backend="auto", sysfs=gpu_sysfs(tmp_path)))
+    assert isinstance(backend, NvidiaBackend)
+    assert why == "auto: 1 nvidia PCI device(s) at 0000:18:00.0"
+
+
+def test_check_reports_each_gpu_and_exits_unhealthy(nvml: FakeNvml, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(json.dumps({"paths": {"sysfs": gpu_sysfs(tmp_path)}, "devices": {"backend": "auto"}}))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]))
+    result = run_cli("check", "--json", "--config", str(path))
+    assert result.returncode == 1, result.stderr
+    report = json.loads(result.stdout)
+    assert report["backend"] == "nvidia"
+    assert [d["up"] for d in report["devices"]] == [True, True, False, True]
+    assert report["devices"][0]["power_watts"] == 512.345
+    assert report["devices"][0]["sources"]["power_watts"] == "nvml"
+    assert report["devices"][2]["problem"] == "GPU is lost (nvmlDeviceGetHandleByIndex: GPU is lost)"
+
+
+
+FAKE_SMI = """#!{python}
+import json, os, sys
+gpus = json.load(open(os.environ["FAKE_NVML_STATE"]))["gpus"]
+if sys.argv[1:3] == ["-q", "-d"]:
+    print("".join(f"GPU {{g['bus_id']}}\\n    Replays Since Reset : {{g['pcie_replays']}}\\n" for g in gpus))
+    sys.exit(0)
+query = sys.argv[1].split("=", 1)[1]
+fields = {{"pci.bus_id": lambda g: g["bus_id"], "name": lambda g: g["name"],
+          "memory.total": lambda g: g["memory_total"] >> 20, "memory.used": lambda g: g["memory_used"] >> 20,
+          "ecc.errors.uncorrected.volatile.total": lambda g: g["ecc"]["uncorrected"][0] + {skew}}}
+if query not in fields:
+    print(f"Field \\"{{query}}\\" is not a valid field to query.")
+    sys.exit(2)
+for g in gpus:
+    print(fields[query](g))
+"""
+
+
+@pytest.mark.parametrize("skew,exit_code", [(0, 0), (1, 1)])
+def test_the_hardware_check_prints_both_sides_and_flags_a_mismatch(nvml: FakeNvml, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch, skew: int,
+                                                                   exit_code: int) -> None:
+    nvml.change(2, lost=False)
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text(FAKE_SMI.format(python=sys.executable, skew=skew))
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]))
+    script = Path(__file__).parent / "hardware" / "nvidia_check.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == exit_code, done.stdout + done.stderr
+    total = [line.split() for line in done.stdout.splitlines() if line.startswith("  memory_total_bytes ")]
+    assert total == [["memory_total_bytes", "81559", "81559", "81559"]] * 4, "backend, check --json, nvidia-smi"
+    assert ("  MISMATCH" in done.stdout) == bool(skew)
+    assert done.stdout.rstrip().endswith(f"4 GPU(s), {4 * skew} mismatch(es) in values that should agree exactly")

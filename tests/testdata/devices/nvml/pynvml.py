@@ -1,0 +1,132 @@
+"""A stand-in for nvidia-ml-py's ``pynvml`` at the NVML boundary, for tests on hosts without a GPU.
+
+The GPUs are described by the JSON file named in $FAKE_NVML_STATE, read again
+on every call so a test can change a GPU while the backend runs.  Per GPU:
+name, bus_id, memory_used, memory_total, utilization_gpu, temperature,
+power_mw, ecc {"corrected"|"uncorrected": [volatile, aggregate]}, retired_pages
+{"single_bit"|"double_bit": N}, retired_pending, remapped_rows [corr, unc,
+pending, failed], pcie_replays, throttle [supported, active]; "unsupported":
+[function names] answer NVML_ERROR_NOT_SUPPORTED; "lost": true makes every call
+answer NVML_ERROR_GPU_IS_LOST; "hang": a function name that never returns
+(until RELEASE is set), like NVML on a GPU that fell off the bus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import namedtuple
+from typing import Any
+
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_TEMPERATURE_GPU = 0
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
+NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
+NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
+_MESSAGES = {NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_GPU_IS_LOST: "GPU is lost"}
+
+RELEASE = threading.Event()
+Memory = namedtuple("Memory", "total free used")
+Utilization = namedtuple("Utilization", "gpu memory")
+PciInfo = namedtuple("PciInfo", "busId")
+
+
+class NVMLError(Exception):
+    """pynvml's error: ``value`` is the NVML return code."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__(value)
+        self.value = value
+
+    def __str__(self) -> str:
+        return _MESSAGES.get(self.value, f"NVML error {self.value}")
+
+
+def _gpus() -> list[dict[str, Any]]:
+    with open(os.environ["FAKE_NVML_STATE"], encoding="utf-8") as handle:
+        return json.load(handle)["gpus"]
+
+
+def _gpu(handle: int, function: str) -> dict[str, Any]:
+    gpu = _gpus()[handle]
+    if gpu.get("lost"):
+        raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+    if gpu.get("hang") == function:
+        RELEASE.wait()
+    if function in gpu.get("unsupported", []):
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return gpu
+
+
+def nvmlInit() -> None:
+    _gpus()
+
+
+def nvmlDeviceGetCount() -> int:
+    return len(_gpus())
+
+
+def nvmlDeviceGetHandleByIndex(index: int) -> int:
+    _gpu(index, "nvmlDeviceGetHandleByIndex")
+    return index
+
+
+def nvmlDeviceGetName(handle: int) -> str:
+    return _gpu(handle, "nvmlDeviceGetName")["name"]
+
+
+def nvmlDeviceGetPciInfo(handle: int) -> PciInfo:
+    return PciInfo(_gpu(handle, "nvmlDeviceGetPciInfo")["bus_id"])
+
+
+def nvmlDeviceGetMemoryInfo(handle: int) -> Memory:
+    gpu = _gpu(handle, "nvmlDeviceGetMemoryInfo")
+    return Memory(gpu["memory_total"], gpu["memory_total"] - gpu["memory_used"], gpu["memory_used"])
+
+
+def nvmlDeviceGetUtilizationRates(handle: int) -> Utilization:
+    return Utilization(_gpu(handle, "nvmlDeviceGetUtilizationRates")["utilization_gpu"], 0)
+
+
+def nvmlDeviceGetTemperature(handle: int, sensor: int) -> int:
+    assert sensor == NVML_TEMPERATURE_GPU
+    return _gpu(handle, "nvmlDeviceGetTemperature")["temperature"]
+
+
+def nvmlDeviceGetPowerUsage(handle: int) -> int:
+    return _gpu(handle, "nvmlDeviceGetPowerUsage")["power_mw"]
+
+
+def nvmlDeviceGetTotalEccErrors(handle: int, error_type: int, counter_type: int) -> int:
+    kind = "corrected" if error_type == NVML_MEMORY_ERROR_TYPE_CORRECTED else "uncorrected"
+    return _gpu(handle, "nvmlDeviceGetTotalEccErrors")["ecc"][kind][counter_type]
+
+
+def nvmlDeviceGetRetiredPages(handle: int, cause: int) -> list[int]:
+    kind = "single_bit" if cause == NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS else "double_bit"
+    return [0x1000 * (i + 1) for i in range(_gpu(handle, "nvmlDeviceGetRetiredPages")["retired_pages"][kind])]
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(handle: int) -> int:
+    return int(_gpu(handle, "nvmlDeviceGetRetiredPagesPendingStatus")["retired_pending"])
+
+
+def nvmlDeviceGetRemappedRows(handle: int) -> tuple[int, int, int, int]:
+    return tuple(_gpu(handle, "nvmlDeviceGetRemappedRows")["remapped_rows"])
+
+
+def nvmlDeviceGetPcieReplayCounter(handle: int) -> int:
+    return _gpu(handle, "nvmlDeviceGetPcieReplayCounter")["pcie_replays"]
+
+
+def nvmlDeviceGetSupportedClocksThrottleReasons(handle: int) -> int:
+    return _gpu(handle, "nvmlDeviceGetSupportedClocksThrottleReasons")["throttle"][0]
+
+
+def nvmlDeviceGetCurrentClocksThrottleReasons(handle: int) -> int:
+    return _gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons")["throttle"][1]

@@ -1,0 +1,8 @@
+"""The reference-inference canary: a tiny fixed model run on every idle chip, checked three ways.
+
+``model`` defines the workload (numpy weights from a fixed seed, one forward
+pass written once over an array namespace), ``worker`` runs it under JAX in a
+fresh subprocess, ``runner`` starts that subprocess and judges its answers,
+``collector`` keeps the results for the daemon, ``cli`` is ``tpuwatch canary``.
+Only ``worker`` imports jax.
+"""

@@ -1,0 +1,96 @@
+"""The canary in the daemon: ``run_once()`` on the canary schedule, ``collect()`` on the sampling one.
+
+``run_once()`` blocks for the whole worker subprocess (up to ``canary.timeout``),
+so schedule it as its own job, never inside the sampler.  ``collect()`` only
+turns the kept results into samples and never waits for a run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter, deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tpuwatch.canary.runner import CanaryResult, DeviceOutcome, run_canary
+from tpuwatch.config import Config
+from tpuwatch.samples import Sample, sample
+
+log = logging.getLogger(__name__)
+
+KEPT_RESULTS = 100
+RESULTS = ("pass", "fail", "skipped", "error")
+
+
+@dataclass(frozen=True)
+class _ChipState:
+    """A chip's latest measured outcome (skipped runs leave it unchanged)."""
+
+    outcome: DeviceOutcome
+    stack: str
+    chip: str
+    last_success: float | None
+
+
+class CanaryCollector:
+    """Runs the canary when asked and exports what the runs found."""
+
+    name = "canary"
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self._lock = threading.Lock()
+        self._results: deque[CanaryResult] = deque(maxlen=KEPT_RESULTS)
+        self._runs: Counter[str] = Counter()
+        self._chips: dict[str, _ChipState] = {}
+
+    def run_once(self, inject: str | None = None, inject_device: int = 0,
+                 env: Mapping[str, str] | None = None) -> CanaryResult:
+        """One canary run (blocks until the worker ends or times out); the result is kept.
+
+        ``inject``, ``inject_device`` and ``env`` are for fire drills (the simulator's sdc scenario).
+        """
+        result = run_canary(self.config, inject, inject_device, env=env)
+        if result.status != "pass":
+            log.warning("canary %s: %s", result.status, result.reason)
+        self.record(result)
+        return result
+
+    def record(self, result: CanaryResult) -> None:
+        """Keep ``result``: run counters, per-chip state, and the bounded history ``results()`` returns."""
+        with self._lock:
+            self._results.append(result)
+            self._runs[result.status] += 1
+            for outcome in result.devices:
+                if outcome.status == "skipped":
+                    continue
+                before = self._chips.get(outcome.device)
+                success = result.finished_at if outcome.status == "pass" else (before.last_success if before else None)
+                self._chips[outcome.device] = _ChipState(outcome, result.stack or "", result.chip or "", success)
+
+    def results(self) -> list[CanaryResult]:
+        """The kept results, oldest first (for alerting and drift detection)."""
+        with self._lock:
+            return list(self._results)
+
+    def collect(self) -> list[Sample]:
+        """Samples of the kept results; nothing until the first run."""
+        with self._lock:
+            if not self._results:
+                return []
+            out = [sample("tpuwatch_canary_runs_total", self._runs[r], result=r) for r in RESULTS]
+            for device, state in sorted(self._chips.items()):
+                outcome = state.outcome
+                out.append(sample("tpuwatch_canary_healthy", outcome.status == "pass", device=device))
+                if outcome.fingerprint is not None:
+                    out.append(sample("tpuwatch_canary_info", 1, device=device, fingerprint=outcome.fingerprint,
+                                      stack=state.stack, chip=state.chip))
+                if outcome.duration_seconds is not None:
+                    out.append(sample("tpuwatch_canary_duration_seconds", outcome.duration_seconds, device=device))
+                if outcome.max_abs_error is not None:
+                    out.append(sample("tpuwatch_canary_max_abs_error", outcome.max_abs_error, device=device))
+                if state.last_success is not None:
+                    out.append(sample("tpuwatch_canary_last_success_timestamp_seconds", state.last_success,
+                                      device=device))
+            return out

@@ -1,0 +1,108 @@
+"""Which chips another process holds, found before jax is imported (stdlib only: runs in the worker).
+
+A TPU chip belongs to one process at a time: libtpu takes a lockf lock on
+/tmp/libtpu_lockfile for the whole host, and the chip's device file
+(/dev/accelN, or /dev/vfio/GROUP for the chip's IOMMU group) is held open by
+its owner.  The canary must never open such a chip, so it looks first.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import struct
+
+TPU_VENDOR = "0x1ae0"
+NVIDIA_VENDOR = "0x10de"
+
+# struct flock on 64-bit Linux: l_type, l_whence, l_start, l_len, l_pid (padded to 32 bytes).
+_FLOCK = "@hhqqi4x"
+_ACCEL_RE = re.compile(r"^accel(\d+)$")
+_VFIO_RE = re.compile(r"^vfio/(\d+)$")
+
+
+def pci_functions(sysfs: str, vendor: str) -> list[str]:
+    """PCI addresses of ``vendor``'s devices under ``sysfs``, sorted: index i is chip i."""
+    root = os.path.join(sysfs, "bus", "pci", "devices")
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    return [name for name in names if _read(os.path.join(root, name, "vendor")) == vendor]
+
+
+def vfio_groups(sysfs: str, tpu_functions: list[str]) -> dict[str, int]:
+    """IOMMU group number -> chip index, for chips bound to vfio-pci."""
+    groups = {}
+    for index, pci in enumerate(tpu_functions):
+        try:
+            link = os.readlink(os.path.join(sysfs, "bus", "pci", "devices", pci, "iommu_group"))
+        except OSError:
+            continue
+        groups[os.path.basename(link)] = index
+    return groups
+
+
+def chip_of_device_file(relative: str, groups: dict[str, int]) -> int | None:
+    """The chip a device file (relative to /dev) belongs to: ``accel3`` -> 3, ``vfio/GROUP`` via groups."""
+    if match := _ACCEL_RE.match(relative):
+        return int(match.group(1))
+    if match := _VFIO_RE.match(relative):
+        return groups.get(match.group(1))
+    return None
+
+
+def lock_holder(path: str) -> int | None:
+    """Pid of a process holding a lockf/fcntl lock on ``path``, or None (also when it does not exist)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    lock_type, _, _, _, pid = struct.unpack(_FLOCK, answer)
+    return pid if lock_type != fcntl.F_UNLCK else None
+
+
+def device_file_holders(procfs: str, dev: str, groups: dict[str, int]) -> dict[int, int]:
+    """Chip index -> pid of another process with that chip's device file open.
+
+    Other users' processes are visible only with privilege; those are missed.
+    """
+    own = os.getpid()
+    prefix = dev.rstrip("/") + "/"
+    holders: dict[int, int] = {}
+    for entry in _listdir(procfs):
+        if not entry.isdigit() or int(entry) == own:
+            continue
+        fd_dir = os.path.join(procfs, entry, "fd")
+        for fd in _listdir(fd_dir):
+            try:
+                target = os.readlink(os.path.join(fd_dir, fd))
+            except OSError:
+                continue
+            if target.startswith(prefix):
+                chip = chip_of_device_file(target[len(prefix):], groups)
+                if chip is not None:
+                    holders.setdefault(chip, int(entry))
+    return holders
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None

@@ -1,0 +1,196 @@
+"""The canary's subprocess: ``python -m tpuwatch.canary.worker --state-dir DIR [...]``.
+
+The only tpuwatch module that imports jax.  It finds chips that other
+processes hold before jax starts (and keeps jax away from them), then runs the
+reference model on every idle chip and prints one JSON object per line on
+stdout, flushed as it goes, so the runner keeps what finished before a hang or
+a crash:
+
+    {"event": "start", "platform": "cpu", "chip": "cpu", "devices": ["0", ...], "stack": "...",
+     "dtype": "float32", "scale": X}
+    {"event": "skipped", "device": "2", "reason": "..."}
+    {"event": "running", "device": "0"}
+    {"event": "result", "device": "0", "finite": true, "max_abs_error": X, "fingerprint": HEX,
+     "duration_seconds": X, "compile_seconds": X}
+    {"event": "error", "reason": "..."}      (the run could not start)
+    {"event": "done"}
+
+An injection (--inject KIND --inject-device N) changes only what chip N gets,
+inside the same loop as a real run: the operator's fire drill.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tpuwatch.canary import holds, model, spec
+
+# bitflip: mantissa bit 7 of 23 of one query weight (a 1.5e-5 relative change, far inside the
+# tolerance).  Flips of bits 0-2 are often absorbed by rounding; bit 7 changes ~660 of 1024 outputs.
+BITFLIP_AT = ("wq", (0, 0), 7)
+SCALE_AT = ("wout", (0, 0), 1.0 + 1e-3)
+NAN_AT = ("wq", (0, 0))
+
+
+def emit(event: str, **fields: Any) -> None:
+    """Write one protocol line and flush it at once."""
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def injected(params: model.Params, kind: str | None) -> model.Params:
+    """``params`` with the weight injection ``kind`` applied to a copy (hang and crash change none)."""
+    if kind not in ("bitflip", "scale", "nan"):
+        return params
+    out = {name: w.copy() for name, w in params.items()}
+    if kind == "bitflip":
+        name, index, bit = BITFLIP_AT
+        out[name].view(np.uint32)[index] ^= np.uint32(1 << bit)
+    elif kind == "scale":
+        name, index, factor = SCALE_AT
+        out[name][index] *= np.float32(factor)
+    else:
+        name, index = NAN_AT
+        out[name][index] = np.nan
+    return out
+
+
+def misbehave(kind: str | None) -> None:
+    """The hang and crash drills: block forever on a child process, or die of SIGSEGV."""
+    if kind == "hang":
+        subprocess.run([sys.executable, "-c", "import signal; signal.pause()"], check=False)
+    elif kind == "crash":
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def fingerprint(output: np.ndarray) -> str:
+    """Short hex digest of the output's exact bytes."""
+    return hashlib.sha256(np.ascontiguousarray(output).tobytes()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Decided before jax starts: the platform, chips to leave alone (index -> why), jax's environment."""
+
+    platform: str
+    tpu_chips: int
+    skips: dict[int, str]
+    env: dict[str, str]
+
+    @property
+    def idle_tpu_left(self) -> bool:
+        """False when every TPU chip is held: jax must not start at all."""
+        return self.platform != "tpu" or len(self.skips) < self.tpu_chips
+
+
+def plan(args: argparse.Namespace) -> Plan:
+    """Look at sysfs, the libtpu lockfile and device file holders; keep jax off every held TPU chip."""
+    tpus = holds.pci_functions(args.sysfs, holds.TPU_VENDOR)
+    platform = "tpu" if tpus else "gpu" if holds.pci_functions(args.sysfs, holds.NVIDIA_VENDOR) else "cpu"
+    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.05"}
+    if platform == "gpu":
+        env["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_deterministic_ops=true").strip()
+    locker = holds.lock_holder(args.lockfile) if platform == "tpu" else None
+    if locker is not None:
+        reason = f"held by pid {locker} (lock on {args.lockfile})"
+        return Plan(platform, len(tpus), {chip: reason for chip in range(len(tpus))}, env)
+    holders = holds.device_file_holders(args.procfs, args.dev, holds.vfio_groups(args.sysfs, tpus))
+    skips = {chip: f"held by pid {pid} (device file open)" for chip, pid in holders.items()}
+    if platform == "tpu" and skips:
+        idle = [chip for chip in range(len(tpus)) if chip not in skips]
+        for chip in idle[1:]:
+            skips[chip] = "not run: another chip is held, one idle chip per run"
+        if idle:
+            env.update(TPU_VISIBLE_CHIPS=str(idle[0]), TPU_CHIPS_PER_PROCESS_BOUNDS="1,1,1",
+                       TPU_PROCESS_BOUNDS="1,1,1")
+    return Plan(platform, len(tpus), skips, env)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan, start jax on the idle chips, run the model on each; the protocol lines go to stdout."""
+    decided = plan(args)
+    skips, env = decided.skips, decided.env
+    if not decided.idle_tpu_left:
+        emit("start", platform="tpu", chip=None, devices=[str(c) for c in sorted(skips)], stack=None,
+             dtype=spec.DTYPE, scale=None)
+        for chip, reason in sorted(skips.items()):
+            emit("skipped", device=str(chip), reason=reason)
+        emit("done")
+        return 0
+    os.environ.update(env)
+    try:
+        import jax
+        import jax.numpy as jnp
+        import jaxlib
+    except ImportError as exc:
+        emit("error", reason=f"cannot import jax with {sys.executable}: {exc}")
+        return 3
+    cache = os.path.join(args.state_dir, "canary", "jax-cache")
+    jax.config.update("jax_default_matmul_precision", "highest")
+    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+    devices = sorted(jax.local_devices(), key=lambda d: d.id)
+    visible = env.get("TPU_VISIBLE_CHIPS")
+    chips = [int(visible)] if visible is not None else [d.id for d in devices]
+    params, x = model.weights(), model.inputs()
+    expected = model.reference(params, x)
+    emit("start", platform=devices[0].platform, chip=devices[0].device_kind, devices=[str(c) for c in chips],
+         stack=f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, {devices[0].client.platform_version}",
+         dtype=spec.DTYPE, scale=float(np.max(np.abs(expected))))
+    if args.inject is not None and args.inject_device not in chips:
+        emit("error", reason=f"--inject-device {args.inject_device}: no such device (devices: "
+                             f"{', '.join(map(str, chips))})")
+        return 3
+    highest = jax.lax.Precision.HIGHEST
+    step = jax.jit(lambda p, v: model.forward(jnp, lambda a, b: jnp.matmul(a, b, precision=highest), p, v))
+    for chip, device in zip(chips, devices):
+        if chip in skips:
+            emit("skipped", device=str(chip), reason=skips[chip])
+            continue
+        emit("running", device=str(chip))
+        kind = args.inject if chip == args.inject_device else None
+        misbehave(kind)
+        on_chip = jax.device_put((injected(params, kind), x), device)
+        started = time.perf_counter()
+        step(*on_chip).block_until_ready()
+        compiled = time.perf_counter()
+        output = np.asarray(step(*on_chip).block_until_ready())
+        finished = time.perf_counter()
+        finite = bool(np.isfinite(output).all())
+        error = float(np.max(np.abs(output.astype(np.float64) - expected))) if finite else None
+        emit("result", device=str(chip), finite=finite, max_abs_error=error, fingerprint=fingerprint(output),
+             duration_seconds=finished - compiled, compile_seconds=compiled - started)
+    for chip in sorted(set(skips) - set(chips)):
+        emit("skipped", device=str(chip), reason=skips[chip])
+    emit("done")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the worker's arguments and run it."""
+    parser = argparse.ArgumentParser(prog="python -m tpuwatch.canary.worker")
+    parser.add_argument("--state-dir", required=True)
+    parser.add_argument("--lockfile", default="/tmp/libtpu_lockfile")
+    parser.add_argument("--procfs", default="/proc")
+    parser.add_argument("--sysfs", default="/sys")
+    parser.add_argument("--dev", default="/dev")
+    parser.add_argument("--inject", choices=spec.INJECTIONS)
+    parser.add_argument("--inject-device", type=int, default=0)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

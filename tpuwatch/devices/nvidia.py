@@ -1,0 +1,183 @@
+"""``devices.backend: nvidia``: NVIDIA GPUs through NVML (PyPI nvidia-ml-py, module ``pynvml``).
+
+NVML calls can block in the kernel for good when a GPU falls off the bus, so
+each GPU is read in its own lane off the caller's thread (``deadline.Lanes``):
+a GPU whose call does not return in ``devices.nvidia.call_timeout`` is reported
+down as unresponsive, and the other GPUs are read as usual.  A GPU that
+answers NVML_ERROR_GPU_IS_LOST is reported down.  Values a GPU does not
+support (NVML_ERROR_NOT_SUPPORTED, e.g. ECC on consumer boards) are absent.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import time
+from types import ModuleType
+from typing import Any
+
+from tpuwatch.config import Config
+from tpuwatch.devices.base import DeviceReading
+from tpuwatch.devices.deadline import CallTimeout, Lanes
+
+log = logging.getLogger(__name__)
+
+# nvmlClocksThrottleReason* bits (the NVML ABI; newer headers call them nvmlClocksEventReason*).
+THROTTLE_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+NVML_FEATURE_ENABLED = 1
+
+
+def throttle_reasons(supported: int, active: int) -> dict[str, bool]:
+    """Each known reason the GPU supports, True while it is active."""
+    return {name: bool(active & bit) for bit, name in THROTTLE_REASONS.items() if supported & bit}
+
+
+def pci_bus_id(bus_id: str | bytes) -> str:
+    """NVML's "00000000:3B:00.0" as sysfs writes it, "0000:3b:00.0"."""
+    text = bus_id.decode() if isinstance(bus_id, bytes) else bus_id
+    domain, rest = text.strip().lower().split(":", 1)
+    return f"{int(domain, 16):04x}:{rest}"
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+class GpuLost(Exception):
+    """NVML answered NVML_ERROR_GPU_IS_LOST."""
+
+
+class NvidiaBackend:
+    """Every GPU NVML sees, each read with a deadline in its own lane."""
+
+    name = "nvidia"
+
+    def __init__(self, config: Config, module: str = "pynvml") -> None:
+        self.timeout = config.devices.nvidia.call_timeout
+        self.lanes = Lanes()
+        self._module = module
+        self._nvml: ModuleType | None = None
+        self._identity: dict[int, tuple[str, str | None]] = {}  # index -> (name, PCI address) once read
+        self._in_call: dict[int, str] = {}  # index -> the NVML function a GPU's lane is in
+        self._logged: set[tuple[int, str, str]] = set()
+
+    def read(self) -> list[DeviceReading]:
+        """One reading per GPU; a GPU that is lost or does not answer in time is reported down."""
+        nvml = self._init()
+        count = self.lanes.call("nvml", nvml.nvmlDeviceGetCount, self.timeout)
+        deadline = time.monotonic() + self.timeout
+        started: dict[int, Any] = {}
+        readings: dict[int, DeviceReading] = {}
+        for index in range(count):
+            try:
+                started[index] = self.lanes.start(f"gpu{index}", functools.partial(self._read_gpu, nvml, index))
+            except CallTimeout as exc:
+                readings[index] = self._down(index, f"unresponsive: NVML {self._in_call.get(index)}: {exc}")
+        for index, call in started.items():
+            try:
+                readings[index] = self.lanes.wait(call, deadline)
+            except CallTimeout as exc:
+                readings[index] = self._down(index, f"unresponsive: NVML {self._in_call.get(index)}: {exc}")
+            except GpuLost as exc:
+                readings[index] = self._down(index, f"GPU is lost ({exc})")
+            except nvml.NVMLError as exc:
+                readings[index] = self._down(index, f"NVML {self._in_call.get(index)} failed: {exc}")
+        return [readings[i] for i in sorted(readings)]
+
+    def _init(self) -> Any:
+        if self._nvml is None:
+            try:
+                nvml = importlib.import_module(self._module)
+            except ImportError:
+                raise RuntimeError("nvidia-ml-py is not installed: pip install tpuwatch[nvidia]") from None
+            try:
+                self.lanes.call("nvml", nvml.nvmlInit, self.timeout)
+            except nvml.NVMLError as exc:
+                raise RuntimeError(f"nvmlInit failed: {exc}") from None
+            self._nvml = nvml
+        return self._nvml
+
+    def _down(self, index: int, problem: str) -> DeviceReading:
+        name, pci = self._identity.get(index, ("unknown", None))
+        return DeviceReading(device=str(index), chip=name, pci=pci, up=False, problem=problem,
+                             sources={"presence": "nvml"})
+
+    def _call(self, nvml: Any, index: int, function: str, *args: Any) -> Any:
+        """A required NVML call; GpuLost on NVML_ERROR_GPU_IS_LOST."""
+        self._in_call[index] = function
+        try:
+            return getattr(nvml, function)(*args)
+        except nvml.NVMLError as exc:
+            if exc.value == nvml.NVML_ERROR_GPU_IS_LOST:
+                raise GpuLost(f"{function}: {exc}") from None
+            raise
+
+    def _optional(self, nvml: Any, index: int, function: str, *args: Any) -> Any:
+        """An NVML call whose failure makes its value absent (logged once unless NOT_SUPPORTED)."""
+        if not hasattr(nvml, function):
+            return None
+        try:
+            return self._call(nvml, index, function, *args)
+        except nvml.NVMLError as exc:
+            if exc.value != nvml.NVML_ERROR_NOT_SUPPORTED and (index, function, str(exc)) not in self._logged:
+                self._logged.add((index, function, str(exc)))
+                log.warning("GPU %d: NVML %s failed: %s (logged once)", index, function, exc)
+            return None
+
+    def _read_gpu(self, nvml: Any, index: int) -> DeviceReading:
+        """Everything NVML tells about one GPU (runs in the GPU's lane)."""
+        handle = self._call(nvml, index, "nvmlDeviceGetHandleByIndex", index)
+        name = _text(self._call(nvml, index, "nvmlDeviceGetName", handle))
+        pci = pci_bus_id(self._call(nvml, index, "nvmlDeviceGetPciInfo", handle).busId)
+        self._identity[index] = (name, pci)
+        fields: dict[str, Any] = {}
+        memory = self._optional(nvml, index, "nvmlDeviceGetMemoryInfo", handle)
+        if memory is not None:
+            fields.update(memory_used_bytes=float(memory.used), memory_total_bytes=float(memory.total))
+        utilization = self._optional(nvml, index, "nvmlDeviceGetUtilizationRates", handle)
+        if utilization is not None:
+            fields["utilization_ratio"] = utilization.gpu / 100.0
+        fields["temperature_celsius"] = self._optional(nvml, index, "nvmlDeviceGetTemperature", handle,
+                                                       nvml.NVML_TEMPERATURE_GPU)
+        power = self._optional(nvml, index, "nvmlDeviceGetPowerUsage", handle)
+        fields["power_watts"] = power / 1000.0 if power is not None else None
+        for kind, error_type in (("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                                 ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
+            for suffix, counter in (("", nvml.NVML_VOLATILE_ECC), ("_aggregate", nvml.NVML_AGGREGATE_ECC)):
+                fields[f"ecc_{kind}{suffix}_total"] = self._optional(nvml, index, "nvmlDeviceGetTotalEccErrors",
+                                                                     handle, error_type, counter)
+        causes = (("retired_pages_single_bit", nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
+                  ("retired_pages_double_bit", nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR))
+        for attribute, cause in causes:
+            pages = self._optional(nvml, index, "nvmlDeviceGetRetiredPages", handle, cause)
+            fields[attribute] = float(len(pages)) if pages is not None else None
+        pages_pending = self._optional(nvml, index, "nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        rows = self._optional(nvml, index, "nvmlDeviceGetRemappedRows", handle)
+        rows_pending = None
+        if rows is not None:
+            corrected, uncorrected, rows_pending, failed = rows
+            fields.update(remapped_rows_corrected=float(corrected), remapped_rows_uncorrected=float(uncorrected),
+                          row_remap_failed=bool(failed))
+        pending = [bool(p) for p in (None if pages_pending is None else pages_pending == NVML_FEATURE_ENABLED,
+                                     rows_pending) if p is not None]
+        fields["memory_repair_pending"] = any(pending) if pending else None
+        fields["pcie_replays_total"] = self._optional(nvml, index, "nvmlDeviceGetPcieReplayCounter", handle)
+        supported = self._optional(nvml, index, "nvmlDeviceGetSupportedClocksThrottleReasons", handle)
+        active = self._optional(nvml, index, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        if supported is not None and active is not None:
+            fields["throttle_reasons"] = throttle_reasons(supported, active)
+        self._in_call.pop(index, None)
+        sources = {"presence": "nvml"}
+        sources.update({key: "nvml" for key, value in fields.items() if value is not None})
+        return DeviceReading(device=str(index), chip=name, pci=pci, sources=sources, **fields)
