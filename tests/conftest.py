@@ -81,9 +81,12 @@ class DaemonProcess:
         def ready() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
-            return requests.get(f"{scheme}://127.0.0.1:{self.port}/healthz", timeout=2,
-                                **request_kwargs).status_code in (200, 503, 401)
-        wait_until(ready, timeout=20, what="the daemon's endpoint")
+            response = requests.get(f"{scheme}://127.0.0.1:{self.port}/healthz", timeout=2, **request_kwargs)
+            if response.status_code == 401:
+                return True
+            sampled = response.json()["checks"]["sampling"]["last_sample_age_seconds"] is not None
+            return response.status_code in (200, 503) and sampled
+        wait_until(ready, timeout=20, what="the daemon's first sampling cycle")
 
     def signal(self, signum: int) -> None:
         self.proc.send_signal(signum)
@@ -124,4 +127,5 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
 
 
 SIM_FAST = {"interval": "200ms", "collector_timeout": "150ms", "canary": {"enabled": False},
+            "kernel_log": {"source": "none"},
             "devices": {"backend": "sim", "sim": {"count": 4, "fault_after": "0s"}}}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -37,7 +38,7 @@ def test_without_accelerators_it_says_so_and_serves_host_metrics(
     daemon = start_daemon({"interval": "200ms", "paths": {"sysfs": str(tmp_path / "empty-sysfs")}})
     daemon.wait_ready()
     assert "no accelerator" in daemon.log() and "host metrics only" in daemon.log()
-    assert "canary not scheduled: no accelerator" in daemon.log()
+    wait_until(lambda: "canary not scheduled: no accelerator" in daemon.log(), what="the canary decision")
     health = requests.get(f"{daemon.url}/healthz", timeout=5)
     assert health.status_code == 200
     report = health.json()
@@ -168,9 +169,9 @@ def test_sd_notify_protocol(start_daemon: Callable[..., DaemonProcess], tmp_path
 
 def test_check_json_verdicts(tmp_path: Path) -> None:
     healthy, faulty = tmp_path / "healthy.yaml", tmp_path / "faulty.yaml"
-    healthy.write_text("devices: {backend: sim, sim: {count: 2}}\n")
-    faulty.write_text("devices: {backend: sim, sim: {count: 2, scenario: ecc-errors, fault_after: 0s, "
-                      "fault_device: 1}}\n")
+    healthy.write_text("kernel_log: {source: none}\ndevices: {backend: sim, sim: {count: 2}}\n")
+    faulty.write_text("kernel_log: {source: none}\ndevices: {backend: sim, sim: {count: 2, scenario: ecc-errors, "
+                      "fault_after: 0s, fault_device: 1}}\n")
     result = run_cli("check", "--json", "--config", str(healthy))
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
@@ -189,7 +190,7 @@ def test_check_json_verdicts(tmp_path: Path) -> None:
 def test_check_reports_a_hung_collector_as_unhealthy(tmp_path: Path) -> None:
     procfs, dev = make_hanging_procfs(tmp_path)
     path = tmp_path / "c.yaml"
-    path.write_text(f"collector_timeout: 300ms\ndevices: {{backend: none}}\n"
+    path.write_text(f"collector_timeout: 300ms\ndevices: {{backend: none}}\nkernel_log: {{source: none}}\n"
                     f"paths: {{procfs: {procfs}, dev: {dev}}}\n")
     started = time.monotonic()
     result = run_cli("check", "--json", "--config", str(path))
@@ -213,3 +214,33 @@ def test_simulated_sdc_fails_the_canary_on_its_chip_only(start_daemon: Callable[
                          if metric(daemon, 'tpuwatch_canary_runs_total{result="fail"}') else None,
                          timeout=60, what="the first canary run")
     assert healthy == {"0": 1.0, "1": 0.0, "2": 1.0, "3": 1.0}
+
+
+def test_kernel_log_events_reach_metrics_and_healthz(start_daemon: Callable[..., DaemonProcess]) -> None:
+    if not os.access("/dev/kmsg", os.R_OK | os.W_OK):
+        pytest.skip("needs root's read and write access to /dev/kmsg")
+    daemon = start_daemon({**SIM_FAST, "kernel_log": {"source": "kmsg"}})
+    daemon.wait_ready()
+    counter = 'tpuwatch_kernel_events_total{device="1",rule="nvidia_xid",severity="critical"}'
+    before = wait_until(lambda: metric(daemon, 'tpuwatch_collector_success{collector="kernel_log"}') == 1.0
+                        and (metric(daemon, counter) or 0.0) + 1.0, what="the kernel log collector") - 1.0
+    tag = f"tpuwatch-e2e-{os.getpid()}-{time.monotonic_ns()}"
+    with open("/dev/kmsg", "w") as kmsg:
+        kmsg.write(f"<3>NVRM: Xid (PCI:0000:11:00): 79, pid=4242, name={tag}, GPU has fallen off the bus.\n")
+    # Attributed to simulated chip 1 by its PCI address, counted, and listed in /healthz.
+    wait_until(lambda: (metric(daemon, counter) or 0.0) > before, what="the Xid to be counted")
+    events = requests.get(f"{daemon.url}/healthz", timeout=5).json()["checks"]["kernel_log"]["recent_events"]
+    assert any(e["rule"] == "nvidia_xid" and e["device"] == "1" and e["xid"] == 79 for e in events)
+
+
+def test_logscan_command(tmp_path: Path) -> None:
+    log_file = tmp_path / "dmesg.txt"
+    log_file.write_text("[  5.1] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python3, GPU has fallen off the bus.\n"
+                        "[  5.2] just a line\n")
+    result = run_cli("logscan", "--json", str(log_file))
+    assert result.returncode == 1
+    assert json.loads(result.stdout)["events"][0]["rule"] == "nvidia_xid"
+    bad_rules = tmp_path / "bad.yaml"
+    bad_rules.write_text("rules:\n  - name: broken\n    regex: '('\n    severity: critical\n")
+    broken = run_cli("logscan", "--rules", str(bad_rules), str(log_file))
+    assert broken.returncode == 2 and len(broken.stderr.strip().splitlines()) == 1 and "broken" in broken.stderr

@@ -22,6 +22,8 @@ EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
 _EXTENSIONS = {
     "canary": ("tpuwatch.canary.cli", "Run the reference inference once on every idle chip; exit 0 pass, "
                                       "1 wrong results, 3 could not run."),
+    "logscan": ("tpuwatch.kernel_log.logscan", "Run the kernel-log rules over a file (kmsg, dmesg or journalctl "
+                                               "-o json); exit 1 if a critical event is found."),
 }
 
 

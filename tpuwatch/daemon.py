@@ -22,6 +22,7 @@ from tpuwatch.config import Config
 from tpuwatch.devices import DeviceCollector
 from tpuwatch.exporter import build_registry
 from tpuwatch.health import collector_problems, device_problems
+from tpuwatch.kernel_log.collector import KernelLogCollector, event_problems
 from tpuwatch.samples import Sample, sample
 from tpuwatch.sampler import Sampler
 from tpuwatch.schema import ConfigError
@@ -35,14 +36,13 @@ _SCHEDULER_EVENTS = {EVENT_JOB_ERROR: "error", EVENT_JOB_MISSED: "missed", EVENT
 
 
 def _build_sampler(config: Config, store: SeriesStore, canary: CanaryCollector | None) -> Sampler:
-    collectors, notes = build_collectors(config)
-    for note in notes:
-        log.info("%s", note)
+    collectors, _ = build_collectors(config)
     return Sampler([*collectors, *([canary] if canary else [])], store, config.collector_deadline)
 
 
 def _sampling_section(config: Config) -> tuple[Any, ...]:
-    return (config.devices, config.paths, config.host, config.collector_deadline, config.canary)
+    return (config.devices, config.paths, config.host, config.collector_deadline, config.canary,
+            config.kernel_log, config.state_dir)
 
 
 def _canary(config: Config) -> CanaryCollector | None:
@@ -75,6 +75,10 @@ class Daemon:
         self.reload_success_at = self.started_at
         self._stop = threading.Event()
         self._reload_requested = threading.Event()
+        # Before anything is served: a signal that comes during start-up is honoured, not fatal.
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        signal.signal(signal.SIGHUP, self._on_reload_signal)
         self._scheduler = BackgroundScheduler(timezone="UTC")
         self._scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
         self.registry = build_registry(lambda: self.store.current(), self.self_samples)
@@ -93,9 +97,6 @@ class Daemon:
 
     def wait(self) -> None:
         """Block until SIGTERM/SIGINT, performing reloads on SIGHUP."""
-        signal.signal(signal.SIGTERM, self._on_stop_signal)
-        signal.signal(signal.SIGINT, self._on_stop_signal)
-        signal.signal(signal.SIGHUP, self._on_reload_signal)
         while not self._stop.is_set():
             self._stop.wait(1.0)
             if self._reload_requested.is_set():
@@ -115,6 +116,13 @@ class Daemon:
         try:
             new = config_module.load(self.config_path)
             web = load_web_config(new.web_config)
+            canary = _canary(new) if new.canary != self.config.canary else self.canary
+            store = self.store
+            if new.store != self.config.store:
+                store = SeriesStore(new.store.points_per_series, new.store.max_series)
+            sampler = self.sampler
+            if store is not self.store or _sampling_section(new) != _sampling_section(self.config):
+                sampler = _build_sampler(new, store, canary)
             endpoint = self.endpoint
             if new.listen != self.config.listen:
                 endpoint = Endpoint(new.listen, self.registry, self.health, web)
@@ -129,15 +137,10 @@ class Daemon:
         else:
             self.endpoint.set_web_config(web)
         logsetup.configure(new.log_level)
-        if new.canary != self.config.canary:
-            self.canary = _canary(new)
-        if new.store != self.config.store:
-            self.store = SeriesStore(new.store.points_per_series, new.store.max_series)
-            self.sampler = _build_sampler(new, self.store, self.canary)
-        elif _sampling_section(new) != _sampling_section(self.config):
+        if sampler is not self.sampler and store is self.store:
             for guard in self.sampler.guards:
-                self.store.forget(guard.name)
-            self.sampler = _build_sampler(new, self.store, self.canary)
+                store.forget(guard.name)
+        self.canary, self.store, self.sampler = canary, store, sampler
         self.config = new
         self._schedule()
         self.reload_ok, self.reload_success_at = True, time.time()
@@ -207,6 +210,10 @@ class Daemon:
         guard = self.sampler.guard("devices")
         return guard.collector.last_readings if guard and isinstance(guard.collector, DeviceCollector) else []
 
+    def _kernel_log(self) -> KernelLogCollector | None:
+        guard = self.sampler.guard("kernel_log")
+        return guard.collector if guard and isinstance(guard.collector, KernelLogCollector) else None
+
     def _status_line(self) -> str:
         devices = self._device_readings()
         up = sum(1 for r in devices if r.up)
@@ -230,6 +237,12 @@ class Daemon:
             }
         problems = device_problems(self._device_readings())
         checks["devices"] = {"status": "problems" if problems else "ok", "problems": problems}
+        kernel_log = self._kernel_log()
+        if kernel_log is not None:
+            events = kernel_log.recent_events()
+            critical = event_problems(events)
+            checks["kernel_log"] = {"status": "critical_events" if critical else "ok",
+                                    "recent_events": [e.to_json() for e in events]}
         healthy = self._sampling_fresh() and all(g.status.success for g in self.sampler.guards)
         report = {"status": "healthy" if healthy else "unhealthy",
                   "uptime_seconds": round(time.time() - self.started_at, 3),

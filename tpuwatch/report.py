@@ -10,6 +10,7 @@ from tpuwatch.config import Config
 from tpuwatch.devices import DeviceCollector
 from tpuwatch.devices.base import sources_line
 from tpuwatch.health import collector_problems, device_problems
+from tpuwatch.kernel_log.collector import KernelLogCollector, event_problems
 from tpuwatch.sampler import Sampler
 from tpuwatch.store import SeriesStore
 
@@ -18,13 +19,15 @@ GIB = float(1 << 30)
 
 def check_once(config: Config) -> dict[str, Any]:
     """Sample once and judge; the shape is DESIGN.md's ``tpuwatch check --json``."""
-    collectors, notes = build_collectors(config)
+    collectors, notes = build_collectors(config, persist=False)
     store = SeriesStore(points_per_series=2, max_series=100_000)
     sampler = Sampler(collectors, store, config.collector_deadline)
     sampler.run_once()
     devices = next((c for c in collectors if isinstance(c, DeviceCollector)), None)
     readings = devices.last_readings if devices else []
-    problems = device_problems(readings) + collector_problems(sampler.guards)
+    kernel_log = next((c for c in collectors if isinstance(c, KernelLogCollector)), None)
+    events = kernel_log.recent_events() if kernel_log else []
+    problems = device_problems(readings) + event_problems(events) + collector_problems(sampler.guards)
     current = store.current()
     host = {s.name.removeprefix("tpuwatch_host_"): s.value for s in current if s.name.startswith("tpuwatch_host_")}
     holders = [{**dict(s.labels), "resident_memory_bytes": s.value} for s in current
@@ -41,6 +44,7 @@ def check_once(config: Config) -> dict[str, Any]:
              "samples": g.status.samples, "error": g.status.last_error}
             for g in sampler.guards
         ],
+        "kernel_events": [e.to_json() for e in events],
         "problems": problems,
     }
 
@@ -79,6 +83,9 @@ def render_check(result: dict[str, Any]) -> str:
     for h in result["holders"]:
         lines.append(f"holder: pid {h['pid']} ({h['command']}) {_fmt(h['resident_memory_bytes'], scale=GIB, digits=2)}"
                      " GiB resident")
+    if result["kernel_events"]:
+        lines.append(f"kernel log: {len(result['kernel_events'])} event(s) this boot, "
+                     f"{sum(e['severity'] == 'critical' for e in result['kernel_events'])} critical")
     lines.append("collectors: " + ", ".join(
         f"{c['collector']} {'ok' if c['success'] else 'FAILED'} {c['duration_seconds'] * 1000:.1f}ms"
         for c in result["collectors"]))

@@ -1,0 +1,212 @@
+"""The kernel log collector: counters, device attribution, storms, bounded queues, real /dev/kmsg end to end."""
+
+from __future__ import annotations
+
+import os
+import time
+import tracemalloc
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tpuwatch.catalog import CATALOG
+from tpuwatch.collectors.guard import GuardedCollector
+from tpuwatch.config import parse
+from tpuwatch.devices import DeviceReading
+from tpuwatch.kernel_log.collector import (
+    MAX_PENDING_EVENTS,
+    MAX_RECENT_EVENTS,
+    KernelLogCollector,
+    build_collector,
+    device_lookup,
+    event_problems,
+)
+from tpuwatch.kernel_log.events import KernelEvent, StormFilter
+from tpuwatch.kernel_log.rules import load_rules
+from tpuwatch.kernel_log.sources import FileSource, KmsgSource, read_boot_id
+
+XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n"
+READINGS = [DeviceReading(device="0", chip="h100", pci="0000:18:00.0"),
+            DeviceReading(device="1", chip="h100", pci="0000:3B:00.0")]
+
+
+class Clock:
+    """A hand-driven monotonic clock."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _collector(tmp_path: Path, clock: Clock, window: float = 60.0, max_records: int = 20_000
+               ) -> tuple[KernelLogCollector, Path]:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    source = FileSource(str(log), tmp_path / "state" / "file.json")
+    return KernelLogCollector(source, load_rules([]), device_lookup(lambda: READINGS), window,
+                              max_records=max_records, clock=clock), log
+
+
+def _append(path: Path, text: str) -> None:
+    with open(path, "a") as handle:
+        handle.write(text)
+
+
+def _values(samples: list) -> dict:  # type: ignore[type-arg]
+    return {(s.name, s.labels): s.value for s in samples}
+
+
+def test_counters_with_device_attribution_start_at_zero(tmp_path: Path) -> None:
+    collector, log = _collector(tmp_path, Clock())
+    first = _values(collector.collect())
+    assert first[("tpuwatch_kernel_events_total", (("device", ""), ("rule", "nvidia_xid"),
+                                                   ("severity", "critical")))] == 0
+    _append(log, XID79 + "hello\npcieport 0000:00:01.0: AER: Correctable error message received from "
+            "0000:18:00.0\nEDAC MC0: 1 UE memory read error on DIMM_A1\n")
+    values = _values(collector.collect())
+    events = {k[1]: v for k, v in values.items() if k[0] == "tpuwatch_kernel_events_total" and v}
+    assert events == {(("device", "1"), ("rule", "nvidia_xid"), ("severity", "critical")): 1,
+                      (("device", "0"), ("rule", "pcie_aer_corrected"), ("severity", "info")): 1,
+                      (("device", ""), ("rule", "edac_uncorrected"), ("severity", "critical")): 1}
+    assert values[("tpuwatch_kernel_log_records_total", (("source", "file"),))] == 4
+    assert values[("tpuwatch_kernel_log_lost_total", (("source", "file"),))] == 0
+    assert [e.rule for e in collector.recent_events()] == ["nvidia_xid", "pcie_aer_corrected", "edac_uncorrected"]
+    assert collector.recent_events()[0].device == "1" and collector.recent_events()[0].xid == 79
+
+
+def test_samples_are_in_the_catalogue_and_pass_the_guard(tmp_path: Path) -> None:
+    collector, log = _collector(tmp_path, Clock())
+    _append(log, XID79)
+    guarded = GuardedCollector(collector)
+    guarded.start()
+    samples = guarded.finish(time.monotonic() + 5)
+    assert samples and guarded.status.success
+    for s in samples:
+        spec = CATALOG[s.name]
+        assert spec.kind == "counter" and tuple(sorted(spec.labels)) == tuple(k for k, _ in s.labels)
+
+
+def test_storm_becomes_one_event_then_a_summary_with_the_count(tmp_path: Path) -> None:
+    clock = Clock()
+    collector, log = _collector(tmp_path, clock, window=60.0)
+    _append(log, XID79 * 500)
+    collector.collect()
+    assert [(e.rule, e.count) for e in collector.drain_events()] == [("nvidia_xid", 1)]
+    clock.now += 30
+    _append(log, XID79 * 500)
+    collector.collect()
+    assert collector.drain_events() == []
+    clock.now += 31
+    values = _values(collector.collect())
+    [summary] = collector.drain_events()
+    assert summary.count == 999 and summary.message.endswith("(repeated 999 times)")
+    assert values[("tpuwatch_kernel_events_total", (("device", "1"), ("rule", "nvidia_xid"),
+                                                    ("severity", "critical")))] == 1000  # counters stay exact
+
+
+def test_storm_filter_keys_and_memory_are_bounded() -> None:
+    clock = Clock()
+    storms = StormFilter(window=60.0, max_keys=8, clock=clock)
+    passed = []
+    for i in range(100):
+        passed += storms.offer(KernelEvent("nvidia_xid", "critical", "m", pci=f"0000:{i:02x}:00.0"))
+    assert len(passed) == 100 and len(storms._open) == 8
+    assert storms.flush(force=True) == []  # no repeats, no summaries
+
+
+def test_flood_keeps_pace_with_bounded_work_and_memory(tmp_path: Path) -> None:
+    collector, log = _collector(tmp_path, Clock(), max_records=5000)
+    lines = "".join(f"Out of memory: Killed process {i} (python3) total-vm:1kB\n" for i in range(60_000))
+    _append(log, lines)
+    tracemalloc.start()
+    durations = []
+    for _ in range(3):
+        started = time.perf_counter()
+        values = _values(collector.collect())
+        durations.append(time.perf_counter() - started)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert values[("tpuwatch_kernel_log_records_total", (("source", "file"),))] == 15_000  # the cap per cycle
+    assert max(durations) < 2.0, durations  # one cycle's work is bounded by the cap
+    assert peak < 32 << 20, peak
+    assert len(collector.recent_events()) <= MAX_RECENT_EVENTS
+    for _ in range(20):
+        collector.collect()
+    assert values and len(collector.drain_events(10**6)) <= MAX_PENDING_EVENTS
+
+
+def test_pending_events_are_bounded_and_drops_counted(tmp_path: Path) -> None:
+    collector, log = _collector(tmp_path, Clock())
+    _append(log, "".join(f"NVRM: Xid (PCI:0000:{i % 256:02x}:{i // 256:02x}): 79\n" for i in range(1500)))
+    collector.collect()
+    assert len(collector.drain_events(10)) == 10
+    assert len(collector.drain_events()) == MAX_PENDING_EVENTS - 10
+    assert collector.dropped_events == 1500 - MAX_PENDING_EVENTS
+    assert len(collector.recent_events()) == MAX_RECENT_EVENTS
+
+
+def test_device_lookup_follows_the_latest_readings() -> None:
+    readings: list[DeviceReading] = []
+    lookup = device_lookup(lambda: readings)
+    assert lookup("0000:3b:00.0") is None
+    readings.extend(READINGS)
+    assert lookup("0000:3b:00.0") == "1"
+
+
+def test_build_collector_from_config(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    config = parse(f"state_dir: {tmp_path}/state\nkernel_log: {{source: file, path: {log}, rules_dirs: []}}")
+    collector, note = build_collector(config, lambda pci: None)
+    assert collector is not None and note == f"kernel log: following file {log}"
+    none, note = build_collector(parse("kernel_log: {source: none}"), lambda pci: None)
+    assert none is None and "none" in note
+
+
+@pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK | os.W_OK), reason="needs root and /dev/kmsg")
+def test_real_kmsg_record_becomes_an_event_and_a_counter(tmp_path: Path) -> None:
+    tag = f"tpuwatch-test-{uuid.uuid4().hex[:12]}"
+    rules_dir = tmp_path / "rules.d"
+    rules_dir.mkdir()
+    (rules_dir / "selftest.yaml").write_text(
+        f"rules: [{{name: selftest, keywords: ['{tag}'], severity: critical,\n"
+        f"          regex: '{tag}: device (?P<pci>[0-9a-f:.]+) failed'}}]\n")
+    source = KmsgSource("/dev/kmsg", tmp_path / "kmsg.json", read_boot_id())
+    collector = KernelLogCollector(source, load_rules([str(rules_dir)]), device_lookup(lambda: READINGS), 60.0,
+                                   max_records=1_000_000)
+    collector.collect()  # this boot's history
+    collector.drain_events()
+    with open("/dev/kmsg", "w") as kmsg:
+        kmsg.write(f"<3>{tag}: device 0000:18:00.0 failed\n")
+    values = _values(collector.collect())
+    assert values[("tpuwatch_kernel_events_total", (("device", "0"), ("rule", "selftest"),
+                                                    ("severity", "critical")))] == 1
+    [event] = [e for e in collector.drain_events() if e.rule == "selftest"]
+    assert (event.device, event.pci, event.message) == ("0", "0000:18:00.0", f"{tag}: device 0000:18:00.0 failed")
+    source.close()
+
+
+def test_event_problems_name_critical_events_only() -> None:
+    events = [KernelEvent("nvidia_xid", "critical", "NVRM: Xid (PCI:0000:3b:00): 79", "0000:3b:00.0", "1", 79),
+              KernelEvent("oom_kill", "warning", "Out of memory: Killed process 1 (x)"),
+              KernelEvent("edac_uncorrected", "critical", "EDAC MC0: 1 UE", count=3)]
+    assert event_problems(events) == [
+        "kernel: nvidia_xid on device 1 (pci 0000:3b:00.0): NVRM: Xid (PCI:0000:3b:00): 79",
+        "kernel: edac_uncorrected on device ? (pci unknown) x3: EDAC MC0: 1 UE"]
+
+
+@pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK), reason="needs root and /dev/kmsg")
+def test_check_reads_this_boot_without_touching_the_daemon_position(tmp_path: Path) -> None:
+    config = parse(f"state_dir: {tmp_path}\nkernel_log: {{source: kmsg, rules_dirs: []}}")
+    daemon, _ = build_collector(config, lambda pci: None)
+    assert daemon is not None
+    daemon.collect()
+    saved = (tmp_path / "kernel_log" / "kmsg.json").read_text()
+    check, note = build_collector(config, lambda pci: None, persist=False)
+    assert check is not None and note == "kernel log: reading /dev/kmsg"
+    records = _values(check.collect())[("tpuwatch_kernel_log_records_total", (("source", "kmsg"),))]
+    assert records > 0  # this boot's history, from the start of the ring
+    assert (tmp_path / "kernel_log" / "kmsg.json").read_text() == saved

@@ -1,0 +1,177 @@
+"""`tpuwatch logscan`: every input format, line numbers, odd input, JSON shape, rule errors, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tpuwatch.config import Config, parse
+from tpuwatch.kernel_log import logscan
+from tpuwatch.kernel_log import scan as scan_module
+from tpuwatch.kernel_log.events import KernelEvent
+from tpuwatch.kernel_log.records import MAX_LINE_BYTES
+from tpuwatch.kernel_log.rules import load_rules
+from tpuwatch.kernel_log.scan import ScanStats, scan
+
+DATA = Path(__file__).parent / "testdata" / "kernel_log"
+FORMATS = ["dmesg.txt", "dmesg_T.txt", "kern.log", "kmsg.txt", "journal.json"]
+EXPECTED = [  # (line in dmesg.txt, rule, severity, pci, xid)
+    (13, "pcie_aer_corrected", "info", "0000:3b:00.0", None),
+    (17, "nvidia_xid", "info", "0000:3b:00.0", 13),
+    (18, "edac_corrected", "info", None, None),
+    (20, "oom_kill", "warning", None, None),
+    (22, "hung_task", "warning", None, None),
+    (25, "tpu_driver_error", "warning", "0000:00:04.0", None),
+    (26, "tpu_driver_error", "critical", None, None),
+    (27, "mce", "warning", None, None),
+    (28, "mce", "warning", None, None),
+    (29, "soft_lockup", "warning", None, None),
+    (30, "nvidia_xid", "critical", "0000:3b:00.0", 79),
+    (31, "gpu_fell_off_bus", "critical", "0000:3b:00.0", None),
+    (32, "cper_fatal", "critical", None, None),
+]
+RULES = load_rules([])
+NO_USER_RULES = parse("kernel_log: {rules_dirs: []}")
+
+
+def _lookup(pci: str) -> str | None:
+    return {"0000:3b:00.0": "3"}.get(pci)
+
+
+def _scan(data: bytes, lookup: Callable[[str], str | None] = lambda pci: None) -> tuple[list[KernelEvent], ScanStats]:
+    stats = ScanStats()
+    return list(scan(io.BytesIO(data), RULES, lookup, stats)), stats
+
+
+def _logscan(capsys: pytest.CaptureFixture[str], *argv: str, config: Config | None = None) -> tuple[int, str, str]:
+    parser = argparse.ArgumentParser()
+    logscan.add_arguments(parser)
+    code = logscan.run(parser.parse_args(list(argv)), config or NO_USER_RULES)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_format_gives_the_same_events(name: str) -> None:
+    events, stats = _scan((DATA / name).read_bytes())
+    assert [(e.rule, e.severity, e.pci, e.xid) for e in events] == [x[1:] for x in EXPECTED]
+    assert stats.skipped == 0
+    if name != "kmsg.txt":  # kmsg continuation lines shift line numbers
+        assert [e.line for e in events] == [x[0] for x in EXPECTED]
+        assert stats.lines == 32
+
+
+def test_kmsg_continuation_attributes_and_is_not_split_across_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    record = (b"4,7,100,-;pcieport 0000:00:03.0: AER: Corrected error received: id=0018\n"
+              b" SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n")
+    filler = b"6,1,1,-;" + b"x" * 60 + b"\n"
+    monkeypatch.setattr(scan_module, "BLOCK_BYTES", 256)
+    for padding in range(12):  # the record lands across every possible block boundary
+        events, stats = _scan(filler * padding + record + filler, _lookup)
+        assert [(e.line, e.pci, e.device) for e in events] == [(padding + 1, "0000:3b:00.0", "3")]
+        assert stats.lines == padding + 4
+
+
+def test_device_comes_from_the_lookup() -> None:
+    events, _ = _scan(b"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
+                      b"NVRM: Xid (PCI:0000:18:00): 79, pid=1, name=x, GPU has fallen off the bus.\n", _lookup)
+    assert [e.device for e in events] == ["3", None]
+
+
+def test_odd_input_is_skipped_and_counted() -> None:
+    xid = b"NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, DBE\n"
+    data = (b"" + xid + b"\xff\xfe not utf-8 NVRM: Xid (PCI:0000:3b:00): 48\n" + b"\x00\x01\x02binary\x7f\n"
+            + b"A" * (1 << 20) + b" NVRM: Xid (PCI:0000:3b:00): 48\n" + b"B" * (MAX_LINE_BYTES + 1) + b"\n"
+            + "caf\u00e9 ok\r\n".encode() + xid + b"tail without newline " + xid.rstrip())
+    events, stats = _scan(data)
+    assert [e.line for e in events] == [1, 7, 8]
+    assert (stats.lines, stats.skipped) == (8, 4)
+
+
+def test_huge_line_never_held_whole() -> None:
+    class Stream(io.RawIOBase):
+        """A 64 MiB line that is generated, not stored, then one Xid line."""
+
+        def __init__(self) -> None:
+            self.left = 64 << 20
+
+        def readable(self) -> bool:
+            return True
+
+        def read(self, size: int = -1) -> bytes:
+            if self.left <= 0:
+                data, self.left = (b"\nNVRM: Xid (PCI:0000:3b:00): 48\n", -1) if self.left == 0 else (b"", -1)
+                return data
+            chunk = min(size, self.left)
+            self.left -= chunk
+            return b"z" * chunk
+
+    stats = ScanStats()
+    events = list(scan(Stream(), RULES, lambda pci: None, stats))  # type: ignore[arg-type]
+    assert [e.line for e in events] == [2] and (stats.lines, stats.skipped) == (2, 1)
+
+
+def test_empty_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty.log").write_bytes(b"")
+    code, out, _ = _logscan(capsys, str(tmp_path / "empty.log"), "--json")
+    assert code == 0
+    assert json.loads(out) == {"file": str(tmp_path / "empty.log"), "events": [], "lines": 0, "skipped_lines": 0,
+                               "counts": {"critical": 0, "warning": 0, "info": 0}}
+
+
+def test_logscan_json_follows_the_event_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _logscan(capsys, str(DATA / "dmesg.txt"), "--json")
+    assert code == 1 and err == ""  # critical events found
+    result = json.loads(out)
+    assert result["lines"] == 32 and result["counts"] == {"critical": 4, "warning": 6, "info": 3}
+    xid = result["events"][-3]
+    assert xid == {"line": 30, "rule": "nvidia_xid", "severity": "critical", "pci": "0000:3b:00.0", "device": None,
+                   "xid": 79, "message": "NVRM: Xid (PCI:0000:3b:00): 79, pid=6262, name=python3, GPU has fallen off "
+                   "the bus.", "fields": {"pid": "6262", "process": "python3"}}
+    assert all(set(e) >= {"line", "rule", "severity", "pci", "device", "message"} for e in result["events"])
+
+
+def test_logscan_text_output(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _logscan(capsys, str(DATA / "dmesg.txt"))
+    lines = out.splitlines()
+    assert code == 1 and len(lines) == 14
+    assert lines[10].split()[:6] == ["30", "critical", "nvidia_xid", "device=-", "pci=0000:3b:00.0", "xid=79"]
+    assert lines[-1].endswith("32 lines, 13 events (4 critical, 6 warning, 3 info), 0 lines skipped "
+                              "(not text or over 64 KiB)")
+
+
+def test_logscan_without_critical_events_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "k.log").write_text("INFO: task python3:1 blocked for more than 120 seconds.\n")
+    assert _logscan(capsys, str(tmp_path / "k.log"))[0] == 0
+
+
+def test_logscan_devices_from_the_configured_backend(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "k.log").write_text("apex 0000:11:00.0: non-zero error_status: 0x2\n")  # sim chip 1
+    config = parse("devices: {backend: sim}\nkernel_log: {rules_dirs: []}")
+    _, out, _ = _logscan(capsys, str(tmp_path / "k.log"), "--json", config=config)
+    assert json.loads(out)["events"][0]["device"] == "1"
+
+
+def test_logscan_extra_rules_and_broken_rules(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "k.log").write_text("ice 0000:5e:00.0: NIC Link is Down\n")
+    good = tmp_path / "good.yaml"
+    good.write_text("rules: [{name: ice_link_down, regex: 'NIC Link is Down', keywords: [Link is Down]}]\n")
+    code, out, _ = _logscan(capsys, str(tmp_path / "k.log"), "--rules", str(good), "--json")
+    assert code == 0 and [e["rule"] for e in json.loads(out)["events"]] == ["ice_link_down"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rules: [{name: broken, regex: '(unclosed'}]\n")
+    code, out, err = _logscan(capsys, str(tmp_path / "k.log"), "--rules", str(bad))
+    assert code == 2 and out == ""
+    assert err.startswith(f"tpuwatch: rule error: {bad}: rule 'broken': invalid regex: missing )")
+    assert err.count("\n") == 1
+
+
+def test_logscan_unreadable_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _logscan(capsys, str(tmp_path / "absent.log"))
+    assert (code, out) == (2, "")
+    assert err == f"tpuwatch: cannot read {tmp_path / 'absent.log'}: No such file or directory\n"

@@ -1,0 +1,278 @@
+"""Kernel log sources on real parts: /dev/kmsg, a journal file made by systemd-journal-remote, followed files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import require_tool
+
+from tpuwatch.config import parse
+from tpuwatch.kernel_log.collector import open_source
+from tpuwatch.kernel_log.sources import (
+    FileSource,
+    JournalSource,
+    KmsgSource,
+    SequenceTracker,
+    read_boot_id,
+)
+from tpuwatch.schema import ConfigError
+
+KMSG = "/dev/kmsg"
+JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
+
+
+def _messages(records: list) -> list[str]:  # type: ignore[type-arg]
+    return [r.message for r in records]
+
+
+# --- /dev/kmsg ---------------------------------------------------------------
+
+needs_kmsg = pytest.mark.skipif(not (os.access(KMSG, os.R_OK | os.W_OK)), reason="needs root and /dev/kmsg")
+
+
+def _write_kmsg(text: str) -> None:
+    with open(KMSG, "w") as handle:
+        handle.write(text)
+
+
+def _read_tagged(source: KmsgSource, tag: str) -> list[str]:
+    return [m for m in _messages(source.read(1_000_000)) if m.startswith(tag)]
+
+
+@needs_kmsg
+def test_kmsg_reads_new_records_and_resumes_after_restart_without_duplicates_or_gaps(tmp_path: Path) -> None:
+    tag = f"tpuwatch-test-{uuid.uuid4().hex[:12]}"
+    state = tmp_path / "kmsg.json"
+    boot = read_boot_id()
+    first = KmsgSource(KMSG, state, boot)
+    _write_kmsg(f"<4>{tag}: one\n")
+    _write_kmsg(f"<4>{tag}: two\n")
+    assert _read_tagged(first, tag) == [f"{tag}: one", f"{tag}: two"]
+    first.commit()
+    _write_kmsg(f"<4>{tag}: three\n")  # written while "tpuwatch is down"
+    first.close()
+    saved = json.loads(state.read_text())
+    assert saved["boot_id"] == boot and isinstance(saved["seq"], int)
+
+    second = KmsgSource(KMSG, state, boot)
+    _write_kmsg(f"<4>{tag}: four\n")
+    assert _read_tagged(second, tag) == [f"{tag}: three", f"{tag}: four"]
+    assert second.read(10) == [] and second.lost == 0
+    second.close()
+
+
+@needs_kmsg
+def test_kmsg_state_of_another_boot_is_ignored(tmp_path: Path) -> None:
+    state = tmp_path / "kmsg.json"
+    state.write_text(json.dumps({"boot_id": "another-boot", "seq": 10**12}))
+    tag = f"tpuwatch-test-{uuid.uuid4().hex[:12]}"
+    _write_kmsg(f"<4>{tag}: after reboot\n")
+    source = KmsgSource(KMSG, state, read_boot_id())
+    assert _read_tagged(source, tag) == [f"{tag}: after reboot"]
+    source.close()
+
+
+def test_kmsg_sequence_gaps_count_as_lost_and_old_records_are_skipped() -> None:
+    tracker = SequenceTracker(last=10)
+    accepted = [seq for seq in (9, 10, 11, 12, 15, 16, 20) if tracker.accept(seq)]
+    assert accepted == [11, 12, 15, 16, 20] and tracker.lost == 2 + 3
+    fresh = SequenceTracker(last=None)
+    assert fresh.accept(500) and fresh.lost == 0
+
+
+def test_missing_kmsg_is_a_clear_error_when_chosen_and_skipped_by_auto(tmp_path: Path) -> None:
+    explicit = parse(f"state_dir: {tmp_path}\nkernel_log: {{source: kmsg, path: {tmp_path}/nokmsg}}")
+    with pytest.raises(ConfigError, match=f"kernel_log.source: kmsg: cannot open {tmp_path}/nokmsg: No such file"):
+        open_source(explicit)
+    auto = parse(f"state_dir: {tmp_path}\npaths: {{dev: {tmp_path}}}")
+    source, note = open_source(auto)
+    assert f"kmsg: cannot open {tmp_path}/kmsg" in note
+    if source is not None:
+        assert source.name == "journal"
+
+
+# --- the journal ------------------------------------------------------------
+
+def _export(messages: list[str], first_usec: int, device: str | None = None) -> str:
+    boot = read_boot_id().replace("-", "")
+    entries = []
+    for i, message in enumerate(messages):
+        fields = {"__REALTIME_TIMESTAMP": str(first_usec + i), "__MONOTONIC_TIMESTAMP": str(first_usec + i),
+                  "_BOOT_ID": boot, "_TRANSPORT": "kernel", "PRIORITY": "3", "SYSLOG_IDENTIFIER": "kernel",
+                  "MESSAGE": message}
+        if device:
+            fields["_KERNEL_DEVICE"] = device
+        entries.append("".join(f"{k}={v}\n" for k, v in fields.items()))
+    entries.append(f"__REALTIME_TIMESTAMP={first_usec + len(messages)}\n__MONOTONIC_TIMESTAMP=1\n_BOOT_ID={boot}\n"
+                   "_TRANSPORT=stdout\nMESSAGE=NVRM: Xid (PCI:0000:3b:00): 79 from a user process, not the kernel\n")
+    return "\n".join(entries) + "\n"
+
+
+def _append_journal(path: Path, messages: list[str], first_usec: int, device: str | None = None) -> None:
+    tool = require_tool(JOURNAL_REMOTE)
+    subprocess.run([tool, "-o", str(path), "-"], input=_export(messages, first_usec, device), text=True,
+                   check=True, capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def journal_module() -> object:
+    """systemd-python; a skip without it, except in CI."""
+    if os.environ.get("TPUWATCH_REQUIRE_TOOLS") == "1":
+        import systemd.journal
+        return systemd.journal
+    return pytest.importorskip("systemd.journal")
+
+
+def test_journal_kernel_entries_cursor_restart_and_appends(tmp_path: Path, journal_module: object) -> None:
+    journal = tmp_path / "kernel.journal"
+    state = tmp_path / "journal.json"
+    _append_journal(journal, ["NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+                              "hello", "EDAC MC0: 1 UE memory read error"], 1_764_460_800_000_000,
+                    device="+pci:0000:3b:00.0")
+    first = JournalSource(state, str(journal))
+    records = first.read(2)
+    assert _messages(records) == ["NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+                                  "hello"]
+    assert records[0].kernel_device == "+pci:0000:3b:00.0"
+    first.commit()
+    first.close()
+    assert "cursor" in json.loads(state.read_text())
+
+    second = JournalSource(state, str(journal))
+    assert _messages(second.read(100)) == ["EDAC MC0: 1 UE memory read error"]  # no user-space entry
+    assert second.read(100) == []
+    _append_journal(journal, ["INFO: task python3:7 blocked for more than 120 seconds."], 1_764_460_900_000_000)
+    assert _messages(second.read(100)) == ["INFO: task python3:7 blocked for more than 120 seconds."]
+    second.commit()
+    second.close()
+
+    third = JournalSource(state, str(journal))
+    assert third.read(100) == []
+    third.close()
+
+
+def test_journal_directory_picks_up_a_new_file(tmp_path: Path, journal_module: object) -> None:
+    state = tmp_path / "journal.json"
+    (tmp_path / "j").mkdir()
+    _append_journal(tmp_path / "j" / "a.journal", ["first"], 1_764_460_800_000_000)
+    source = JournalSource(state, str(tmp_path / "j"))
+    assert _messages(source.read(10)) == ["first"]
+    source.commit()
+    source.close()
+    _append_journal(tmp_path / "j" / "b.journal", ["second"], 1_764_460_900_000_000)
+    restarted = JournalSource(state, str(tmp_path / "j"))
+    assert _messages(restarted.read(10)) == ["second"]
+    restarted.close()
+
+
+# --- a followed file ---------------------------------------------------------
+
+def _append(path: Path, text: str | bytes) -> None:
+    with open(path, "ab") as handle:
+        handle.write(text.encode() if isinstance(text, str) else text)
+
+
+def test_file_starts_at_the_end_then_follows_complete_lines(tmp_path: Path) -> None:
+    log, state = tmp_path / "kern.log", tmp_path / "file.json"
+    _append(log, "old line before tpuwatch started\n")
+    source = FileSource(str(log), state)
+    assert source.read(100) == []
+    _append(log, "Nov 30 04:37:39 host kernel: [ 1.5] one\nNov 30 04:37:39 host kernel: [ 1.6] tw")
+    assert _messages(source.read(100)) == ["one"]
+    _append(log, "o\n")
+    assert _messages(source.read(100)) == ["two"]
+
+
+def test_file_restart_without_duplicates_or_gaps(tmp_path: Path) -> None:
+    log, state = tmp_path / "kern.log", tmp_path / "file.json"
+    log.write_text("")
+    source = FileSource(str(log), state)
+    _append(log, "".join(f"line {i}\n" for i in range(10)))
+    assert _messages(source.read(4)) == [f"line {i}" for i in range(4)]
+    source.commit()
+    source.close()
+    _append(log, "line 10\n")
+    restarted = FileSource(str(log), state)
+    assert _messages(restarted.read(100)) == [f"line {i}" for i in range(4, 11)]
+
+
+def test_file_rotation_by_rename_reads_the_old_file_to_its_end(tmp_path: Path) -> None:
+    log, state = tmp_path / "kern.log", tmp_path / "file.json"
+    log.write_text("")
+    source = FileSource(str(log), state)
+    _append(log, "a\n")
+    assert _messages(source.read(100)) == ["a"]
+    _append(log, "b\nc-without-newline")  # written just before the rotation
+    os.rename(log, tmp_path / "kern.log.1")
+    assert _messages(source.read(100)) == ["b"]  # the path is gone for a moment: keep the old file
+    log.write_text("d\n")
+    assert _messages(source.read(100)) == ["c-without-newline", "d"]
+    _append(log, "e\n")
+    assert _messages(source.read(100)) == ["e"]
+
+
+def test_file_rotated_while_down_resumes_in_the_rotated_file(tmp_path: Path) -> None:
+    log, state = tmp_path / "kern.log", tmp_path / "file.json"
+    log.write_text("")
+    source = FileSource(str(log), state)
+    _append(log, "a\n")
+    assert _messages(source.read(100)) == ["a"]
+    source.commit()
+    source.close()
+    _append(log, "b\n")
+    os.rename(log, tmp_path / "kern.log.1")
+    log.write_text("c\n")
+    restarted = FileSource(str(log), state)
+    assert _messages(restarted.read(100)) == ["b", "c"]
+
+
+def test_file_truncated_in_place_is_read_from_the_start(tmp_path: Path) -> None:
+    log, state = tmp_path / "kern.log", tmp_path / "file.json"
+    log.write_text("")
+    source = FileSource(str(log), state)
+    _append(log, "a long first line\n")
+    assert _messages(source.read(100)) == ["a long first line"]
+    log.write_text("x\n")  # copytruncate, then a short write
+    assert _messages(source.read(100)) == ["x"]
+
+
+def test_file_skips_binary_and_overlong_lines_and_keeps_kmsg_devices(tmp_path: Path) -> None:
+    log, state = tmp_path / "kern.log", tmp_path / "file.json"
+    log.write_text("")
+    source = FileSource(str(log), state)
+    _append(log, b"\xff\xfe\n" + b"x" * (3 << 20) + b"\n" + b"4,9,1,-;AER: Corrected error received: id=0018\n"
+            b" SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\nlast\n")
+    records = []
+    while batch := source.read(100):
+        records.extend(batch)
+    assert [(r.message, r.kernel_device) for r in records] == [
+        ("AER: Corrected error received: id=0018", "+pci:0000:3b:00.0"), ("last", None)]
+    assert source.skipped == 2
+
+
+def test_position_files_are_replaced_atomically(tmp_path: Path) -> None:
+    log, state = tmp_path / "kern.log", tmp_path / "state" / "file.json"
+    log.write_text("")
+    source = FileSource(str(log), state)
+    _append(log, "a\n")
+    source.read(10)
+    source.commit()
+    saved = json.loads(state.read_text())
+    assert saved == {"path": str(log), "dev": log.stat().st_dev, "ino": log.stat().st_ino, "offset": 2}
+    assert sorted(p.name for p in state.parent.iterdir()) == ["file.json"]
+
+
+def test_journal_chosen_in_config_reads_the_given_journal(tmp_path: Path, journal_module: object) -> None:
+    journal = tmp_path / "k.journal"
+    _append_journal(journal, ["EDAC MC0: 1 UE memory read error"], 1_764_460_800_000_000)
+    config = parse(f"state_dir: {tmp_path}/state\nkernel_log: {{source: journal, path: {journal}}}")
+    source, note = open_source(config)
+    assert source is not None and note == f"kernel log: reading the journal's kernel messages in {journal}"
+    assert _messages(source.read(10)) == ["EDAC MC0: 1 UE memory read error"]
+    source.commit()
+    assert (tmp_path / "state" / "kernel_log" / "journal.json").exists()

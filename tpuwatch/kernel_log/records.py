@@ -1,0 +1,129 @@
+"""Pure parsing of kernel log text: kmsg records, dmesg and syslog lines, ``journalctl -o json`` lines.
+
+Nothing here does I/O.  A line of any supported format becomes a ``Record``:
+the kernel's message text with timestamps and prefixes removed, plus the
+device the kernel attached to it (kmsg ``DEVICE=``, journal ``_KERNEL_DEVICE``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+MAX_MESSAGE_CHARS = 2048
+MAX_LINE_BYTES = 64 * 1024
+_JUNK_BYTES = bytes(b for b in range(32) if b not in (9, 10, 13)) + b"\x7f"
+
+_PCI_RE = re.compile(
+    r"(?:(?P<domain>[0-9a-fA-F]{1,4}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-9a-fA-F]{2})(?:\.(?P<fn>[0-7]))?")
+
+# Raw /dev/kmsg: "PRIO,SEQ,USEC,FLAGS[,...];text".
+KMSG_HEAD_RE = re.compile(r"(\d+),(\d+),(\d+),[^;]*;")
+
+# Prefixes that dmesg, syslog daemons and `dmesg -x/-r/-T` put before the kernel's text.
+_PREFIX_RE = re.compile(
+    r"(?:<\d+>)?"                                                     # dmesg -r: <prio>
+    r"(?:[a-z]+ *:[a-z]+ *: )?"                                       # dmesg -x: "kern  :warn  : "
+    r"(?:(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?)"
+    r" \S+ kernel: )?"                                                # syslog: "Nov 30 04:37:39 host kernel: "
+    r"(?:\[ *\d+\.\d+\] |\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\] )?"  # [secs] or -T
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One kernel message: its text and the device the kernel attributed it to, if any."""
+
+    message: str
+    kernel_device: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KmsgRecord:
+    """One /dev/kmsg record with its sequence number."""
+
+    seq: int
+    priority: int
+    record: Record
+
+
+def normalise_pci(text: str) -> str | None:
+    """``dddd:bb:dd.f`` for a PCI address written as NVRM, AER or sysfs do; None if it is not one.
+
+    ``PCI:0000:3b:00`` and ``0000:3b:00`` (NVIDIA's bus:device form) mean function 0;
+    a missing domain means 0000.
+    """
+    match = _PCI_RE.fullmatch(text.removeprefix("PCI:").strip())
+    if match is None:
+        return None
+    domain = int(match["domain"] or "0", 16)
+    return f"{domain:04x}:{match['bus'].lower()}:{match['slot'].lower()}.{match['fn'] or '0'}"
+
+
+def pci_of_kernel_device(value: str | None) -> str | None:
+    """The PCI address in a kmsg ``DEVICE=``/journal ``_KERNEL_DEVICE`` value like ``+pci:0000:3b:00.0``."""
+    if value is None or not value.startswith("+pci:"):
+        return None
+    return normalise_pci(value[len("+pci:"):])
+
+
+def parse_kmsg(raw: str) -> KmsgRecord | None:
+    """A raw /dev/kmsg record (header line plus `` KEY=VALUE`` continuation lines), or None if malformed."""
+    head, _, rest = raw.partition("\n")
+    match = KMSG_HEAD_RE.match(head)
+    if match is None:
+        return None
+    return KmsgRecord(int(match[2]), int(match[1]) & 7,
+                      Record(head[match.end():][:MAX_MESSAGE_CHARS], kmsg_device(rest.split("\n"))))
+
+
+def kmsg_device(continuation_lines: list[str]) -> str | None:
+    """The ``DEVICE=`` value among kmsg continuation lines (each starting with a space)."""
+    for line in continuation_lines:
+        if line.startswith(" DEVICE="):
+            return line[len(" DEVICE="):].rstrip("\r")
+    return None
+
+
+def parse_line(line: str) -> Record:
+    """The record in one line of dmesg text, syslog, raw kmsg or ``journalctl -o json`` output."""
+    line = line.rstrip("\r\n")
+    if line.startswith("{"):
+        record = _parse_json(line)
+        if record is not None:
+            return record
+    prefix = KMSG_HEAD_RE.match(line) or _PREFIX_RE.match(line)
+    start = prefix.end() if prefix else 0
+    return Record(line[start:start + MAX_MESSAGE_CHARS])
+
+
+def _parse_json(line: str) -> Record | None:
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(entry, dict):
+        return None
+    message = entry.get("MESSAGE")
+    if isinstance(message, list):  # journald's form of a message that is not valid UTF-8
+        message = bytes(b & 0xFF for b in message if isinstance(b, int)).decode("utf-8", "replace")
+    if not isinstance(message, str):
+        return None
+    device = entry.get("_KERNEL_DEVICE")
+    return Record(message[:MAX_MESSAGE_CHARS], device if isinstance(device, str) else None)
+
+
+def is_text(data: bytes) -> bool:
+    """True if ``data`` holds no control bytes other than tab, CR and LF (UTF-8 validity is not checked)."""
+    return len(data.translate(None, _JUNK_BYTES)) == len(data)
+
+
+def as_text(line: bytes) -> str | None:
+    """One line as text, or None if it is not: over 64 KiB, invalid UTF-8, or holding control bytes."""
+    if len(line) > MAX_LINE_BYTES or not is_text(line):
+        return None
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
