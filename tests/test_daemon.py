@@ -244,3 +244,22 @@ def test_logscan_command(tmp_path: Path) -> None:
     bad_rules.write_text("rules:\n  - name: broken\n    regex: '('\n    severity: critical\n")
     broken = run_cli("logscan", "--rules", str(bad_rules), str(log_file))
     assert broken.returncode == 2 and len(broken.stderr.strip().splitlines()) == 1 and "broken" in broken.stderr
+
+
+def test_analyze_command_replays_a_recorded_series() -> None:
+    data = Path(__file__).parent / "testdata" / "trend"
+    leak = run_cli("analyze", "--json", "--capacity", str(16 << 30), str(data / "leak.csv"))
+    assert leak.returncode == 1
+    (series,) = json.loads(leak.stdout)["series"]
+    assert series["verdict"] == "leak" and series["first_alert_at"] is not None
+    assert series["slope_bytes_per_second"] > 0 and series["exhaustion_eta_seconds"] > 0
+    assert run_cli("analyze", str(data / "ok.csv")).returncode == 0
+    missing = run_cli("analyze", str(data / "absent.csv"))
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_trend_analysis_runs_each_cycle(start_daemon: Callable[..., DaemonProcess]) -> None:
+    daemon = start_daemon(SIM_FAST)
+    daemon.wait_ready()
+    wait_until(lambda: metric(daemon, 'tpuwatch_collector_success{collector="trend"}') == 1.0,
+               what="the trend stage to run")

@@ -24,6 +24,8 @@ _EXTENSIONS = {
                                       "1 wrong results, 3 could not run."),
     "logscan": ("tpuwatch.kernel_log.logscan", "Run the kernel-log rules over a file (kmsg, dmesg or journalctl "
                                                "-o json); exit 1 if a critical event is found."),
+    "analyze": ("tpuwatch.analysis.analyze", "Replay recorded memory series through the daemon's leak detector; "
+                                             "exit 1 if a leak is found."),
 }
 
 

@@ -16,6 +16,7 @@ from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_J
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from tpuwatch import __version__, config as config_module, logsetup, sdnotify
+from tpuwatch.analysis.trend import TrendAnalyzer, TrendCollector
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.collectors import build_collectors
 from tpuwatch.config import Config
@@ -35,9 +36,11 @@ log = logging.getLogger(__name__)
 _SCHEDULER_EVENTS = {EVENT_JOB_ERROR: "error", EVENT_JOB_MISSED: "missed", EVENT_JOB_MAX_INSTANCES: "max_instances"}
 
 
-def _build_sampler(config: Config, store: SeriesStore, canary: CanaryCollector | None) -> Sampler:
+def _build_sampler(config: Config, store: SeriesStore, canary: CanaryCollector | None,
+                   trend: TrendAnalyzer) -> Sampler:
     collectors, _ = build_collectors(config)
-    return Sampler([*collectors, *([canary] if canary else [])], store, config.collector_deadline)
+    derived = [TrendCollector(trend, store.current)]
+    return Sampler([*collectors, *([canary] if canary else [])], store, config.collector_deadline, derived)
 
 
 def _sampling_section(config: Config) -> tuple[Any, ...]:
@@ -69,7 +72,8 @@ class Daemon:
         self.started_at = time.time()
         self.store = SeriesStore(config.store.points_per_series, config.store.max_series)
         self.canary = _canary(config)
-        self.sampler = _build_sampler(config, self.store, self.canary)
+        self.trend = TrendAnalyzer(config.trend)
+        self.sampler = _build_sampler(config, self.store, self.canary, self.trend)
         self.scheduler_events: Counter[str] = Counter()
         self.reload_ok = True
         self.reload_success_at = self.started_at
@@ -117,12 +121,14 @@ class Daemon:
             new = config_module.load(self.config_path)
             web = load_web_config(new.web_config)
             canary = _canary(new) if new.canary != self.config.canary else self.canary
+            trend = TrendAnalyzer(new.trend) if new.trend != self.config.trend else self.trend
             store = self.store
             if new.store != self.config.store:
                 store = SeriesStore(new.store.points_per_series, new.store.max_series)
             sampler = self.sampler
-            if store is not self.store or _sampling_section(new) != _sampling_section(self.config):
-                sampler = _build_sampler(new, store, canary)
+            if (store is not self.store or trend is not self.trend
+                    or _sampling_section(new) != _sampling_section(self.config)):
+                sampler = _build_sampler(new, store, canary, trend)
             endpoint = self.endpoint
             if new.listen != self.config.listen:
                 endpoint = Endpoint(new.listen, self.registry, self.health, web)
@@ -140,7 +146,7 @@ class Daemon:
         if sampler is not self.sampler and store is self.store:
             for guard in self.sampler.guards:
                 store.forget(guard.name)
-        self.canary, self.store, self.sampler = canary, store, sampler
+        self.canary, self.trend, self.store, self.sampler = canary, trend, store, sampler
         self.config = new
         self._schedule()
         self.reload_ok, self.reload_success_at = True, time.time()

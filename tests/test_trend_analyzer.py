@@ -1,0 +1,100 @@
+"""Drift detection (CUSUM) and the daemon's TrendAnalyzer hook."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tpuwatch.analysis.drift import DriftDetector
+from tpuwatch.analysis.trend import TrendAnalyzer, drift_series, memory_series
+from tpuwatch.catalog import CATALOG
+from tpuwatch.config import TrendConfig
+from tpuwatch.samples import Sample, sample
+
+GIB = float(1 << 30)
+
+
+def test_drift_reports_baseline_and_shift_and_clears_when_back() -> None:
+    rng = random.Random(1)
+    detector = DriftDetector()
+    for _ in range(500):
+        assert not detector.update(0.100 + rng.gauss(0, 0.002)).drifting
+    assert detector.state.baseline == pytest.approx(0.100, abs=0.002)
+    for i in range(200):
+        state = detector.update(0.110 + rng.gauss(0, 0.002))
+        if state.drifting:
+            break
+    assert state.drifting and state.direction == "up" and i < 10
+    assert state.shift == pytest.approx(0.010, abs=0.003)
+    for _ in range(200):
+        detector.update(0.100 + rng.gauss(0, 0.002))
+    assert not detector.state.drifting
+
+
+def test_drift_downwards_and_constant_signals() -> None:
+    detector = DriftDetector(warmup=5)
+    for _ in range(5):
+        detector.update(40.0)
+    states = [detector.update(39.0) for _ in range(50)]
+    assert states[-1].drifting and states[-1].direction == "down" and states[-1].shift == pytest.approx(-1.0)
+    assert DriftDetector().update(1.0).baseline is None  # still learning
+
+
+def _cycle(used: float, device: str = "0") -> list[Sample]:
+    return [
+        sample("tpuwatch_device_memory_used_bytes", used, device=device),
+        sample("tpuwatch_device_memory_total_bytes", 16 * GIB, device=device),
+        sample("tpuwatch_host_memory_total_bytes", 64 * GIB),
+        sample("tpuwatch_host_memory_available_bytes", 40 * GIB),
+        sample("tpuwatch_holder_process_resident_memory_bytes", 3 * GIB, pid="42", command="python3"),
+        sample("tpuwatch_device_temperature_celsius", 60.0, device=device),
+        sample("tpuwatch_device_utilization_ratio", 0.85, device=device),
+        sample("tpuwatch_canary_duration_seconds", 0.004, device=device),
+        sample("tpuwatch_device_up", 1, device=device),
+    ]
+
+
+def test_series_extracted_from_a_cycle() -> None:
+    memory = memory_series(_cycle(5 * GIB))
+    assert memory == {
+        (("device", "0"), ("memory", "hbm")): (5 * GIB, 16 * GIB),
+        (("memory", "host"),): (24 * GIB, 64 * GIB),
+        (("memory", "process"), ("pid", "42")): (3 * GIB, 64 * GIB),
+    }
+    drift = drift_series(_cycle(5 * GIB))
+    assert drift == {(("device", "0"), ("series", "canary_latency")): 0.004,
+                     (("band", "4"), ("device", "0"), ("series", "temperature")): 60.0}
+
+
+def test_analyzer_flags_a_leaking_chip_only() -> None:
+    analyzer = TrendAnalyzer(TrendConfig())
+    rng = random.Random(2)
+    out: list[Sample] = []
+    for k in range(6 * 360):  # 6 h at 10 s; chip 1 leaks 1 GiB/h from 3 h on
+        t = 1_767_225_600.0 + 10.0 * k
+        leak = max(0.0, t - 1_767_225_600.0 - 3 * 3600) * GIB / 3600
+        cycle = _cycle(5 * GIB + rng.gauss(0, 0.01 * GIB)) + _cycle(5 * GIB + leak + rng.gauss(0, 0.01 * GIB), "1")
+        out = analyzer.observe(cycle, t)
+    suspected = {dict(s.labels).get("device"): s.value for s in out
+                 if s.name == "tpuwatch_memory_leak_suspected" and dict(s.labels)["memory"] == "hbm"}
+    assert suspected == {"0": 0, "1": 1}
+    eta = [s for s in out if s.name == "tpuwatch_memory_exhaustion_eta_seconds"]
+    assert [dict(s.labels)["device"] for s in eta] == ["1"]
+    assert 4 * 3600 < eta[0].value < 10 * 3600
+    assert all(s.name in CATALOG and set(dict(s.labels)) <= set(CATALOG[s.name].labels) for s in out)
+    findings = analyzer.findings()
+    assert [(f.kind, f.labels) for f in findings] == [("memory_leak", {"device": "1", "memory": "hbm"})]
+    assert findings[0].values["slope"] == pytest.approx(GIB / 3600, rel=0.2)
+
+
+def test_analyzer_reports_drift_and_forgets_vanished_series() -> None:
+    analyzer = TrendAnalyzer(TrendConfig(), forget_after=60.0)
+    for k in range(100):
+        latency = 0.004 + 0.0001 * (k % 3) + (0.002 if k >= 60 else 0.0)
+        cycle = [sample("tpuwatch_canary_duration_seconds", latency, device="0")]
+        out = analyzer.observe(cycle, 10.0 * k)
+    drifting = [s for s in out if s.name == "tpuwatch_drift_suspected" and s.value == 1]
+    assert [dict(s.labels) for s in drifting] == [{"device": "0", "series": "canary_latency"}]
+    assert [f.kind for f in analyzer.findings()] == ["drift"]
+    assert analyzer.observe([], 10.0 * 100 + 61) == []

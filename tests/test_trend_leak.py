@@ -1,0 +1,139 @@
+"""The online leak detector on constructed 12 h series of every leak-free and leaking kind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from tpuwatch.analysis.leak import LeakDetector, LeakParams, mann_kendall_p, theil_sen
+
+GIB = float(1 << 30)
+CAPACITY = 16 * GIB
+HOUR = 3600.0
+T = np.arange(0.0, 12 * HOUR, 10.0)
+LEAK_START = 4 * HOUR
+
+
+def _noise(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 0.002 * CAPACITY, T.size)
+
+
+def _sawtooth(period: float, height: float) -> np.ndarray:
+    return height * ((T % period) / period)
+
+
+def _leak(rate: float) -> np.ndarray:
+    return rate * np.clip(T - LEAK_START, 0, None)
+
+
+RATE = 0.5 * GIB / HOUR  # 8 GiB free fills in about 16 h
+
+LEAK_FREE: dict[str, Callable[[], np.ndarray]] = {
+    "flat": lambda: np.zeros_like(T),
+    "regular sawtooth": lambda: _sawtooth(300.0, 3 * GIB),
+    "irregular sawtooth": lambda: 3 * GIB * np.random.default_rng(1).uniform(0.3, 1, T.size // 60 + 1)[
+        (T // 600).astype(int)] * ((T % 600) / 600),
+    "steps up and down": lambda: np.select([T < 2 * HOUR, T < 5 * HOUR, T < 8 * HOUR], [0.0, 2 * GIB, -GIB],
+                                           GIB),
+    "one step up": lambda: np.where(T >= 5 * HOUR, 3 * GIB, 0.0),
+    "warm-up plateau": lambda: 4 * GIB * (1 - np.exp(-np.clip(T - 3 * HOUR, 0, None) / 600.0)),
+    "periodic load": lambda: 2 * GIB * np.sin(2 * np.pi * T / (1.5 * HOUR)),
+    "one-sample spikes": lambda: np.where(np.arange(T.size) % 97 == 0, 4 * GIB, 0.0)
+    - np.where(np.arange(T.size) % 89 == 0, 3 * GIB, 0.0),
+}
+
+LEAKING: dict[str, Callable[[], np.ndarray]] = {
+    "linear": lambda: _leak(RATE),
+    "under sawtooth": lambda: _sawtooth(300.0, 3 * GIB) + _leak(RATE),
+    "staircase": lambda: _leak(RATE)[((T // 900) * 90).astype(int)],
+    "accelerating": lambda: 0.15 * GIB * (np.clip(T - LEAK_START, 0, None) / HOUR) ** 2,
+    "rising floor": lambda: np.maximum(_sawtooth(300.0, 3 * GIB), _leak(RATE * 2)),
+    "periodic plus leak": lambda: 1 * GIB * np.sin(2 * np.pi * T / HOUR) + _leak(RATE * 2),
+}
+
+
+def replay(values: np.ndarray, capacity: float | None = CAPACITY, keep: np.ndarray | None = None,
+           params: LeakParams | None = None) -> LeakDetector:
+    detector = LeakDetector(params)
+    mask = np.ones(T.size, bool) if keep is None else keep
+    for t, v in zip(T[mask].tolist(), values[mask].tolist()):
+        detector.update(t, v, capacity)
+    return detector
+
+
+def _missed(seed: int) -> np.ndarray:
+    keep = np.random.default_rng(seed).random(T.size) > 0.02
+    keep[(T > 6 * HOUR) & (T < 6 * HOUR + 240)] = False
+    return keep
+
+
+@pytest.mark.parametrize("kind", LEAK_FREE)
+def test_no_alert_on_leak_free_series(kind: str) -> None:
+    values = 5 * GIB + LEAK_FREE[kind]() + _noise(len(kind))
+    detector = replay(values, keep=_missed(len(kind)))
+    assert detector.first_alert_at is None
+    assert not detector.state.firing
+
+
+@pytest.mark.parametrize("kind", LEAKING)
+def test_leaks_are_found_after_they_start_and_within_three_hours(kind: str) -> None:
+    values = np.minimum(CAPACITY, 5 * GIB + LEAKING[kind]() + _noise(len(kind)))
+    detector = replay(values, keep=_missed(len(kind)))
+    assert detector.first_alert_at is not None
+    assert LEAK_START < detector.first_alert_at <= LEAK_START + 3 * HOUR
+    assert detector.state.firing and detector.state.slope > 0 and detector.state.confidence > 0.99
+
+
+def test_slope_confidence_and_eta_of_a_linear_leak() -> None:
+    detector = replay(5 * GIB + _sawtooth(300.0, 2 * GIB) + _leak(RATE) + _noise(3))
+    state = detector.state
+    assert state.slope == pytest.approx(RATE, rel=0.15)
+    high = 5 * GIB + 2 * GIB + RATE * (T[-1] - LEAK_START)
+    assert state.eta == pytest.approx((CAPACITY - high) / RATE, rel=0.2)
+    assert state.severity == "warning"
+    assert detector.slope() == pytest.approx(RATE, rel=0.15)
+
+
+def test_critical_when_exhaustion_is_nearer_than_critical_eta() -> None:
+    fast = 5 * GIB + _leak(1.5 * GIB / HOUR) + _noise(4)
+    until = T < 6.5 * HOUR  # 9 GiB in use by then: 7 GiB left, about 4.7 h at 1.5 GiB/h
+    warning = replay(fast, keep=until, params=LeakParams(critical_eta=3 * HOUR)).state
+    assert warning.firing and warning.severity == "warning"
+    assert 3 * HOUR < warning.eta < 6 * HOUR
+    critical = replay(fast, keep=until, params=LeakParams(critical_eta=8 * HOUR)).state
+    assert critical.firing and critical.severity == "critical"
+
+
+def test_growth_exhausting_beyond_max_eta_is_ignored() -> None:
+    slow = 5 * GIB + _leak(0.5 * GIB / HOUR) + _noise(5)
+    assert replay(slow, params=LeakParams(max_eta=2 * HOUR)).first_alert_at is None
+    assert replay(slow, params=LeakParams(max_eta=7 * 86400.0)).first_alert_at is not None
+    assert replay(slow, capacity=None).first_alert_at is not None  # no capacity: no ETA, no filter
+    assert replay(slow, capacity=None).state.eta is None
+
+
+def test_finding_clears_once_growth_stops() -> None:
+    stops = 5 * GIB + np.minimum(_leak(RATE), RATE * 3 * HOUR) + _noise(6)  # leaks from 4 h to 7 h
+    detector = replay(stops)
+    assert detector.first_alert_at is not None
+    assert not detector.state.firing
+
+
+def test_history_is_bounded_whatever_the_uptime() -> None:
+    detector = LeakDetector()
+    for t in np.arange(0.0, 3 * 86400.0, 10.0).tolist():
+        detector.update(t, 5 * GIB, CAPACITY)
+    floors = detector._floors
+    assert len(floors) == floors.maxlen <= (6 + 4) * 60 + 1  # longest scale plus lookback, in minutes
+
+
+def test_theil_sen_ignores_outliers_and_mann_kendall_needs_a_trend() -> None:
+    x = np.arange(30.0)
+    y = 2 * x
+    y[[3, 17]] = 1000.0
+    assert theil_sen(x, y) == pytest.approx(2.0)
+    assert mann_kendall_p(x, 2 * x, 2.0) < 1e-6
+    flat = np.random.default_rng(0).normal(0, 1, 30)
+    assert mann_kendall_p(x, flat, theil_sen(x, flat)) > 0.01

@@ -1,0 +1,1 @@
+"""Trend analysis: the online leak detector, drift detection, the daemon hook and ``tpuwatch analyze``."""

@@ -1,0 +1,173 @@
+"""The daemon's trend hook: leak and drift detectors fed with every sampling cycle's readings.
+
+``TrendAnalyzer.observe(samples, timestamp)`` takes one cycle's samples (what
+the store's ``current()`` returns) and returns the trend samples to export;
+``findings()`` lists what is firing now for alerting.  Series:
+
+* memory: HBM in use per chip against its capacity; host memory in use
+  (total - available) against the total; resident memory of each process
+  holding a chip against host memory;
+* drift: canary latency and canary error per chip (fed only when a new canary
+  result arrives, i.e. when the value changes), and chip temperature per
+  utilization band of 0.2 ("temperature at comparable utilization").
+
+Detectors of series not seen for ``forget_after`` seconds are dropped, and at
+most ``max_series`` are kept, so memory is bounded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tpuwatch.analysis.drift import DriftDetector
+from tpuwatch.analysis.leak import LeakDetector, LeakParams
+from tpuwatch.config import TrendConfig
+from tpuwatch.samples import Labels, Sample, sample
+
+DRIFT_SIGNALS = {"canary_latency": "tpuwatch_canary_duration_seconds",
+                 "canary_error": "tpuwatch_canary_max_abs_error"}
+UTILIZATION_BANDS = 5
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something firing now, handed to alerting: a suspected leak or a drift."""
+
+    kind: str
+    severity: str
+    labels: dict[str, str]
+    summary: str
+    values: dict[str, Any]
+
+
+@dataclass
+class _Tracked:
+    detector: Any
+    last_seen: float
+    last_value: float | None = None
+
+
+def memory_series(samples: list[Sample]) -> dict[Labels, tuple[float, float | None]]:
+    """(used, capacity) per memory series, keyed by the trend labels (memory, device, pid)."""
+    by_name: dict[str, dict[Labels, float]] = {}
+    for s in samples:
+        by_name.setdefault(s.name, {})[s.labels] = s.value
+    out: dict[Labels, tuple[float, float | None]] = {}
+    totals = by_name.get("tpuwatch_device_memory_total_bytes", {})
+    for labels, used in by_name.get("tpuwatch_device_memory_used_bytes", {}).items():
+        device = dict(labels).get("device", "")
+        out[(("device", device), ("memory", "hbm"))] = (used, totals.get(labels))
+    host_total = by_name.get("tpuwatch_host_memory_total_bytes", {}).get(())
+    host_available = by_name.get("tpuwatch_host_memory_available_bytes", {}).get(())
+    if host_total is not None and host_available is not None:
+        out[(("memory", "host"),)] = (host_total - host_available, host_total)
+    for labels, rss in by_name.get("tpuwatch_holder_process_resident_memory_bytes", {}).items():
+        out[(("memory", "process"), ("pid", dict(labels).get("pid", "")))] = (rss, host_total)
+    return out
+
+
+def drift_series(samples: list[Sample]) -> dict[Labels, float]:
+    """Drift inputs keyed by (device, series[, band]): canary latency and error, banded temperature."""
+    out: dict[Labels, float] = {}
+    names = {metric: series for series, metric in DRIFT_SIGNALS.items()}
+    utilization = {s.labels: s.value for s in samples if s.name == "tpuwatch_device_utilization_ratio"}
+    for s in samples:
+        device = dict(s.labels).get("device", "")
+        if s.name in names:
+            out[(("device", device), ("series", names[s.name]))] = s.value
+        elif s.name == "tpuwatch_device_temperature_celsius" and s.labels in utilization:
+            band = min(UTILIZATION_BANDS - 1, int(utilization[s.labels] * UTILIZATION_BANDS))
+            out[(("band", str(band)), ("device", device), ("series", "temperature"))] = s.value
+    return out
+
+
+class TrendAnalyzer:
+    """Leak and drift detectors for every series the daemon samples."""
+
+    def __init__(self, config: TrendConfig, forget_after: float = 3600.0, max_series: int = 1000) -> None:
+        self.params = LeakParams(critical_eta=config.critical_eta, max_eta=config.max_eta)
+        self.forget_after = forget_after
+        self.max_series = max_series
+        self._leaks: dict[Labels, _Tracked] = {}
+        self._drifts: dict[Labels, _Tracked] = {}
+
+    def observe(self, samples: list[Sample], timestamp: float) -> list[Sample]:
+        """Feed one cycle's readings taken at ``timestamp``; return the trend samples to export."""
+        for labels, (used, capacity) in memory_series(samples).items():
+            tracked = self._track(self._leaks, labels, timestamp, lambda: LeakDetector(self.params))
+            if tracked is not None:
+                tracked.detector.update(timestamp, used, capacity)
+        for labels, value in drift_series(samples).items():
+            tracked = self._track(self._drifts, labels, timestamp, DriftDetector)
+            if tracked is not None and (tracked.last_value != value or dict(labels)["series"] == "temperature"):
+                tracked.last_value = value
+                tracked.detector.update(value)
+        for table in (self._leaks, self._drifts):
+            for labels in [k for k, t in table.items() if timestamp - t.last_seen > self.forget_after]:
+                del table[labels]
+        return self.samples()
+
+    def _track(self, table: dict[Labels, _Tracked], labels: Labels, timestamp: float,
+               factory: Any) -> _Tracked | None:
+        tracked = table.get(labels)
+        if tracked is None:
+            if len(self._leaks) + len(self._drifts) >= self.max_series:
+                return None
+            tracked = table[labels] = _Tracked(factory(), timestamp)
+        tracked.last_seen = timestamp
+        return tracked
+
+    def samples(self) -> list[Sample]:
+        """Current trend metrics; growth and exhaustion time only where a leak is suspected."""
+        out: list[Sample] = []
+        for labels, tracked in self._leaks.items():
+            state = tracked.detector.state
+            out.append(sample("tpuwatch_memory_leak_suspected", 1 if state.firing else 0, **dict(labels)))
+            if state.firing:
+                out.append(sample("tpuwatch_memory_growth_bytes_per_second", state.slope, **dict(labels)))
+                if state.eta is not None:
+                    out.append(sample("tpuwatch_memory_exhaustion_eta_seconds", state.eta, **dict(labels)))
+        for labels, tracked in self._drifts.items():
+            state = tracked.detector.state
+            if state.baseline is None:
+                continue
+            out.append(sample("tpuwatch_drift_suspected", 1 if state.drifting else 0, **dict(labels)))
+            out.append(sample("tpuwatch_drift_baseline", state.baseline, **dict(labels)))
+            if state.drifting:
+                out.append(sample("tpuwatch_drift_shift", state.shift, **dict(labels)))
+        return out
+
+    def findings(self) -> list[Finding]:
+        """What is firing now: suspected leaks (warning, or critical near exhaustion) and drifts."""
+        out: list[Finding] = []
+        for labels, tracked in self._leaks.items():
+            state = tracked.detector.state
+            if state.firing:
+                where = ", ".join(f"{k}={v}" for k, v in labels)
+                out.append(Finding("memory_leak", state.severity or "warning", dict(labels),
+                                   f"memory leak suspected ({where})", dataclasses.asdict(state)))
+        for labels, tracked in self._drifts.items():
+            state = tracked.detector.state
+            if state.drifting:
+                where = ", ".join(f"{k}={v}" for k, v in labels)
+                out.append(Finding("drift", "warning", dict(labels), f"{state.direction}ward drift ({where})",
+                                   dataclasses.asdict(state)))
+        return out
+
+
+class TrendCollector:
+    """The analyzer as a derived collector: each cycle it observes what the earlier stage stored."""
+
+    name = "trend"
+
+    def __init__(self, analyzer: TrendAnalyzer, current: Callable[[], list[Sample]]) -> None:
+        self.analyzer = analyzer
+        self._current = current
+
+    def collect(self) -> list[Sample]:
+        """Feed this cycle's readings to the detectors; their findings as samples."""
+        return self.analyzer.observe(self._current(), time.time())
