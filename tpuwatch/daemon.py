@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import platform
 import signal
+import sys
 import threading
 import time
 from collections import Counter
@@ -49,7 +51,13 @@ def _sampling_section(config: Config) -> tuple[Any, ...]:
 
 
 def _canary(config: Config) -> CanaryCollector | None:
-    return CanaryCollector(config) if config.canary.enabled else None
+    if not config.canary.enabled:
+        return None
+    if config.canary.python is None and importlib.util.find_spec("jax") is None:
+        log.warning("canary off: jax is not installed for %s (pip install 'tpuwatch[canary]', or point "
+                    "canary.python at an interpreter with jax)", sys.executable)
+        return None
+    return CanaryCollector(config)
 
 
 def _canary_drill(config: Config) -> dict[str, Any]:
