@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCHMARKS_MD, write_section
+from common import BENCHMARKS_MD, cpu_model, write_section
 
 ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 CANARY = [sys.executable, "-m", "tpuwatch.canary.cli"]
@@ -116,11 +116,6 @@ def daemons(workdir: Path, runs: int) -> tuple[float, float, str]:
             proc.wait(timeout=10)
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def main() -> int:

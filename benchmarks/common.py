@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 import re
 from pathlib import Path
 
@@ -18,3 +19,11 @@ def write_section(topic: str, markdown: str, path: Path = BENCHMARKS_MD) -> None
     pattern = re.compile(rf"<!-- {re.escape(topic)}:begin -->.*?<!-- {re.escape(topic)}:end -->", re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else f"{text.rstrip()}\n\n{block}\n"
     path.write_text(text)
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"

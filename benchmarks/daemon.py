@@ -44,7 +44,7 @@ from pathlib import Path
 
 import requests
 
-from common import BENCHMARKS_MD, REPO_ROOT, write_section
+from common import BENCHMARKS_MD, REPO_ROOT, cpu_model, write_section
 
 sys.path.insert(0, str(REPO_ROOT))  # measure the tpuwatch of this checkout, whatever else is installed
 import tpuwatch  # noqa: E402
@@ -184,12 +184,6 @@ def node_exporter_binary() -> str:
     raise BenchmarkError(f"node_exporter not found on PATH (tried {', '.join(NODE_EXPORTER_NAMES)})")
 
 
-def cpu_model() -> str:
-    """The first 'model name' of /proc/cpuinfo."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def command_output(argv: Sequence[str]) -> str:

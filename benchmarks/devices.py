@@ -41,7 +41,7 @@ from tpu_info import metrics as tpu_metrics
 from tpu_info.proto import tpu_metric_service_pb2_grpc as pb2_grpc
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent / "tests")]
-from common import write_section  # noqa: E402
+from common import cpu_model, write_section  # noqa: E402
 from test_devices_tpu import Runtime, make_config, make_host  # noqa: E402
 
 from tpuwatch.config import Config, DevicesConfig  # noqa: E402
@@ -127,11 +127,6 @@ def nvidia_row(root: Path, reads: int) -> tuple[float, float]:
     return median_ms(sequential, reads), median_ms(backend.read, reads)
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def main() -> int:
