@@ -17,6 +17,7 @@ import requests
 
 from conftest import SIM_FAST, DaemonProcess, free_port, run_cli, wait_until
 from fakeproc import make_hanging_procfs
+from test_alerting_receivers import Receiver
 
 
 def metric(daemon: DaemonProcess, line_prefix: str) -> float | None:
@@ -263,3 +264,29 @@ def test_trend_analysis_runs_each_cycle(start_daemon: Callable[..., DaemonProces
     daemon.wait_ready()
     wait_until(lambda: metric(daemon, 'tpuwatch_collector_success{collector="trend"}') == 1.0,
                what="the trend stage to run")
+
+
+def test_a_simulated_fault_pages_through_the_webhook(start_daemon: Callable[..., DaemonProcess]) -> None:
+    hook = Receiver("record")
+    try:
+        daemon = start_daemon({**SIM_FAST,
+                               "alerting": {"group_wait": "0s", "group_interval": "1s"},
+                               "notify": [{"name": "oncall", "type": "webhook", "url": hook.url()}],
+                               "devices": {"sim": {"count": 4, "fault_device": 2, "fault_after": "1s"}}},
+                              args=["--simulate", "ecc-errors"])
+        daemon.wait_ready()
+
+        def ecc_alert() -> dict | None:
+            alerts = [a for body in hook.json() for a in body["alerts"]]
+            return next((a for a in alerts if a["labels"]["alertname"] == "AcceleratorEccUncorrectable"), None)
+
+        alert = wait_until(ecc_alert, timeout=30, what="the ECC alert at the webhook")
+        assert alert["status"] == "firing" and alert["labels"]["device"] == "2"
+        assert alert["labels"]["severity"] == "critical" and alert["annotations"]["summary"]
+        listed = run_cli("alerts", "--json", "--config", str(daemon.config_path))
+        assert listed.returncode == 0, listed.stderr
+        assert any(a["labels"]["alertname"] == "AcceleratorEccUncorrectable"
+                   for a in json.loads(listed.stdout))
+        assert metric(daemon, 'tpuwatch_alerts{alertname="AcceleratorEccUncorrectable",severity="critical"}') >= 1
+    finally:
+        hook.close()

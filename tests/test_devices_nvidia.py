@@ -125,12 +125,12 @@ def test_samples_carry_the_nvidia_families(nvml: FakeNvml) -> None:
 
 def test_a_call_that_never_returns_marks_only_that_gpu_unresponsive(nvml: FakeNvml) -> None:
     nvml.change(3, hang="nvmlDeviceGetPowerUsage")
-    backend = NvidiaBackend(config(timeout=0.3))
+    backend = NvidiaBackend(config(timeout=1.0))  # generous: the healthy GPUs must answer even on a busy CI host
     started = time.monotonic()
     readings = backend.read()
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 2.0
     assert [r.up for r in readings] == [True, True, False, False]
-    assert readings[3].problem == "unresponsive: NVML nvmlDeviceGetPowerUsage: no answer within 0.3s"
+    assert readings[3].problem == "unresponsive: NVML nvmlDeviceGetPowerUsage: no answer within 1.0s"
     assert readings[3].pci == "0000:5d:00.0", "what was read before the hang names the GPU"
     threads = threading.active_count()
     again = backend.read()

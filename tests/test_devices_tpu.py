@@ -386,7 +386,7 @@ def test_check_shows_each_chip_and_where_its_readings_came_from(tmp_path: Path, 
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["backend"] == "tpu"
-    assert report["notes"][1].startswith("auto: 8 tpu PCI device(s) at 0000:00:04.0, ")
+    assert report["notes"][1].startswith("device backend: auto: 8 tpu PCI device(s) at 0000:00:04.0, ")
     device = report["devices"][7]
     assert (device["device"], device["chip"], device["pci"], device["up"]) == ("7", "v6e", "0000:00:0b.0", True)
     assert device["memory_total_bytes"] == 32 * GIB and device["runtime_metrics"] is True

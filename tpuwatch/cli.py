@@ -26,6 +26,9 @@ _EXTENSIONS = {
                                                "-o json); exit 1 if a critical event is found."),
     "analyze": ("tpuwatch.analysis.analyze", "Replay recorded memory series through the daemon's leak detector; "
                                              "exit 1 if a leak is found."),
+    "test-alert": ("tpuwatch.alerting.testalert", "Send a test alert down the real delivery path and print what "
+                                                  "each receiver answered."),
+    "alerts": ("tpuwatch.alerting.listing", "List the running daemon's pending and firing alerts."),
 }
 
 

@@ -18,6 +18,8 @@ from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_J
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from tpuwatch import __version__, config as config_module, logsetup, sdnotify
+from tpuwatch.alerting.listing import api_payload
+from tpuwatch.alerting.service import Alerting, AlertingCollector
 from tpuwatch.analysis.trend import TrendAnalyzer, TrendCollector
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.collectors import build_collectors
@@ -30,7 +32,7 @@ from tpuwatch.samples import Sample, sample
 from tpuwatch.sampler import Sampler
 from tpuwatch.schema import ConfigError
 from tpuwatch.store import SeriesStore
-from tpuwatch.web import Endpoint
+from tpuwatch.web import Endpoint, JsonRoute
 from tpuwatch.webconfig import load_web_config
 
 log = logging.getLogger(__name__)
@@ -38,10 +40,10 @@ log = logging.getLogger(__name__)
 _SCHEDULER_EVENTS = {EVENT_JOB_ERROR: "error", EVENT_JOB_MISSED: "missed", EVENT_JOB_MAX_INSTANCES: "max_instances"}
 
 
-def _build_sampler(config: Config, store: SeriesStore, canary: CanaryCollector | None,
-                   trend: TrendAnalyzer) -> Sampler:
+def _build_sampler(config: Config, store: SeriesStore, canary: CanaryCollector | None, trend: TrendAnalyzer,
+                   alerts: AlertingCollector) -> Sampler:
     collectors, _ = build_collectors(config)
-    derived = [TrendCollector(trend, store.current)]
+    derived = [TrendCollector(trend, store.current), alerts]
     return Sampler([*collectors, *([canary] if canary else [])], store, config.collector_deadline, derived)
 
 
@@ -81,7 +83,9 @@ class Daemon:
         self.store = SeriesStore(config.store.points_per_series, config.store.max_series)
         self.canary = _canary(config)
         self.trend = TrendAnalyzer(config.trend)
-        self.sampler = _build_sampler(config, self.store, self.canary, self.trend)
+        self.alerting = Alerting(config, config.state_dir)
+        self._alert_stage = AlertingCollector(self.alerting, lambda: [*self.store.current(), *self.self_samples()])
+        self.sampler = _build_sampler(config, self.store, self.canary, self.trend, self._alert_stage)
         self.scheduler_events: Counter[str] = Counter()
         self.reload_ok = True
         self.reload_success_at = self.started_at
@@ -94,7 +98,7 @@ class Daemon:
         self._scheduler = BackgroundScheduler(timezone="UTC")
         self._scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
         self.registry = build_registry(lambda: self.store.current(), self.self_samples)
-        self.endpoint = Endpoint(config.listen, self.registry, self.health, load_web_config(config.web_config))
+        self.endpoint = Endpoint(config.listen, self.registry, self._routes(), load_web_config(config.web_config))
 
     # --- lifecycle -------------------------------------------------------
 
@@ -103,6 +107,7 @@ class Daemon:
         self._sample()
         self._schedule()
         self._scheduler.start()
+        self.alerting.start()
         log.info("tpuwatch %s serving %s://%s/metrics, sampling every %ss",
                  __version__, self.endpoint.scheme, self.config.listen, f"{self.config.interval:g}")
         sdnotify.notify("READY=1", f"STATUS={self._status_line()}")
@@ -119,6 +124,7 @@ class Daemon:
         """Stop sampling and serving; does not wait for hung collectors."""
         sdnotify.notify("STOPPING=1")
         self._scheduler.shutdown(wait=False)
+        self.alerting.stop()
         self.endpoint.close()
         log.info("tpuwatch stopped")
 
@@ -136,10 +142,16 @@ class Daemon:
             sampler = self.sampler
             if (store is not self.store or trend is not self.trend
                     or _sampling_section(new) != _sampling_section(self.config)):
-                sampler = _build_sampler(new, store, canary, trend)
+                sampler = _build_sampler(new, store, canary, trend, self._alert_stage)
             endpoint = self.endpoint
             if new.listen != self.config.listen:
-                endpoint = Endpoint(new.listen, self.registry, self.health, web)
+                endpoint = Endpoint(new.listen, self.registry, self._routes(), web)
+            try:
+                self.alerting.reconfigure(new)  # last: it either applies whole or raises, changing nothing
+            except ConfigError:
+                if endpoint is not self.endpoint:
+                    endpoint.close()
+                raise
         except (ConfigError, RuntimeError) as exc:
             self.reload_ok = False
             log.error("reload refused, keeping the running config: %s", exc)
@@ -151,6 +163,9 @@ class Daemon:
         else:
             self.endpoint.set_web_config(web)
         logsetup.configure(new.log_level)
+        if new.state_dir != self.config.state_dir:
+            log.warning("state_dir %s takes effect at the next start; alert state stays in %s",
+                        new.state_dir, self.config.state_dir)
         if sampler is not self.sampler and store is self.store:
             for guard in self.sampler.guards:
                 store.forget(guard.name)
@@ -234,6 +249,13 @@ class Daemon:
         problems = device_problems(devices) + collector_problems(self.sampler.guards)
         state = f"{len(problems)} problem(s)" if problems else "healthy"
         return f"{up}/{len(devices)} devices up, {state}"
+
+    def _routes(self) -> dict[str, JsonRoute]:
+        return {"/healthz": self._health_route, "/api/alerts": lambda: (200, api_payload(self.alerting.active_alerts()))}
+
+    def _health_route(self) -> tuple[int, dict[str, Any]]:
+        healthy, report = self.health()
+        return (200 if healthy else 503), report
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """(healthy, report) for /healthz: healthy means tpuwatch itself can monitor."""

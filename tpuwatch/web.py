@@ -1,4 +1,5 @@
-"""The HTTP endpoint: /metrics, /healthz and a landing page, with optional TLS and basic auth.
+"""The HTTP endpoint: /metrics, JSON routes (/healthz, /api/alerts) and a landing page, with optional TLS
+and basic auth.
 
 Each connection is handled (and its TLS handshake done) in its own thread, with
 a socket timeout and a cap on concurrent connections, so a slow client cannot
@@ -29,10 +30,12 @@ log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 32
 CONNECTION_TIMEOUT_S = 10.0
 
-HealthFn = Callable[[], tuple[bool, dict[str, Any]]]
+# A JSON endpoint: returns the HTTP status and the body.
+JsonRoute = Callable[[], tuple[int, Any]]
 
 _LANDING = b"""<!doctype html><html><head><title>tpuwatch</title></head><body>
-<h1>tpuwatch</h1><p><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a></p>
+<h1>tpuwatch</h1><p><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a>
+&middot; <a href="/api/alerts">/api/alerts</a></p>
 </body></html>
 """
 
@@ -46,10 +49,10 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 64
 
     def __init__(self, address: tuple[str, int], family: socket.AddressFamily, registry: CollectorRegistry,
-                 health: HealthFn, web: WebConfig) -> None:
+                 routes: dict[str, JsonRoute], web: WebConfig) -> None:
         self.address_family = family
         self.registry = registry
-        self.health = health
+        self.routes = routes
         self.web = web
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(address, _Handler)
@@ -101,10 +104,9 @@ class _Handler(BaseHTTPRequestHandler):
             if "gzip" in self.headers.get("Accept-Encoding", ""):
                 body, extra = gzip.compress(body, compresslevel=1), {"Content-Encoding": "gzip"}
             self._send(200, body, content_type, extra)
-        elif path == "/healthz":
-            healthy, report = self.server.health()
-            body = (json.dumps(report, indent=2) + "\n").encode()
-            self._send(200 if healthy else 503, body, "application/json")
+        elif path in self.server.routes:
+            code, payload = self.server.routes[path]()
+            self._send(code, (json.dumps(payload, indent=2) + "\n").encode(), "application/json")
         elif path == "/":
             self._send(200, _LANDING, "text/html; charset=utf-8")
         else:
@@ -126,11 +128,12 @@ class _Handler(BaseHTTPRequestHandler):
 class Endpoint:
     """A running HTTP endpoint in a background thread."""
 
-    def __init__(self, listen: str, registry: CollectorRegistry, health: HealthFn, web: WebConfig) -> None:
+    def __init__(self, listen: str, registry: CollectorRegistry, routes: dict[str, JsonRoute],
+                 web: WebConfig) -> None:
         host, port = parse_listen_address(listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
-            self._server = _Server((host, port), family, registry, health, web)
+            self._server = _Server((host, port), family, registry, routes, web)
         except OSError as exc:
             reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
             raise StartupError(f"listen {listen}: {reason}") from None

@@ -1,0 +1,122 @@
+"""`tpuwatch test-alert` and `tpuwatch alerts`, against real receivers and a real HTTP endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from test_alerting_receivers import receivers  # noqa: F401 - the fixture
+from tpuwatch import config as config_module
+from tpuwatch.alerting import Alerting, listing, testalert
+from tpuwatch.alerting.db import DB_NAME
+from tpuwatch.config import Config
+from tpuwatch.samples import sample
+
+
+def parse_args(module: Any, *argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def config_with(tmp_path: Path, notify: list[dict[str, Any]], **extra: Any) -> Config:
+    return config_module.parse(yaml.safe_dump({"state_dir": str(tmp_path / "state"), "notify": notify,
+                                               "alerting": {"send_timeout": "1s"}, **extra}))
+
+
+def test_test_alert_prints_each_answer(receivers: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    hook, broken, pd = receivers(), receivers("error"), receivers()
+    config = config_with(tmp_path, [{"name": "hook", "type": "webhook", "url": hook.url()},
+                                    {"name": "broken", "type": "slack", "url": broken.url()},
+                                    {"name": "pd", "type": "pagerduty", "url": pd.url("/v2/enqueue"),
+                                     "routing_key": "k"}])
+    assert testalert.run(parse_args(testalert), config) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        'hook (webhook): delivered: HTTP 200 OK: {"status":"success"}',
+        "broken (slack): FAILED: HTTP 500 Internal Server Error: upstream broken",
+        'pd (pagerduty): delivered: HTTP 202 Accepted: {"status":"success"}']
+    (body,) = hook.json()
+    assert body["alerts"][0]["labels"]["alertname"] == "TpuwatchTestAlert"
+    assert pd.json()[0]["event_action"] == "trigger"
+    with sqlite3.connect(tmp_path / "state" / DB_NAME) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 0  # passed through, nothing left
+
+
+def test_test_alert_one_receiver_and_usage_errors(receivers: Any, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    hook, other = receivers(), receivers()
+    config = config_with(tmp_path, [{"name": "hook", "type": "webhook", "url": hook.url()},
+                                    {"name": "other", "type": "webhook", "url": other.url()}])
+    assert testalert.run(parse_args(testalert, "--receiver", "other"), config) == 0
+    assert len(other.requests) == 1 and hook.requests == []
+    assert testalert.run(parse_args(testalert, "--receiver", "nope"), config) == 2
+    assert capsys.readouterr().err == "tpuwatch: no receiver 'nope' (known: hook, other)\n"
+    assert testalert.run(parse_args(testalert), config_with(tmp_path, [])) == 2
+    assert capsys.readouterr().err == "tpuwatch: no receivers configured in notify\n"
+    missing = config_with(tmp_path, [{"name": "pd", "type": "pagerduty", "routing_key_file": "/nonexistent/key"}])
+    assert testalert.run(parse_args(testalert), missing) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tpuwatch: config error: notify.pd.routing_key_file: cannot read /nonexistent/key")
+    assert len(err.splitlines()) == 1
+
+
+@pytest.fixture
+def endpoint(tmp_path: Path) -> Iterator[tuple[Alerting, int]]:
+    """A tiny real HTTP server answering /api/alerts from an Alerting, as the daemon does."""
+    alerting = Alerting(config_with(tmp_path, [], alerting={"rule_files": []}), str(tmp_path / "state"))
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            body = json.dumps(listing.api_payload(alerting.active_alerts())).encode()
+            self.send_response(200 if self.path == "/api/alerts" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield alerting, server.server_port
+    server.shutdown()
+    server.server_close()
+
+
+def test_alerts_lists_the_daemons_active_alerts(endpoint: tuple[Alerting, int], tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    alerting, port = endpoint
+    config = config_with(tmp_path, [], listen=f"0.0.0.0:{port}")
+    assert listing.run(parse_args(listing), config) == 0
+    assert capsys.readouterr().out == "no active alerts\n"
+    now = time.time()
+    alerting.evaluate([sample("tpuwatch_device_up", 0, device="3"),
+                       sample("tpuwatch_device_temperature_celsius", 90, device="1")], now)
+    assert listing.run(parse_args(listing), config) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["STATE", "SEVERITY", "ALERT", "DEVICE", "SINCE", "SUMMARY"]
+    assert lines[1].split()[:4] == ["firing", "critical", "AcceleratorLost", "3"]
+    assert lines[1].endswith("Device 3 is lost or dead")
+    assert lines[2].split()[:4] == ["pending", "warning", "AcceleratorTemperatureHigh", "1"]
+    assert listing.run(parse_args(listing, "--json"), config) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [a["labels"]["alertname"] for a in listed] == ["AcceleratorLost", "AcceleratorTemperatureHigh"]
+
+
+def test_alerts_without_a_daemon_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from conftest import free_port
+
+    config = config_with(tmp_path, [], listen=f"127.0.0.1:{free_port()}")
+    assert listing.run(parse_args(listing), config) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("tpuwatch: cannot list alerts from http://127.0.0.1:") and len(err.splitlines()) == 1

@@ -1,0 +1,253 @@
+"""Alert rules: parsing with key-path errors, functions, the tracker, templating, state and the built-in set."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tpuwatch.alerting.rules import CompiledRule, default_rules_text, load_rules, parse_rules, render, tracked_windows
+from tpuwatch.alerting.state import AlertBook, fingerprint
+from tpuwatch.alerting.tracker import Tracker
+from tpuwatch.catalog import CATALOG
+from tpuwatch.samples import Sample, sample
+from tpuwatch.schema import ConfigError
+
+T0 = 1_700_000_000.0
+HOST = {"host": "h1"}
+
+
+def rule(text: str) -> CompiledRule:
+    (parsed,) = parse_rules(f"rules:\n  - {text}\n", "test.yaml")
+    return CompiledRule(parsed)
+
+
+def fire(compiled: CompiledRule, samples: list[Sample], tracker: Tracker | None = None,
+         now: float = T0) -> dict[str, float]:
+    tracker = tracker or Tracker()
+    return {c.labels.get("device", ""): c.value for c in compiled.evaluate(samples, tracker, now, HOST)}
+
+
+@pytest.mark.parametrize("text,message", [
+    ("{alert: X, metric: m, op: '=>'}", "test.yaml: rules[0].op: must be one of"),
+    ("{alert: X, metric: m, for: soon}", "test.yaml: rules[0].for: invalid duration"),
+    ("{alert: X, metric: m, function: ratio}", "test.yaml: rules[0].ratio_to: required when function is ratio"),
+    ("{alert: 'bad name', metric: m}", "test.yaml: rules[0].alert: 'bad name' is not a valid name"),
+    ("{alert: X, metric: m, match: {device: '('}}", "test.yaml: rules[0].match.device: invalid regular expression"),
+    ("{alert: X, metric: m, by: [device]}", "test.yaml: rules[0].by: needs aggregate"),
+    ("{alert: X, metric: m, annotations: {summary: '{{ $value | hex }}'}}",
+     "test.yaml: rules[0].annotations.summary: unknown filter 'hex'"),
+    ("{alert: X, metric: m, severity: page}", "test.yaml: rules[0].severity: must be one of critical, warning"),
+    ("{alert: X, metrc: m}", "test.yaml: rules[0].metrc: unknown key"),
+])
+def test_rule_errors_name_file_and_key(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_rules(f"rules:\n  - {text}\n", "test.yaml")
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_rule_files_are_globbed_and_a_missing_directory_is_fine(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("rules:\n  - {alert: Mine, metric: tpuwatch_device_up}\n")
+    (tmp_path / "b.txt").write_text("not rules")
+    rules = load_rules(False, [str(tmp_path / "*.yaml"), str(tmp_path / "absent" / "*.yaml")])
+    assert [r.alert for r in rules] == ["Mine"]
+    (tmp_path / "c.yaml").write_text("rules: [{alert: Bad}]\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: rules\[0\]\.metric: required key missing"):
+        load_rules(True, [str(tmp_path / "*.yaml")])
+
+
+def test_templates_fill_labels_and_value() -> None:
+    labels = {"device": "2", "rule": "nvidia_xid"}
+    assert render("{{ $labels.rule }} on {{$labels.device}}: {{ $value }}", labels, 3.0) == "nvidia_xid on 2: 3"
+    assert render("{{ $value | percent }} {{ $value|number }} {{ $labels.nope }}!", labels, 0.9712) == "97.1% 0.9712 !"
+    assert render("in {{ $value | duration }}", labels, 5400.2) == "in 90m"
+    assert render("{{ $value | bytes }}", labels, 3 * 2**30) == "3.00 GiB"
+
+
+def test_value_rule_with_matchers_and_severity_override() -> None:
+    compiled = rule("{alert: Hot, metric: tpuwatch_device_temperature_celsius, match: {device: '[01]'}, "
+                    "threshold: 85, severity: critical, labels: {team: ml}, "
+                    "annotations: {summary: 'dev {{ $labels.device }} at {{ $value }}'}}")
+    samples = [sample("tpuwatch_device_temperature_celsius", t, device=d) for d, t in (("0", 90), ("1", 80),
+                                                                                       ("2", 99))]
+    (candidate,) = compiled.evaluate(samples, Tracker(), T0, HOST)
+    assert candidate.labels == {"device": "0", "host": "h1", "team": "ml", "alertname": "Hot",
+                                "severity": "critical"}
+    assert candidate.annotations == {"summary": "dev 0 at 90"}
+
+
+def test_ratio_age_and_absent_denominator() -> None:
+    ratio = rule("{alert: Full, metric: tpuwatch_device_memory_used_bytes, function: ratio, "
+                 "ratio_to: tpuwatch_device_memory_total_bytes, threshold: 0.95}")
+    samples = [sample("tpuwatch_device_memory_used_bytes", 97, device="0"),
+               sample("tpuwatch_device_memory_total_bytes", 100, device="0"),
+               sample("tpuwatch_device_memory_used_bytes", 99, device="1")]
+    assert fire(ratio, samples) == {"0": 0.97}
+    age = rule("{alert: Stale, metric: tpuwatch_last_sample_timestamp_seconds, function: age, threshold: 60}")
+    assert fire(age, [sample("tpuwatch_last_sample_timestamp_seconds", T0 - 61)]) == {"": 61.0}
+    assert fire(age, [sample("tpuwatch_last_sample_timestamp_seconds", T0 - 59)]) == {}
+
+
+def test_increase_handles_resets_windows_and_counters_born_while_watching() -> None:
+    compiled = rule("{alert: Ecc, metric: tpuwatch_device_ecc_errors_total, function: increase, window: 1m}")
+    tracker = Tracker()
+    series = [(0, 5), (10, 5), (20, 7), (30, 1), (40, 2)]  # a reset between 20 and 30
+    for t, value in series:
+        samples = [sample("tpuwatch_device_ecc_errors_total", value, device="0", kind="corrected")]
+        tracker.observe(samples, {"tpuwatch_device_ecc_errors_total": 60}, T0 + t)
+    assert fire(compiled, samples, tracker, T0 + 40) == {"0": 4.0}  # +2, then 1 after the reset, +1
+    for t in range(50, 130, 10):
+        tracker.observe(samples, {"tpuwatch_device_ecc_errors_total": 60}, T0 + t)
+    assert fire(compiled, samples, tracker, T0 + 120) == {}  # nothing new within the last minute
+    born = samples + [sample("tpuwatch_device_ecc_errors_total", 1, device="1", kind="corrected")]
+    tracker.observe(born, {"tpuwatch_device_ecc_errors_total": 60}, T0 + 130)
+    assert fire(compiled, born, tracker, T0 + 130) == {"1": 1.0}
+
+
+def test_series_present_at_start_count_from_their_first_value() -> None:
+    tracker = Tracker()
+    samples = [sample("tpuwatch_device_ecc_errors_total", 7, device="0", kind="uncorrected")]
+    tracker.observe(samples, {"tpuwatch_device_ecc_errors_total": 3600}, T0)
+    assert tracker.increase(("tpuwatch_device_ecc_errors_total", samples[0].labels), 3600, T0) == 0
+
+
+def test_windows_longer_than_the_store_history_keep_few_points() -> None:
+    tracker = Tracker()
+    for t in range(0, 7 * 3600, 10):
+        samples = [sample("tpuwatch_canary_runs_total", t // 3600, result="error")]
+        tracker.observe(samples, {"tpuwatch_canary_runs_total": 6 * 3600}, T0 + t)
+    key = samples[0][:2]
+    assert tracker.increase(key, 6 * 3600, T0 + 7 * 3600 - 10) == 6
+    assert len(tracker._series[key].points) <= 70
+
+
+def test_aggregate_and_unchanged() -> None:
+    compiled = rule("{alert: NoCanary, metric: tpuwatch_canary_runs_total, function: unchanged, aggregate: min, "
+                    "threshold: 100}")
+    tracker = Tracker()
+    windows = {"tpuwatch_canary_runs_total": 300.0}
+
+    def at(t: float, ok: int, error: int) -> dict[str, float]:
+        samples = [sample("tpuwatch_canary_runs_total", ok, result="pass"),
+                   sample("tpuwatch_canary_runs_total", error, result="error")]
+        tracker.observe(samples, windows, T0 + t)
+        return fire(compiled, samples, tracker, T0 + t)
+
+    assert at(0, 1, 0) == {}
+    assert at(90, 2, 0) == {}
+    assert at(150, 2, 0) == {}       # errors unchanged for 150 s but a pass 60 s ago
+    assert at(200, 2, 0) == {"": 110.0}
+
+
+def test_states_pending_firing_resolved_with_for() -> None:
+    compiled = rule("{alert: Hot, metric: tpuwatch_device_temperature_celsius, threshold: 85, for: 5m}")
+    book = AlertBook()
+    hot = [sample("tpuwatch_device_temperature_celsius", 90, device="0")]
+
+    def step(t: float, samples: list[Sample]) -> list[str]:
+        return [a.state for a in book.apply(compiled.evaluate(samples, Tracker(), T0 + t, HOST), set(), T0 + t)]
+
+    assert step(0, hot) == ["pending"]
+    assert step(299, hot) == []
+    assert step(300, hot) == ["firing"]
+    (alert,) = book.alerts.values()
+    assert alert.fingerprint == fingerprint({"device": "0", "host": "h1", "alertname": "Hot", "severity": "warning"})
+    assert (alert.active_at, alert.fired_at) == (T0, T0 + 300)
+    assert step(310, []) == ["resolved"] and alert.resolved_at == T0 + 310
+    assert step(320, hot) == ["pending"]
+    assert step(330, []) == ["resolved"] and book.alerts == {}  # a pending alert that goes away is forgotten
+
+
+def test_fingerprints_ignore_label_order() -> None:
+    assert fingerprint({"a": "1", "b": "2"}) == fingerprint({"b": "2", "a": "1"}) != fingerprint({"a": "2", "b": "1"})
+    assert len(fingerprint({})) == 16
+
+
+def test_alerts_about_a_lost_chip_are_inhibited_but_the_loss_itself_is_not() -> None:
+    rules = [CompiledRule(r) for r in parse_rules(default_rules_text(), "built-in")]
+    samples = [sample("tpuwatch_device_up", 0, device="1"),
+               sample("tpuwatch_device_temperature_celsius", 99, device="1"),
+               sample("tpuwatch_canary_healthy", 0, device="1")]
+    book = AlertBook()
+    for t in (0, 60, 120):
+        candidates = [c for r in rules for c in r.evaluate(samples, Tracker(), T0 + t, HOST)]
+        book.apply(candidates, {"1"}, T0 + t)
+    states = {a.labels["alertname"]: (a.state, a.inhibited) for a in book.alerts.values()}
+    assert states == {"AcceleratorLost": ("firing", False), "CanaryUnhealthy": ("firing", True),
+                      "AcceleratorTemperatureHigh": ("firing", True)}
+
+
+# The issue's list of what the built-in rules must catch, as (samples before, samples after, alert, severity).
+DEFAULT_CASES = [
+    ("uncorrectable ECC", [("tpuwatch_device_ecc_errors_total", 0, {"device": "0", "kind": "uncorrected"})],
+     [("tpuwatch_device_ecc_errors_total", 1, {"device": "0", "kind": "uncorrected"})],
+     "AcceleratorEccUncorrectable", "critical"),
+    ("corrected ECC rising", [("tpuwatch_device_ecc_errors_total", 0, {"device": "0", "kind": "corrected"})],
+     [("tpuwatch_device_ecc_errors_total", 150, {"device": "0", "kind": "corrected"})],
+     "AcceleratorEccCorrectedRising", "warning"),
+    ("devastating Xid", [], [("tpuwatch_kernel_events_total", 1,
+                              {"rule": "nvidia_xid", "severity": "critical", "device": "0"})],
+     "KernelHardwareErrorCritical", "critical"),
+    ("TPU driver error", [], [("tpuwatch_kernel_events_total", 1,
+                               {"rule": "tpu_driver_error", "severity": "critical", "device": "2"})],
+     "KernelHardwareErrorCritical", "critical"),
+    ("AER corrected rising", [], [("tpuwatch_kernel_events_total", 12,
+                                   {"rule": "pcie_aer_corrected", "severity": "warning", "device": "0"})],
+     "KernelCorrectedErrorsRising", "warning"),
+    ("chip lost", [], [("tpuwatch_device_up", 0, {"device": "0"})], "AcceleratorLost", "critical"),
+    ("canary wrong", [("tpuwatch_canary_runs_total", 3, {"result": "pass"})],
+     [("tpuwatch_canary_runs_total", 3, {"result": "pass"}), ("tpuwatch_canary_runs_total", 1, {"result": "fail"})],
+     "CanaryWrongResult", "critical"),
+    ("canary unhealthy chip", [], [("tpuwatch_canary_healthy", 0, {"device": "0"})], "CanaryUnhealthy", "warning"),
+    ("canary errors", [("tpuwatch_canary_runs_total", 0, {"result": "error"})],
+     [("tpuwatch_canary_runs_total", 2, {"result": "error"})], "CanaryFailing", "warning"),
+    ("leak", [], [("tpuwatch_memory_leak_suspected", 1, {"memory": "hbm", "device": "0", "pid": ""})],
+     "AcceleratorMemoryLeak", "warning"),
+    ("leak ETA", [], [("tpuwatch_memory_exhaustion_eta_seconds", 3600, {"memory": "hbm", "device": "0", "pid": ""})],
+     "AcceleratorMemoryExhaustionSoon", "critical"),
+    ("drift", [], [("tpuwatch_drift_suspected", 1, {"device": "0", "series": "canary_latency", "band": ""})],
+     "AcceleratorDrift", "warning"),
+    ("hot", [], [("tpuwatch_device_temperature_celsius", 88, {"device": "0"})], "AcceleratorTemperatureHigh",
+     "warning"),
+    ("very hot", [], [("tpuwatch_device_temperature_celsius", 97, {"device": "0"})],
+     "AcceleratorTemperatureHigh", "critical"),
+    ("memory full", [], [("tpuwatch_device_memory_used_bytes", 96, {"device": "0"}),
+                         ("tpuwatch_device_memory_total_bytes", 100, {"device": "0"})],
+     "AcceleratorMemoryFull", "warning"),
+    ("collector failing", [], [("tpuwatch_collector_success", 0, {"collector": "devices"})],
+     "TpuwatchCollectorFailing", "warning"),
+]
+
+
+@pytest.mark.parametrize("before,after,alertname,severity", [c[1:] for c in DEFAULT_CASES],
+                         ids=[c[0] for c in DEFAULT_CASES])
+def test_default_rules_cover_the_mission(before: list, after: list, alertname: str, severity: str) -> None:
+    rules = [CompiledRule(r) for r in parse_rules(default_rules_text(), "built-in")]
+    tracker, book = Tracker(), AlertBook()
+    windows = tracked_windows(r.rule for r in rules)
+    for t, rows in ((0, before), (10, after), (400, after)):
+        samples = [sample(name, value, **labels) for name, value, labels in rows]
+        tracker.observe(samples, windows, T0 + t)
+        book.apply([c for r in rules for c in r.evaluate(samples, tracker, T0 + t, HOST)], set(), T0 + t)
+    firing = {(a.labels["alertname"], a.labels["severity"]) for a in book.alerts.values() if a.state == "firing"}
+    assert (alertname, severity) in firing
+
+
+def test_default_rules_stay_quiet_on_a_healthy_chip() -> None:
+    rules = [CompiledRule(r) for r in parse_rules(default_rules_text(), "built-in")]
+    samples = [sample("tpuwatch_device_up", 1, device="0"),
+               sample("tpuwatch_device_temperature_celsius", 60, device="0"),
+               sample("tpuwatch_device_memory_used_bytes", 50, device="0"),
+               sample("tpuwatch_device_memory_total_bytes", 100, device="0"),
+               sample("tpuwatch_device_ecc_errors_total", 3, device="0", kind="corrected"),
+               sample("tpuwatch_collector_success", 1, collector="devices")]
+    tracker = Tracker()
+    for t in (0, 10):
+        tracker.observe(samples, {"tpuwatch_device_ecc_errors_total": 3600}, T0 + t)
+    assert [c for r in rules for c in r.evaluate(samples, tracker, T0 + 10, HOST)] == []
+
+
+def test_default_rules_use_catalogued_metrics_and_labels() -> None:
+    for r in parse_rules(default_rules_text(), "built-in"):
+        assert r.metric in CATALOG, r.metric
+        assert set(r.match) <= set(CATALOG[r.metric].labels), r.alert

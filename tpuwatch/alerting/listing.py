@@ -1,0 +1,67 @@
+"""``tpuwatch alerts``: list the running daemon's active alerts from its ``/api/alerts`` endpoint."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import requests
+
+from tpuwatch.config import Config
+from tpuwatch.schema import ConfigError, parse_listen_address
+from tpuwatch.webconfig import load_web_config
+
+_WILDCARDS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
+
+
+def api_payload(active: list[dict[str, Any]]) -> dict[str, Any]:
+    """The JSON the daemon's ``GET /api/alerts`` answers, given ``Alerting.active_alerts()``."""
+    return {"status": "success", "alerts": active}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``tpuwatch alerts``."""
+    parser.add_argument("--json", action="store_true", help="print the endpoint's JSON")
+    parser.add_argument("--ca", metavar="FILE", help="CA bundle to verify the daemon's TLS certificate")
+
+
+def endpoint_url(config: Config) -> str:
+    """Where the daemon of ``config`` serves /api/alerts (https when its web config has TLS)."""
+    host, port = parse_listen_address(config.listen)
+    host = _WILDCARDS.get(host, host)
+    scheme = "https" if load_web_config(config.web_config).ssl_context is not None else "http"
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}/api/alerts"
+
+
+def render(alerts: list[dict[str, Any]]) -> str:
+    """A table of alerts, or a line saying there are none."""
+    if not alerts:
+        return "no active alerts"
+    rows = [("STATE", "SEVERITY", "ALERT", "DEVICE", "SINCE", "SUMMARY")]
+    for a in alerts:
+        labels = a["labels"]
+        state = a["state"] + (" (inhibited)" if a.get("inhibited") else "")
+        rows.append((state, labels.get("severity", ""), labels.get("alertname", ""), labels.get("device", "-"),
+                     a.get("startsAt") or a["activeAt"], a["annotations"].get("summary", "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5] for r in rows)
+
+
+def run(args: argparse.Namespace, config: Config) -> int:
+    """Print the active alerts; 0 when listed, 1 when the daemon cannot be asked, 2 on config errors."""
+    try:
+        url = endpoint_url(config)
+    except (ConfigError, RuntimeError) as exc:
+        print(f"tpuwatch: config error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        response = requests.get(url, timeout=10, verify=args.ca or True)
+        response.raise_for_status()
+        alerts = response.json()["alerts"]
+    except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
+        print(f"tpuwatch: cannot list alerts from {url}: {type(exc).__name__}", file=sys.stderr)
+        return 1
+    print(json.dumps(alerts, indent=2) if args.json else render(alerts))
+    return 0

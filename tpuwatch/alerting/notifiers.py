@@ -1,0 +1,208 @@
+"""Receivers: the bodies each kind takes (pure) and one HTTP POST per queued body.
+
+Bodies are built when a notification is queued and stored without secrets;
+the routing key, signature and custom headers are added at send time.  Every
+notifier has one ``send(body, key) -> Answer``.  Error details never contain a
+URL or a secret: only the HTTP status, a short reason, and the start of a body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from tpuwatch import __version__
+from tpuwatch.alerting.state import ZERO_TIME, Alert, rfc3339
+from tpuwatch.config import ReceiverConfig
+from tpuwatch.schema import ConfigError
+
+PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
+SIGNATURE_HEADER = "X-Tpuwatch-Signature"
+ID_HEADER = "X-Tpuwatch-Notification-Id"
+_PD_SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a receiver answered: delivered, or failed (retryable or not) with a redacted detail."""
+
+    ok: bool
+    retry: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Sent:
+    """An alert as one notification tells it: firing, or resolved at ``ends_at``."""
+
+    alert: Alert
+    firing: bool
+    ends_at: float | None = None
+
+    def am_alert(self, generator_url: str) -> dict[str, Any]:
+        """Alertmanager's alert object (the webhook adds status and fingerprint)."""
+        a = self.alert
+        return {"labels": a.labels, "annotations": a.annotations,
+                "startsAt": rfc3339(a.fired_at or a.active_at),
+                "endsAt": rfc3339(self.ends_at) if self.ends_at is not None else ZERO_TIME,
+                "generatorURL": generator_url}
+
+
+def read_secret(path: str, what: str) -> str:
+    """A secret file's stripped text; relative paths are read from $CREDENTIALS_DIRECTORY."""
+    base = os.environ.get("CREDENTIALS_DIRECTORY")
+    full = Path(base, path) if base and not os.path.isabs(path) else Path(path)
+    try:
+        return full.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(what, f"cannot read {full}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def _common(items: Sequence[dict[str, str]]) -> dict[str, str]:
+    if not items:
+        return {}
+    first = items[0]
+    return {k: v for k, v in first.items() if all(i.get(k) == v for i in items[1:])}
+
+
+def webhook_body(receiver: str, group: tuple[str, str], sent: Sequence[Sent], external_url: str) -> str:
+    """Alertmanager's webhook JSON, version 4, for one group."""
+    alerts = [{"status": "firing" if s.firing else "resolved", **s.am_alert(external_url),
+               "fingerprint": s.alert.fingerprint} for s in sent]
+    group_labels = {"alertname": group[0], **({"device": group[1]} if group[1] else {})}
+    group_key = "{}:{" + ", ".join(f'{k}="{v}"' for k, v in sorted(group_labels.items())) + "}"
+    return json.dumps({
+        "version": "4", "groupKey": group_key, "truncatedAlerts": 0,
+        "status": "firing" if any(s.firing for s in sent) else "resolved", "receiver": receiver,
+        "groupLabels": group_labels,
+        "commonLabels": _common([s.alert.labels for s in sent]),
+        "commonAnnotations": _common([s.alert.annotations for s in sent]),
+        "externalURL": external_url, "alerts": alerts}, sort_keys=True)
+
+
+def alertmanager_body(sent: Sequence[Sent], external_url: str) -> str:
+    """The JSON array POST /api/v2/alerts takes."""
+    return json.dumps([s.am_alert(external_url) for s in sent], sort_keys=True)
+
+
+def pagerduty_bodies(sent: Sequence[Sent]) -> list[str]:
+    """One Events v2 event per alert, dedup_key = fingerprint; routing_key is added at send time."""
+    out = []
+    for s in sent:
+        a = s.alert
+        summary = a.annotations.get("summary") or a.labels.get("alertname", "alert")
+        event: dict[str, Any] = {
+            "event_action": "trigger" if s.firing else "resolve", "dedup_key": a.fingerprint,
+            "client": "tpuwatch",
+            "payload": {"summary": summary[:1024], "source": a.labels.get("host", "tpuwatch"),
+                        "severity": _PD_SEVERITY.get(a.labels.get("severity", ""), "error"),
+                        "timestamp": rfc3339(a.fired_at or a.active_at),
+                        "component": f"device {a.labels['device']}" if "device" in a.labels else "host",
+                        "group": a.labels.get("alertname", ""), "class": a.labels.get("severity", ""),
+                        "custom_details": {"labels": a.labels, "annotations": a.annotations}}}
+        if a.annotations.get("runbook_url"):
+            event["links"] = [{"href": a.annotations["runbook_url"], "text": "runbook"}]
+        out.append(json.dumps(event, sort_keys=True))
+    return out
+
+
+def slack_body(group: tuple[str, str], sent: Sequence[Sent]) -> str:
+    """A short text (the notification fallback) plus blocks, one section per alert."""
+    firing = sum(1 for s in sent if s.firing)
+    status = f"FIRING:{firing}" if firing else "RESOLVED"
+    where = f" device {group[1]}" if group[1] else ""
+    text = f"[{status}] {group[0]}{where}"
+    blocks: list[dict[str, Any]] = [{"type": "header", "text": {"type": "plain_text", "text": text[:150]}}]
+    for s in sent[:40]:
+        a = s.alert
+        mark = ":red_circle:" if s.firing else ":large_green_circle:"
+        line = f"{mark} *{a.annotations.get('summary', a.labels.get('alertname', ''))}*"
+        if a.annotations.get("description"):
+            line += f"\n{a.annotations['description']}"
+        if a.annotations.get("runbook_url"):
+            line += f"\n<{a.annotations['runbook_url']}|runbook>"
+        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": line[:3000]}})
+    return json.dumps({"text": text, "blocks": blocks}, sort_keys=True)
+
+
+def bodies_for(notifier: Notifier, group: tuple[str, str], sent: Sequence[Sent], external_url: str) -> list[str]:
+    """The bodies one notification about a group becomes for this notifier's kind."""
+    if notifier.type == "webhook":
+        return [webhook_body(notifier.config.name, group, sent, external_url)]
+    if notifier.type == "slack":
+        return [slack_body(group, sent)]
+    if notifier.type == "pagerduty":
+        return pagerduty_bodies(sent)
+    return [alertmanager_body(sent, external_url)]
+
+
+class Notifier:
+    """One delivery target: a receiver, or one of an alertmanager receiver's urls."""
+
+    def __init__(self, config: ReceiverConfig, name: str, url: str, timeout: float) -> None:
+        self.config = config
+        self.name = name
+        self.type = config.type
+        self._url = url
+        self._timeout = timeout
+        self._routing_key = config.routing_key
+        if config.routing_key_file is not None:
+            self._routing_key = read_secret(config.routing_key_file, f"notify.{config.name}.routing_key_file")
+        self._secret = (read_secret(config.secret_file, f"notify.{config.name}.secret_file").encode()
+                        if config.secret_file is not None else None)
+        self._session = requests.Session()
+
+    def secrets(self) -> list[str]:
+        """Every secret this notifier holds (tests check none leaks)."""
+        return [s for s in (self._url, self._routing_key, self._secret and self._secret.decode(),
+                            *(self.config.headers or {}).values()) if s]
+
+    def send(self, body: str, key: str) -> Answer:
+        """POST one body; never raises for network trouble."""
+        if self.type == "pagerduty":
+            body = json.dumps({**json.loads(body), "routing_key": self._routing_key}, sort_keys=True)
+        data = body.encode()
+        headers = {"Content-Type": "application/json", "User-Agent": f"tpuwatch/{__version__}",
+                   ID_HEADER: key, **(self.config.headers or {})}
+        if self._secret is not None:
+            headers[SIGNATURE_HEADER] = "sha256=" + hmac.new(self._secret, data, hashlib.sha256).hexdigest()
+        url = self._url.rstrip("/") + "/api/v2/alerts" if self.type == "alertmanager" else self._url
+        try:
+            response = self._session.post(url, data=data, headers=headers, timeout=self._timeout,
+                                          allow_redirects=False)
+        except requests.Timeout:
+            return Answer(False, True, f"no answer within {self._timeout:g}s")
+        except requests.ConnectionError:
+            return Answer(False, True, "connection failed")
+        except requests.RequestException as exc:
+            return Answer(False, True, f"request failed ({type(exc).__name__})")
+        text = " ".join(response.text.split())[:200]
+        for secret in self.secrets():
+            text = text.replace(secret, "<secret>")
+        detail = f"HTTP {response.status_code} {response.reason or ''}".rstrip() + (f": {text}" if text else "")
+        if 200 <= response.status_code < 300:
+            return Answer(True, False, detail)
+        retry = response.status_code >= 500 or response.status_code in (408, 429)
+        return Answer(False, retry, detail)
+
+
+def build_notifiers(receivers: Sequence[ReceiverConfig], timeout: float) -> list[Notifier]:
+    """One notifier per receiver, one per url of an alertmanager receiver (named NAME/INDEX)."""
+    out = []
+    for receiver in receivers:
+        if receiver.urls:
+            out += [Notifier(receiver, f"{receiver.name}/{i}", url, timeout) for i, url in enumerate(receiver.urls)]
+            continue
+        url = receiver.url
+        if receiver.url_file is not None:
+            url = read_secret(receiver.url_file, f"notify.{receiver.name}.url_file")
+        out.append(Notifier(receiver, receiver.name, url or PAGERDUTY_URL, timeout))
+    return out

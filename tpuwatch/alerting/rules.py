@@ -1,0 +1,218 @@
+"""Alert rules: their YAML form, and evaluation of one rule over the current samples.
+
+A rule selects the series of one metric by label regexes, turns each into a
+number (``value``, ``increase`` over a window, ``ratio`` to another metric with
+the same labels, ``age`` of a timestamp, seconds ``unchanged``), optionally
+aggregates by labels, and compares with a threshold.  Every series that passes
+becomes an alert candidate.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import operator
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Annotated, Literal
+
+import yaml
+
+from tpuwatch.alerting.tracker import Tracker
+from tpuwatch.samples import Labels, Sample
+from tpuwatch.schema import ConfigError, Duration, build, format_duration
+
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
+}
+_AGGREGATES: dict[str, Callable[[list[float]], float]] = {"sum": math.fsum, "max": max, "min": min, "count": len}
+_TEMPLATE_RE = re.compile(r"\{\{\s*\$(?:labels\.(\w+)|(value))\s*(?:\|\s*(\w+)\s*)?\}\}")
+_FILTERS: dict[str, Callable[[float], str]] = {
+    "number": lambda v: f"{v:.4g}",
+    "percent": lambda v: f"{v * 100:.1f}%",
+    "duration": lambda v: format_duration(round(max(v, 0.0))) if v >= 1 else f"{v:.3g}s",
+    "bytes": lambda v: f"{v / 2**30:.2f} GiB",
+}
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One alert rule, as written in a rule file (``for`` is spelled ``for`` there)."""
+
+    alert: str
+    metric: str
+    match: dict[str, str] = field(default_factory=dict)
+    function: Literal["value", "increase", "ratio", "age", "unchanged"] = "value"
+    window: Annotated[float, Duration(minimum=1.0, maximum=30 * 86400.0)] = 300.0
+    ratio_to: str | None = None
+    aggregate: Literal["sum", "max", "min", "count"] | None = None
+    by: list[str] = field(default_factory=list)
+    op: Literal[">", ">=", "<", "<=", "==", "!="] = ">"
+    threshold: float = 0.0
+    for_: Annotated[float, Duration()] = 0.0
+    severity: Literal["critical", "warning", "info"] = "warning"
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    runbook_url: str | None = None
+    inhibit_when_device_down: bool = True
+
+    def validate(self, path: str) -> None:
+        for key, name in (("alert", self.alert), ("metric", self.metric)):
+            if not _NAME_RE.match(name):
+                raise ConfigError(f"{path}.{key}", f"{name!r} is not a valid name")
+        if self.function == "ratio" and self.ratio_to is None:
+            raise ConfigError(f"{path}.ratio_to", "required when function is ratio")
+        if self.by and self.aggregate is None:
+            raise ConfigError(f"{path}.by", "needs aggregate")
+        for label, pattern in self.match.items():
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"{path}.match.{label}", f"invalid regular expression: {exc}") from None
+        for key, text in {**self.annotations, "runbook_url": self.runbook_url or ""}.items():
+            for match in _TEMPLATE_RE.finditer(text):
+                if match.group(3) and match.group(3) not in _FILTERS:
+                    raise ConfigError(f"{path}.annotations.{key}",
+                                      f"unknown filter {match.group(3)!r} (known: {', '.join(_FILTERS)})")
+
+
+@dataclass(frozen=True)
+class RuleFile:
+    """The top level of a rule file."""
+
+    rules: list[Rule] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A series for which a rule's condition holds now."""
+
+    rule: Rule
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    value: float
+
+
+def parse_rules(text: str, source: str) -> list[Rule]:
+    """Rules from YAML text; ConfigError naming ``source`` and the key path on any problem."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("", f"{source}: YAML syntax error: {str(exc).splitlines()[0]}") from None
+    if isinstance(data, dict) and isinstance(data.get("rules"), list):
+        data = {**data, "rules": [_rename_for(r) for r in data["rules"]]}
+    try:
+        parsed: RuleFile = build(RuleFile, data)
+        return parsed.rules
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc.path.replace('.for_', '.for')}", exc.reason) from None
+
+
+def _rename_for(rule: object) -> object:
+    if isinstance(rule, dict) and "for" in rule:
+        rule = {("for_" if k == "for" else k): v for k, v in rule.items()}
+    return rule
+
+
+def default_rules_text() -> str:
+    """The built-in rule file shipped in the package."""
+    return resources.files("tpuwatch.alerting").joinpath("rules/default.yaml").read_text(encoding="utf-8")
+
+
+def load_rules(default: bool, patterns: Iterable[str]) -> list[Rule]:
+    """The built-in rules (when ``default``) plus every file matching ``patterns`` (none is fine)."""
+    rules = parse_rules(default_rules_text(), "built-in rules") if default else []
+    for pattern in patterns:
+        for path in sorted(glob.glob(os.path.expanduser(pattern))):
+            try:
+                text = open(path, encoding="utf-8").read()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError("", f"cannot read rule file {path}: {getattr(exc, 'strerror', None) or exc}") \
+                    from None
+            rules += parse_rules(text, path)
+    return rules
+
+
+def tracked_windows(rules: Iterable[Rule]) -> dict[str, float]:
+    """Metric -> longest window, for every metric a rule needs remembered (increase, unchanged)."""
+    windows: dict[str, float] = {}
+    for rule in rules:
+        if rule.function in ("increase", "unchanged"):
+            windows[rule.metric] = max(windows.get(rule.metric, 0.0), rule.window)
+    return windows
+
+
+def render(template: str, labels: dict[str, str], value: float) -> str:
+    """Fill ``{{ $labels.NAME }}`` and ``{{ $value }}`` (optionally ``| number|percent|duration|bytes``)."""
+    def fill(match: re.Match[str]) -> str:
+        if match.group(1):
+            return labels.get(match.group(1), "")
+        return _FILTERS[match.group(3) or "number"](value)
+    return _TEMPLATE_RE.sub(fill, template)
+
+
+def _matches(labels: Labels, match: dict[str, re.Pattern[str]]) -> bool:
+    have = dict(labels)
+    return all(pattern.fullmatch(have.get(label, "")) for label, pattern in match.items())
+
+
+class CompiledRule:
+    """A rule with its regexes compiled, ready to evaluate."""
+
+    def __init__(self, rule: Rule) -> None:
+        self.rule = rule
+        self._match = {label: re.compile(p) for label, p in rule.match.items()}
+
+    def evaluate(self, samples: list[Sample], tracker: Tracker, now: float,
+                 external: dict[str, str]) -> list[Candidate]:
+        """Candidates for which the condition holds now; ``external`` labels (host) are added to each."""
+        rule = self.rule
+        values: list[tuple[Labels, float]] = []
+        denominators = ({s.labels: s.value for s in samples if s.name == rule.ratio_to}
+                        if rule.function == "ratio" else {})
+        for s in samples:
+            if s.name != rule.metric or not _matches(s.labels, self._match):
+                continue
+            value = self._function(s, tracker, denominators, now)
+            if value is not None:
+                values.append((s.labels, value))
+        if rule.aggregate is not None:
+            values = self._aggregate(values)
+        compare = _OPS[rule.op]
+        out = []
+        for labels, value in values:
+            if not compare(value, rule.threshold):
+                continue
+            merged = {**dict(labels), **external, **rule.labels, "alertname": rule.alert, "severity": rule.severity}
+            annotations = {k: render(v, merged, value) for k, v in rule.annotations.items()}
+            if rule.runbook_url:
+                annotations["runbook_url"] = render(rule.runbook_url, merged, value)
+            out.append(Candidate(rule, merged, annotations, value))
+        return out
+
+    def _function(self, s: Sample, tracker: Tracker, denominators: dict[Labels, float],
+                  now: float) -> float | None:
+        function = self.rule.function
+        if function == "value":
+            return s.value
+        if function == "age":
+            return now - s.value
+        if function == "ratio":
+            total = denominators.get(s.labels)
+            return s.value / total if total else None
+        if function == "increase":
+            return tracker.increase((s.name, s.labels), self.rule.window, now)
+        return tracker.unchanged_for((s.name, s.labels), now)
+
+    def _aggregate(self, values: list[tuple[Labels, float]]) -> list[tuple[Labels, float]]:
+        groups: dict[Labels, list[float]] = {}
+        for labels, value in values:
+            have = dict(labels)
+            key = tuple((b, have.get(b, "")) for b in self.rule.by)
+            groups.setdefault(key, []).append(value)
+        reduce = _AGGREGATES[self.rule.aggregate or "sum"]
+        return [(key, float(reduce(vals))) for key, vals in groups.items()]

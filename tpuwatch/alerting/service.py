@@ -1,0 +1,207 @@
+"""The ``Alerting`` facade the daemon drives: evaluate after each sampling cycle, deliver in the background."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from tpuwatch.alerting.db import OutboxFull, open_db
+from tpuwatch.alerting.delivery import Delivery
+from tpuwatch.alerting.dispatch import Dispatcher
+from tpuwatch.alerting.notifiers import build_notifiers
+from tpuwatch.alerting.rules import CompiledRule, load_rules, tracked_windows
+from tpuwatch.alerting.state import AlertBook
+from tpuwatch.alerting.tracker import Tracker
+from tpuwatch.config import Config
+from tpuwatch.samples import Sample, sample
+from tpuwatch.schema import parse_listen_address
+
+log = logging.getLogger(__name__)
+
+
+class Alerting:
+    """Rules, alert state and durable delivery.
+
+    ``evaluate()`` only computes and writes SQLite (never the network); a
+    dispatcher thread queues due notifications and one thread per receiver
+    delivers them, between ``start()`` and ``stop()``.  Construction raises
+    ConfigError for a bad rule file, an unreadable secret or an unusable
+    ``state_dir``.
+    """
+
+    def __init__(self, config: Config, state_dir: str) -> None:
+        self.host = socket.gethostname()
+        self.db = open_db(state_dir, config.alerting.outbox_max_bytes)
+        self.book = AlertBook(self.db.load_alerts())
+        self.tracker = Tracker()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._refusing = False
+        self._install(config, None)
+        # Rules that remember (increase, unchanged) start with an empty memory: hold their firing
+        # alerts for one window rather than resolve them for want of history.
+        started = time.time()
+        for alert in self.book.alerts.values():
+            windows = [r.rule.window for r in self._rules if r.rule.function in ("increase", "unchanged")
+                       and r.rule.alert == alert.labels.get("alertname")
+                       and r.rule.severity == alert.labels.get("severity")]
+            if alert.state == "firing" and windows:
+                alert.hold_until = started + max(windows)
+
+    def _install(self, config: Config, previous: Delivery | None) -> None:
+        """Build rules, notifiers and delivery for ``config`` (raising before anything changes), then switch."""
+        section = config.alerting
+        rules = load_rules(section.default_rules, section.rule_files) if section.enabled else []
+        notifiers = build_notifiers(config.notify, section.send_timeout) if section.enabled else []
+        _, port = parse_listen_address(config.listen)
+        windows = tracked_windows(rules)
+        delivery = Delivery(self.db, section, notifiers)
+        if previous is not None:
+            delivery.results.update(previous.totals())
+        self.config, self._windows, self.delivery = config, windows, delivery
+        self._rules = [CompiledRule(r) for r in rules]
+        self.dispatcher = Dispatcher(section, notifiers, config.interval, f"http://{self.host}:{port}")
+        names = {n.name for n in notifiers}
+        for alert in self.book.alerts.values():
+            for receiver in [r for r in alert.notified if r not in names]:
+                del alert.notified[receiver]
+        self.db.forget_receivers(names)
+
+    # --- the daemon's hooks ------------------------------------------------------
+
+    def evaluate(self, samples: Iterable[Sample], now: float | None = None) -> None:
+        """Run every rule over the current samples (readings plus tpuwatch's own metrics)."""
+        now = time.time() if now is None else now
+        current = list(samples)
+        down = {dict(s.labels).get("device", "") for s in current if s.name == "tpuwatch_device_up" and s.value == 0}
+        with self._lock:
+            self.tracker.observe(current, self._windows, now)
+            candidates = [c for rule in self._rules for c in rule.evaluate(current, self.tracker, now,
+                                                                          {"host": self.host})]
+            changed = self.book.apply(candidates, down, now)
+            for alert in changed:
+                log.info("alert %s %s %s", alert.labels.get("alertname"), alert.fingerprint, alert.state)
+            try:
+                self.db.save_alerts(changed)
+            except OutboxFull as exc:
+                log.error("cannot persist alert state (%s); kept in memory", exc)
+        self._wake.set()
+
+    def flush(self, now: float | None = None) -> float:
+        """Queue every notification that is due; seconds until the next may be due."""
+        now = time.time() if now is None else now
+        with self._lock:
+            notifications, wake = self.dispatcher.due(list(self.book.alerts.values()), now)
+            if notifications:
+                self._queue(notifications, now)
+            self.db.delete_alerts(self.book.forget_resolved(now - self.config.alerting.resolved_retention))
+        self.delivery.expire(now)
+        return 1.0 if wake is None else max(0.0, wake - now)
+
+    def _queue(self, notifications: list[Any], now: float) -> None:
+        try:
+            self.db.enqueue(notifications, now)
+        except OutboxFull as exc:
+            for n in notifications:
+                self.delivery.count(n.receiver, "refused", len(n.bodies))
+            if not self._refusing:
+                log.error("outbox full (%s): refusing new notifications, keeping the %d queued; "
+                          "free disk space or raise alerting.outbox_max_bytes",
+                          exc, sum(n for n, _ in self.db.queue_stats().values()))
+            self._refusing = True
+            return
+        if self._refusing:
+            log.info("outbox accepts notifications again")
+            self._refusing = False
+        for n in notifications:
+            for fp in n.told_firing:
+                self.book.alerts[fp].notified[n.receiver] = now
+            for fp in n.told_resolved:
+                self.book.alerts[fp].notified.pop(n.receiver, None)
+        self.delivery.wake()
+
+    def start(self) -> None:
+        """Start the dispatcher and the delivery threads."""
+        self._stop.clear()
+        self.delivery.start()
+        self._thread = threading.Thread(target=self._dispatch_loop, name="alert-dispatch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop all threads within about 2 s; queued notifications stay in the outbox."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(1.0)
+            self._thread = None
+        self.delivery.stop(1.0)
+
+    def _dispatch_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                wait = self.flush()
+            except Exception:  # noqa: BLE001 - keep dispatching; the next round retries
+                log.exception("alert dispatch failed")
+                wait = 1.0
+            self._wake.wait(min(wait, 1.0))
+            self._wake.clear()
+
+    def reconfigure(self, config: Config) -> None:
+        """Apply a reloaded config; raises ConfigError, keeping the old one, for bad rules or secrets."""
+        with self._lock:
+            old = self.delivery
+            self._install(config, old)
+        old.stop(0.0)
+        if self._thread is not None:
+            self.delivery.start()
+        self._wake.set()
+
+    # --- views ---------------------------------------------------------------------
+
+    def active_alerts(self) -> list[dict[str, Any]]:
+        """Pending and firing alerts as JSON objects, oldest first (``/api/alerts``)."""
+        with self._lock:
+            return [a.to_json() for a in self.book.active()]
+
+    def samples(self) -> list[Sample]:
+        """tpuwatch_alerts, notification counters, queue length and age, circuit state."""
+        now = time.time()
+        with self._lock:
+            firing: dict[tuple[str, str], int] = {(r.rule.alert, r.rule.severity): 0 for r in self._rules}
+            for alert in self.book.alerts.values():
+                if alert.state == "firing":
+                    key = (alert.labels.get("alertname", ""), alert.labels.get("severity", ""))
+                    firing[key] = firing.get(key, 0) + 1
+            delivery = self.delivery
+        out = [sample("tpuwatch_alerts", n, alertname=name, severity=sev) for (name, sev), n in firing.items()]
+        out += [sample("tpuwatch_notifications_total", n, receiver=r, result=res)
+                for (r, res), n in sorted(delivery.totals().items())]
+        stats = self.db.queue_stats()
+        for name, breaker in delivery.breakers.items():
+            queued, oldest = stats.get(name, (0, now))
+            out.append(sample("tpuwatch_notification_queue_length", queued, receiver=name))
+            out.append(sample("tpuwatch_notification_queue_oldest_age_seconds", max(0.0, now - oldest), receiver=name))
+            out.append(sample("tpuwatch_notifier_circuit_open",
+                              1 if breaker.blocked_until(now) is not None else 0, receiver=name))
+        return out
+
+
+class AlertingCollector:
+    """Alert evaluation as a derived collector: each cycle, the rules see what the earlier stage stored."""
+
+    name = "alerting"
+
+    def __init__(self, alerting: Alerting, current: Callable[[], list[Sample]]) -> None:
+        self.alerting = alerting
+        self._current = current
+
+    def collect(self) -> list[Sample]:
+        """Evaluate every rule on this cycle's samples; the alerting metrics."""
+        self.alerting.evaluate(self._current())
+        return self.alerting.samples()
