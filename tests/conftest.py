@@ -17,6 +17,8 @@ import pytest
 import requests
 import yaml
 
+from http_receiver import Mode, Receiver
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -129,3 +131,17 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
 SIM_FAST = {"interval": "200ms", "collector_timeout": "150ms", "canary": {"enabled": False},
             "kernel_log": {"source": "none"},
             "devices": {"backend": "sim", "sim": {"count": 4, "fault_after": "0s"}}}
+
+
+@pytest.fixture
+def receivers() -> Iterator[Any]:
+    """Make receivers; all are closed at teardown."""
+    made: list[Receiver] = []
+
+    def make(mode: Mode = "record") -> Receiver:
+        made.append(Receiver(mode))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.close()

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 import yaml
 
-from test_alerting_receivers import receivers  # noqa: F401 - the fixture
 from tpuwatch import config as config_module
 from tpuwatch.alerting import Alerting, listing, testalert
 from tpuwatch.alerting.db import DB_NAME
@@ -77,7 +76,7 @@ def endpoint(tmp_path: Path) -> Iterator[tuple[Alerting, int]]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
-            body = json.dumps(listing.api_payload(alerting.active_alerts())).encode()
+            body = json.dumps(alerting.api_payload()).encode()
             self.send_response(200 if self.path == "/api/alerts" else 404)
             self.send_header("Content-Type", "application/json")
             self.end_headers()

@@ -20,7 +20,6 @@ import yaml
 from prometheus_client import generate_latest
 
 from conftest import free_port, require_tool, run_cli, wait_until
-from test_alerting_receivers import Receiver, receivers  # noqa: F401 - the fixture
 from tpuwatch import config as config_module
 from tpuwatch.alerting import Alerting
 from tpuwatch.alerting.db import DB_NAME, Notification, OutboxFull

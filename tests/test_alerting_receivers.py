@@ -1,95 +1,17 @@
-"""Real HTTP receivers on 127.0.0.1 (recording, 500, hanging, dropping) and how each notifier copes.
-
-``Receiver`` is also used by the other alerting tests.
-"""
+"""Real HTTP receivers on 127.0.0.1 (recording, 500, hanging, dropping) and how each notifier copes."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import json
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import pytest
 
 from tpuwatch import config as config_module
 from tpuwatch.alerting.notifiers import SIGNATURE_HEADER, Sent, bodies_for, build_notifiers
 from tpuwatch.alerting.state import Alert, fingerprint
-
-Mode = Literal["record", "error", "reject", "hang", "drop"]
-
-
-class Receiver:
-    """An HTTP server that records POSTs, answers 500 or 400, hangs, or drops the connection, switchable live."""
-
-    def __init__(self, mode: Mode = "record") -> None:
-        self.mode: Mode = mode
-        self.requests: list[dict[str, Any]] = []
-        self.attempts = 0
-        self.release = threading.Event()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                receiver.attempts += 1
-                mode = receiver.mode
-                if mode == "drop":
-                    self.close_connection = True
-                    self.connection.close()
-                    return
-                if mode == "hang":
-                    receiver.release.wait(30)
-                    return
-                if mode in ("error", "reject"):
-                    self.send_response(500 if mode == "error" else 400)
-                    self.end_headers()
-                    self.wfile.write(b"upstream broken" if mode == "error" else b'{"error":"bad event"}')
-                    return
-                receiver.requests.append({"path": self.path, "headers": dict(self.headers), "body": body,
-                                          "at": time.time()})
-                self.send_response(202 if "enqueue" in self.path else 200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(b'{"status":"success"}')
-
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def url(self, path: str = "/hook") -> str:
-        return f"http://127.0.0.1:{self.server.server_port}{path}"
-
-    def json(self) -> list[Any]:
-        return [json.loads(r["body"]) for r in self.requests]
-
-    def close(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def receivers() -> Iterator[Any]:
-    """Make receivers; all are closed at teardown."""
-    made: list[Receiver] = []
-
-    def make(mode: Mode = "record") -> Receiver:
-        made.append(Receiver(mode))
-        return made[-1]
-
-    yield make
-    for r in made:
-        r.close()
-
 
 def firing_alert(device: str = "0", name: str = "AcceleratorEccUncorrectable") -> Alert:
     labels = {"alertname": name, "severity": "critical", "device": device, "host": "h1"}

@@ -17,7 +17,7 @@ import requests
 
 from conftest import SIM_FAST, DaemonProcess, free_port, run_cli, wait_until
 from fakeproc import make_hanging_procfs
-from test_alerting_receivers import Receiver
+from http_receiver import Receiver
 
 
 def metric(daemon: DaemonProcess, line_prefix: str) -> float | None:

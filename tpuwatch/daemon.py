@@ -18,7 +18,6 @@ from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_J
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from tpuwatch import __version__, config as config_module, logsetup, sdnotify
-from tpuwatch.alerting.listing import api_payload
 from tpuwatch.alerting.service import Alerting, AlertingCollector
 from tpuwatch.analysis.trend import TrendAnalyzer, TrendCollector
 from tpuwatch.canary.collector import CanaryCollector
@@ -251,7 +250,7 @@ class Daemon:
         return f"{up}/{len(devices)} devices up, {state}"
 
     def _routes(self) -> dict[str, JsonRoute]:
-        return {"/healthz": self._health_route, "/api/alerts": lambda: (200, api_payload(self.alerting.active_alerts()))}
+        return {"/healthz": self._health_route, "/api/alerts": lambda: (200, self.alerting.api_payload())}
 
     def _health_route(self) -> tuple[int, dict[str, Any]]:
         healthy, report = self.health()

@@ -16,11 +16,6 @@ from tpuwatch.webconfig import load_web_config
 _WILDCARDS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 
 
-def api_payload(active: list[dict[str, Any]]) -> dict[str, Any]:
-    """The JSON the daemon's ``GET /api/alerts`` answers, given ``Alerting.active_alerts()``."""
-    return {"status": "success", "alerts": active}
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``tpuwatch alerts``."""
     parser.add_argument("--json", action="store_true", help="print the endpoint's JSON")

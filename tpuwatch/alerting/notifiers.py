@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import http.client
 import json
 import os
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import requests
 
 from tpuwatch import __version__
 from tpuwatch.alerting.state import ZERO_TIME, Alert, rfc3339
@@ -144,6 +145,19 @@ def bodies_for(notifier: Notifier, group: tuple[str, str], sent: Sequence[Sent],
     return [alertmanager_body(sent, external_url)]
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """A receiver that redirects is answered as it is: a 3xx is a rejection, never followed."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+# The standard library, not requests, on the daemon's delivery path: requests and its
+# dependencies would add about 15 MB to the resident memory of a daemon that must stay small.
+_OPENER = urllib.request.build_opener(_NoRedirects())
+_BODY_PREFIX = 4096
+
+
 class Notifier:
     """One delivery target: a receiver, or one of an alertmanager receiver's urls."""
 
@@ -158,7 +172,6 @@ class Notifier:
             self._routing_key = read_secret(config.routing_key_file, f"notify.{config.name}.routing_key_file")
         self._secret = (read_secret(config.secret_file, f"notify.{config.name}.secret_file").encode()
                         if config.secret_file is not None else None)
-        self._session = requests.Session()
 
     def secrets(self) -> list[str]:
         """Every secret this notifier holds (tests check none leaks)."""
@@ -175,22 +188,24 @@ class Notifier:
         if self._secret is not None:
             headers[SIGNATURE_HEADER] = "sha256=" + hmac.new(self._secret, data, hashlib.sha256).hexdigest()
         url = self._url.rstrip("/") + "/api/v2/alerts" if self.type == "alertmanager" else self._url
+        request = urllib.request.Request(url, data=data, headers=headers, method="POST")
         try:
-            response = self._session.post(url, data=data, headers=headers, timeout=self._timeout,
-                                          allow_redirects=False)
-        except requests.Timeout:
-            return Answer(False, True, f"no answer within {self._timeout:g}s")
-        except requests.ConnectionError:
+            with _OPENER.open(request, timeout=self._timeout) as response:
+                status, reason, raw = response.status, response.reason, response.read(_BODY_PREFIX)
+        except urllib.error.HTTPError as exc:
+            status, reason, raw = exc.code, exc.reason, exc.read(_BODY_PREFIX)
+        except (TimeoutError, urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            reason_of = getattr(exc, "reason", exc)
+            if isinstance(exc, TimeoutError) or isinstance(reason_of, TimeoutError):
+                return Answer(False, True, f"no answer within {self._timeout:g}s")
             return Answer(False, True, "connection failed")
-        except requests.RequestException as exc:
-            return Answer(False, True, f"request failed ({type(exc).__name__})")
-        text = " ".join(response.text.split())[:200]
+        text = " ".join(raw.decode("utf-8", "replace").split())[:200]
         for secret in self.secrets():
             text = text.replace(secret, "<secret>")
-        detail = f"HTTP {response.status_code} {response.reason or ''}".rstrip() + (f": {text}" if text else "")
-        if 200 <= response.status_code < 300:
+        detail = f"HTTP {status} {reason or ''}".rstrip() + (f": {text}" if text else "")
+        if 200 <= status < 300:
             return Answer(True, False, detail)
-        retry = response.status_code >= 500 or response.status_code in (408, 429)
+        retry = status >= 500 or status in (408, 429)
         return Answer(False, retry, detail)
 
 

@@ -165,9 +165,13 @@ class Alerting:
     # --- views ---------------------------------------------------------------------
 
     def active_alerts(self) -> list[dict[str, Any]]:
-        """Pending and firing alerts as JSON objects, oldest first (``/api/alerts``)."""
+        """Pending and firing alerts as JSON objects, oldest first."""
         with self._lock:
             return [a.to_json() for a in self.book.active()]
+
+    def api_payload(self) -> dict[str, Any]:
+        """What the daemon's ``GET /api/alerts`` answers (``tpuwatch alerts`` reads it)."""
+        return {"status": "success", "alerts": self.active_alerts()}
 
     def samples(self) -> list[Sample]:
         """tpuwatch_alerts, notification counters, queue length and age, circuit state."""
