@@ -37,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = _Parser(prog="tpuwatch", description="Health monitor and alerting agent for ML accelerator hosts.")
     parser.add_argument("--version", action="version", version=f"tpuwatch {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -55,8 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     check = command("check", "Run every collector once and report; exit 0 healthy, 1 unhealthy.")
     check.add_argument("--json", action="store_true", help="machine-readable output")
 
+    # Only the chosen subcommand's module is imported: `tpuwatch run` must not load what the others use.
+    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     for name, (module, help_text) in _EXTENSIONS.items():
-        importlib.import_module(module).add_arguments(command(name, help_text))
+        sub = command(name, help_text)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(sub)
 
     config_cmd = commands.add_parser("config", help="Validate or show the configuration.")
     config_sub = config_cmd.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
@@ -113,7 +117,8 @@ _COMMANDS: dict[str, Any] = {"run": _cmd_run, "check": _cmd_check, "config": _cm
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tpuwatch`` console script."""
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = _parser(argv).parse_args(argv)
     try:
         config = _load(args)
     except ConfigError as exc:
