@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
 import shlex
 import shutil
 import statistics
@@ -39,18 +38,18 @@ from pathlib import Path
 import requests
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from common import BENCHMARKS_MD, REPO_ROOT, cpu_model, write_section
+
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 
 from conftest import free_port, wait_until  # noqa: E402
-from test_alerting_receivers import Receiver  # noqa: E402
+from http_receiver import Receiver  # noqa: E402
 from tpuwatch import config as config_module  # noqa: E402
 from tpuwatch.alerting import Alerting  # noqa: E402
 from tpuwatch.alerting.db import Notification  # noqa: E402
 from tpuwatch.samples import Sample, sample  # noqa: E402
 
 GROUP_WAIT_S = 1.0
-BEGIN, END = "<!-- alerting:begin -->", "<!-- alerting:end -->"
 
 
 def progress(text: str) -> None:
@@ -191,17 +190,7 @@ def outage(workdir: Path, seconds: float) -> dict[str, float]:
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor() or "unknown")
-    return f"{os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}, Python {platform.python_version()}"
-
-
-def write_section(path: Path, text: str) -> None:
-    section = f"{BEGIN}\n{text.rstrip()}\n{END}\n"
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
-    new = pattern.sub(lambda _: section, old) if pattern.search(old) else old.rstrip("\n") + "\n\n" + section
-    path.write_text(new)
+    return f"{os.cpu_count()} CPUs ({cpu_model()}), Linux {platform.release()}, Python {platform.python_version()}"
 
 
 def main() -> int:
@@ -209,7 +198,7 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--outage", type=float, default=600.0, help="receiver outage in seconds (issue: 600)")
     parser.add_argument("--burst", type=int, default=2000)
-    parser.add_argument("--output", type=Path, default=REPO_ROOT / "BENCHMARKS.md")
+    parser.add_argument("--output", type=Path, default=BENCHMARKS_MD)
     args = parser.parse_args()
     command = "python benchmarks/alerting.py " + shlex.join(sys.argv[1:])
     with tempfile.TemporaryDirectory(prefix="tpuwatch-bench-") as tmp:
@@ -256,7 +245,7 @@ failures for 300 s): after a long outage the circuit is open when the
 receiver comes back, so the drain waits for the breaker's trial;
 {out['attempts']} HTTP attempts were made in all.
 """
-    write_section(args.output, text)
+    write_section("alerting", text, args.output)
     progress(f"wrote the alerting section of {args.output}")
     print(text)
     return 0
