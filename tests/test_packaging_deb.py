@@ -125,9 +125,13 @@ def test_config_is_a_conffile_and_dependencies_come_from_debian(unpacked: Path) 
 def test_installed_check_runs_from_the_package(installed: None) -> None:
     where = _run("/usr/bin/python3", "-c", "import tpuwatch; print(tpuwatch.__file__)", cwd="/")
     assert where.stdout.startswith(f"/{PYLIB}/tpuwatch/"), where.stdout + where.stderr
+    # The installed /etc/tpuwatch/config.yaml, whatever this host's kernel log holds: on a CI machine the
+    # other tests have written Xid records to /dev/kmsg, and check rightly calls those critical.
     result = _run("/usr/bin/tpuwatch", "check", "--json", cwd="/")
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert json.loads(result.stdout)["status"] == "healthy"
+    report = json.loads(result.stdout)
+    kernel = [p for p in report["problems"] if p.startswith("kernel: ")]
+    assert report["problems"] == kernel and result.returncode == (1 if kernel else 0), result.stdout + result.stderr
+    assert report["backend"] == "none" and report["host"]["memory_total_bytes"] > 0
 
 
 def test_installed_user_state_dir_enabled_unit(installed: None) -> None:
