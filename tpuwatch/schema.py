@@ -128,6 +128,17 @@ class Url(Check):
         return value
 
 
+class Regex(Check):
+    """A Python regular expression that compiles."""
+
+    def convert(self, value: Any) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression: {exc}") from None
+        return value
+
+
 class Secret(Check):
     """A value never printed: ``config show`` writes ``<secret>``."""
 

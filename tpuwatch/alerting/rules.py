@@ -23,7 +23,7 @@ import yaml
 
 from tpuwatch.alerting.tracker import Tracker
 from tpuwatch.samples import Labels, Sample
-from tpuwatch.schema import ConfigError, Duration, build, format_duration
+from tpuwatch.schema import ConfigError, Duration, Regex, build, format_duration
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
@@ -45,7 +45,7 @@ class Rule:
 
     alert: str
     metric: str
-    match: dict[str, str] = field(default_factory=dict)
+    match: dict[str, Annotated[str, Regex()]] = field(default_factory=dict)
     function: Literal["value", "increase", "ratio", "age", "unchanged"] = "value"
     window: Annotated[float, Duration(minimum=1.0, maximum=30 * 86400.0)] = 300.0
     ratio_to: str | None = None
@@ -68,11 +68,6 @@ class Rule:
             raise ConfigError(f"{path}.ratio_to", "required when function is ratio")
         if self.by and self.aggregate is None:
             raise ConfigError(f"{path}.by", "needs aggregate")
-        for label, pattern in self.match.items():
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ConfigError(f"{path}.match.{label}", f"invalid regular expression: {exc}") from None
         for key, text in {**self.annotations, "runbook_url": self.runbook_url or ""}.items():
             for match in _TEMPLATE_RE.finditer(text):
                 if match.group(3) and match.group(3) not in _FILTERS:
