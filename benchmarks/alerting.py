@@ -42,12 +42,13 @@ from common import BENCHMARKS_MD, REPO_ROOT, cpu_model, write_section
 
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 
-from conftest import free_port, wait_until  # noqa: E402
-from http_receiver import Receiver  # noqa: E402
 from tpuwatch import config as config_module  # noqa: E402
 from tpuwatch.alerting import Alerting  # noqa: E402
 from tpuwatch.alerting.db import Notification  # noqa: E402
 from tpuwatch.samples import Sample, sample  # noqa: E402
+
+from conftest import free_port, wait_until  # noqa: E402
+from http_receiver import Receiver  # noqa: E402
 
 GROUP_WAIT_S = 1.0
 

@@ -41,12 +41,13 @@ from tpu_info import metrics as tpu_metrics
 from tpu_info.proto import tpu_metric_service_pb2_grpc as pb2_grpc
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent / "tests")]
-from common import cpu_model, write_section  # noqa: E402
 from test_devices_tpu import Runtime, make_config, make_host  # noqa: E402
 
 from tpuwatch.config import Config, DevicesConfig  # noqa: E402
 from tpuwatch.devices.nvidia import NvidiaBackend  # noqa: E402
 from tpuwatch.devices.tpu import TpuBackend  # noqa: E402
+
+from common import cpu_model, write_section  # noqa: E402
 
 STANDIN = Path(__file__).resolve().parent.parent / "tests" / "testdata" / "devices" / "nvml"
 

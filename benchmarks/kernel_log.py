@@ -37,9 +37,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCHMARKS_MD, write_section  # noqa: E402
-
 from tpuwatch.kernel_log.rules import load_rules  # noqa: E402
+
+from common import BENCHMARKS_MD, write_section  # noqa: E402
 
 NOISE = [
     "e1000e 0000:00:1f.6 eno1: NIC Link is Up 1000 Mbps Full Duplex, Flow Control: Rx/Tx",

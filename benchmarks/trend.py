@@ -39,9 +39,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCHMARKS_MD, write_section
-
 from tpuwatch.analysis.leak import LeakDetector
+
+from common import BENCHMARKS_MD, write_section
 
 GIB = 1024.0**3
 CAPACITIES_GIB = (16, 32, 95)

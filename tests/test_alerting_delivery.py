@@ -19,13 +19,14 @@ import requests
 import yaml
 from prometheus_client import generate_latest
 
-from conftest import free_port, require_tool, run_cli, wait_until
 from tpuwatch import config as config_module
 from tpuwatch.alerting import Alerting
 from tpuwatch.alerting.db import DB_NAME, Notification, OutboxFull
 from tpuwatch.exporter import build_registry
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
+
+from conftest import free_port, require_tool, run_cli, wait_until
 
 AGENT = Path(__file__).parent / "testdata" / "alerting" / "agent.py"
 FAST = {"group_wait": "0s", "group_interval": "1s", "rule_files": [], "retry_initial": "20ms",

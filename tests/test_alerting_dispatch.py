@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from test_alerting_receivers import firing_alert, notifiers_for
+
 from tpuwatch.alerting.delivery import Breaker, backoff
 from tpuwatch.alerting.dispatch import Dispatcher
 from tpuwatch.alerting.state import Alert

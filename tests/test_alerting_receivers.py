@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 from tpuwatch import config as config_module
 from tpuwatch.alerting.notifiers import SIGNATURE_HEADER, Sent, bodies_for, build_notifiers
 from tpuwatch.alerting.state import Alert, fingerprint
+
 
 def firing_alert(device: str = "0", name: str = "AcceleratorEccUncorrectable") -> Alert:
     labels = {"alertname": name, "severity": "critical", "device": device, "host": "h1"}

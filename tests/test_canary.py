@@ -10,13 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import require_tool
 
 from tpuwatch.canary import holds, model, spec, worker
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.canary.runner import judge
 from tpuwatch.catalog import CATALOG
 from tpuwatch.config import Config
+
+from conftest import require_tool
 
 DATA = Path(__file__).parent / "testdata" / "canary"
 ALERTS = Path(__file__).parent.parent / "alerts"

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from conftest import wait_until
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax not installed")

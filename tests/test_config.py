@@ -7,10 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import run_cli
 from tpuwatch import config as config_module
 from tpuwatch.config import Config
 from tpuwatch.schema import ConfigError, format_duration, parse_duration, parse_listen_address
+
+from conftest import run_cli
 
 EXAMPLE = Path(__file__).parent.parent / "packaging" / "config.example.yaml"
 

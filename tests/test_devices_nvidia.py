@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from conftest import run_cli
-
 from tpuwatch.config import Config, DevicesConfig, NvidiaConfig, Paths
 from tpuwatch.devices import DeviceCollector, select_backend
 from tpuwatch.devices.nvidia import NvidiaBackend, pci_bus_id, throttle_reasons
 from tpuwatch.health import device_problems
+
+from conftest import run_cli
 
 STANDIN = Path(__file__).parent / "testdata" / "devices" / "nvml"
 GPUS = STANDIN / "h100x4.json"

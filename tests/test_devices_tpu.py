@@ -17,8 +17,6 @@ from typing import Any
 
 import grpc
 import pytest
-
-from conftest import free_port, run_cli, wait_until
 from google.protobuf import json_format, text_format
 from tpu_info.proto import tpu_metric_service_pb2 as pb2
 from tpu_info.proto import tpu_metric_service_pb2_grpc as pb2_grpc
@@ -29,6 +27,8 @@ from tpuwatch.devices.libtpu import RUNTIME_METRICS, MalformedMetric, parse_metr
 from tpuwatch.devices.pci import discover_tpus, read_hwmon
 from tpuwatch.devices.tpu import TpuBackend
 from tpuwatch.health import device_problems
+
+from conftest import free_port, run_cli, wait_until
 
 RUNTIME = Path(__file__).parent / "testdata" / "devices" / "runtime"
 GIB = 1 << 30

@@ -8,10 +8,11 @@ from collections.abc import Callable
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import SIM_FAST, DaemonProcess, require_tool, wait_until
 from tpuwatch.catalog import CATALOG
 from tpuwatch.exporter import families
 from tpuwatch.samples import sample
+
+from conftest import SIM_FAST, DaemonProcess, require_tool, wait_until
 
 FORBIDDEN_LABELS = {"type", "instance", "job"}
 
@@ -55,7 +56,8 @@ def test_metrics_endpoint_matches_the_catalogue_and_passes_promtool(
                "tpuwatch_device_memory_total_bytes", "tpuwatch_device_utilization_ratio",
                "tpuwatch_device_temperature_celsius", "tpuwatch_device_power_watts",
                "tpuwatch_device_ecc_errors_total", "tpuwatch_collector_success", "tpuwatch_collector_duration_seconds",
-               "tpuwatch_collector_samples", "tpuwatch_scheduler_events_total", "tpuwatch_last_sample_timestamp_seconds",
+               "tpuwatch_collector_samples", "tpuwatch_scheduler_events_total",
+               "tpuwatch_last_sample_timestamp_seconds",
                "tpuwatch_build_info"}
     assert always <= emitted, always - emitted
     # A lost chip is down and its readings are absent, not zero or stale.

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import wait_until
 from tpuwatch.collectors.host import HostCollector, match_device_file, parse_statm_rss, scan_holders
+
+from conftest import wait_until
 
 PATTERNS = ["accel[0-9]*", "vfio/[0-9]*", "nvidia[0-9]*"]
 

@@ -9,7 +9,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import require_tool
 
 from tpuwatch.config import parse
 from tpuwatch.kernel_log.collector import open_source
@@ -21,6 +20,8 @@ from tpuwatch.kernel_log.sources import (
     read_boot_id,
 )
 from tpuwatch.schema import ConfigError
+
+from conftest import require_tool
 
 KMSG = "/dev/kmsg"
 JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from test_packaging_systemd import require_root, setpriv_args, unit_settings
 
 from conftest import free_port, require_tool, wait_until
-from test_packaging_systemd import require_root, setpriv_args, unit_settings
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "packaging" / "debian" / "build.sh"

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import require_tool
 from tpuwatch import config as config_module
+
+from conftest import require_tool
 
 REPO = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("tpuwatch_kubernetes_render", REPO / "packaging/kubernetes/render.py")

@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import free_port, require_tool, wait_until
 from tpuwatch.analysis import analyze
 from tpuwatch.analysis.inputs import InputError, parse_csv, parse_prometheus
 from tpuwatch.config import Config
+
+from conftest import free_port, require_tool, wait_until
 
 DATA = Path(__file__).parent / "testdata" / "trend"
 GIB = 1 << 30

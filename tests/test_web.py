@@ -12,10 +12,11 @@ import pytest
 import requests
 import yaml
 
-from certs import TlsFiles, make_tls_files
-from conftest import SIM_FAST, DaemonProcess, wait_until
 from tpuwatch.schema import ConfigError
 from tpuwatch.webconfig import load_web_config
+
+from certs import TlsFiles, make_tls_files
+from conftest import SIM_FAST, DaemonProcess, wait_until
 
 PASSWORD = "correct horse"
 

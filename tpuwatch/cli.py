@@ -10,7 +10,8 @@ import os
 import sys
 from typing import Any, NoReturn
 
-from tpuwatch import __version__, config as config_module, logsetup
+from tpuwatch import __version__, logsetup
+from tpuwatch import config as config_module
 from tpuwatch.config import SCENARIOS, Config
 from tpuwatch.schema import ConfigError
 

@@ -17,9 +17,10 @@ from typing import Any
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from tpuwatch import __version__, config as config_module, logsetup, sdnotify
-from tpuwatch.alerting.service import Alerting, AlertingCollector
-from tpuwatch.analysis.trend import TrendAnalyzer, TrendCollector
+from tpuwatch import __version__, logsetup, sdnotify
+from tpuwatch import config as config_module
+from tpuwatch.alerting.service import Alerting
+from tpuwatch.analysis.trend import TrendAnalyzer
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.collectors import build_collectors
 from tpuwatch.config import Config
@@ -27,8 +28,8 @@ from tpuwatch.devices import DeviceCollector
 from tpuwatch.exporter import build_registry
 from tpuwatch.health import collector_problems, device_problems
 from tpuwatch.kernel_log.collector import KernelLogCollector, event_problems
+from tpuwatch.sampler import Sampler, Stage
 from tpuwatch.samples import Sample, sample
-from tpuwatch.sampler import Sampler
 from tpuwatch.schema import ConfigError
 from tpuwatch.store import SeriesStore
 from tpuwatch.web import Endpoint, JsonRoute
@@ -40,10 +41,15 @@ _SCHEDULER_EVENTS = {EVENT_JOB_ERROR: "error", EVENT_JOB_MISSED: "missed", EVENT
 
 
 def _build_sampler(config: Config, store: SeriesStore, canary: CanaryCollector | None, trend: TrendAnalyzer,
-                   alerts: AlertingCollector) -> Sampler:
+                   alerts: Stage) -> Sampler:
     collectors, _ = build_collectors(config)
-    derived = [TrendCollector(trend, store.current), alerts]
+    derived = [Stage("trend", lambda samples: trend.observe(samples, time.time()), store.current), alerts]
     return Sampler([*collectors, *([canary] if canary else [])], store, config.collector_deadline, derived)
+
+
+def _evaluate(alerting: Alerting, samples: list[Sample]) -> list[Sample]:
+    alerting.evaluate(samples)
+    return alerting.samples()
 
 
 def _sampling_section(config: Config) -> tuple[Any, ...]:
@@ -83,7 +89,9 @@ class Daemon:
         self.canary = _canary(config)
         self.trend = TrendAnalyzer(config.trend)
         self.alerting = Alerting(config, config.state_dir)
-        self._alert_stage = AlertingCollector(self.alerting, lambda: [*self.store.current(), *self.self_samples()])
+        # The alert rules also see tpuwatch's own metrics (collector_success, for one).
+        self._alert_stage = Stage("alerting", lambda samples: _evaluate(self.alerting, samples),
+                                  lambda: [*self.store.current(), *self.self_samples()])
         self.sampler = _build_sampler(config, self.store, self.canary, self.trend, self._alert_stage)
         self.scheduler_events: Counter[str] = Counter()
         self.reload_ok = True

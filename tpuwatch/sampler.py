@@ -8,10 +8,25 @@ of the earlier ones are in the store, so it sees this cycle's data.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tpuwatch.collectors import Collector, GuardedCollector
+from tpuwatch.samples import Sample
 from tpuwatch.store import SeriesStore
+
+
+class Stage:
+    """A derived collector: ``step`` applied to what the earlier stage just stored (analysis, alert rules)."""
+
+    def __init__(self, name: str, step: Callable[[list[Sample]], list[Sample]],
+                 current: Callable[[], list[Sample]]) -> None:
+        self.name = name
+        self._step = step
+        self._current = current
+
+    def collect(self) -> list[Sample]:
+        """Run the step over the current samples; its own samples."""
+        return self._step(self._current())
 
 
 class Sampler:

@@ -6,7 +6,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from tpuwatch.alerting.db import OutboxFull, open_db
@@ -194,18 +194,3 @@ class Alerting:
             out.append(sample("tpuwatch_notifier_circuit_open",
                               1 if breaker.blocked_until(now) is not None else 0, receiver=name))
         return out
-
-
-class AlertingCollector:
-    """Alert evaluation as a derived collector: each cycle, the rules see what the earlier stage stored."""
-
-    name = "alerting"
-
-    def __init__(self, alerting: Alerting, current: Callable[[], list[Sample]]) -> None:
-        self.alerting = alerting
-        self._current = current
-
-    def collect(self) -> list[Sample]:
-        """Evaluate every rule on this cycle's samples; the alerting metrics."""
-        self.alerting.evaluate(self._current())
-        return self.alerting.samples()

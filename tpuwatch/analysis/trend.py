@@ -18,8 +18,6 @@ most ``max_series`` are kept, so memory is bounded.
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,17 +155,3 @@ class TrendAnalyzer:
                 out.append(Finding("drift", "warning", dict(labels), f"{state.direction}ward drift ({where})",
                                    dataclasses.asdict(state)))
         return out
-
-
-class TrendCollector:
-    """The analyzer as a derived collector: each cycle it observes what the earlier stage stored."""
-
-    name = "trend"
-
-    def __init__(self, analyzer: TrendAnalyzer, current: Callable[[], list[Sample]]) -> None:
-        self.analyzer = analyzer
-        self._current = current
-
-    def collect(self) -> list[Sample]:
-        """Feed this cycle's readings to the detectors; their findings as samples."""
-        return self.analyzer.observe(self._current(), time.time())

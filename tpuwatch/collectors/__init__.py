@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import logging
+from collections.abc import Callable
 
 import psutil
 
@@ -12,7 +11,8 @@ from tpuwatch.collectors.guard import Collector, CollectorStatus, GuardedCollect
 from tpuwatch.collectors.host import HostCollector
 from tpuwatch.config import Config
 from tpuwatch.devices import DeviceCollector, select_backend
-from tpuwatch.kernel_log.collector import build_collector as build_kernel_log, device_lookup
+from tpuwatch.kernel_log.collector import build_collector as build_kernel_log
+from tpuwatch.kernel_log.collector import device_lookup
 
 log = logging.getLogger(__name__)
 

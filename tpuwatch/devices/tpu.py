@@ -58,9 +58,9 @@ class TpuBackend:
             fields, source = per_chip.get(index, ({}, _runtime_status(runtime)))
             reading = _with_runtime(reading, fields, source, bool(fields))
             if reading.memory_total_bytes is None and chip.hbm_bytes is not None:
+                published = f"published capacity of {chip.generation.name}"
                 reading = dataclasses.replace(reading, memory_total_bytes=float(chip.hbm_bytes),
-                                              sources={**reading.sources, "memory_total_bytes": f"published capacity of "
-                                                       f"{chip.generation.name}"})
+                                              sources={**reading.sources, "memory_total_bytes": published})
             readings.append(reading)
         return readings
 

@@ -8,7 +8,8 @@ import json
 import sys
 import time
 
-from tpuwatch import config as config_module, logsetup
+from tpuwatch import config as config_module
+from tpuwatch import logsetup
 from tpuwatch.alerting import Alerting
 from tpuwatch.samples import sample
 
