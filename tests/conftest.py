@@ -42,6 +42,17 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = 
         time.sleep(0.05)
 
 
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 10 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def require_tool(name: str) -> str:
     """Path of an external tool; skip without it, except in CI (TPUWATCH_REQUIRE_TOOLS=1) where it fails."""
     path = shutil.which(name)
@@ -94,13 +105,7 @@ class DaemonProcess:
         self.proc.send_signal(signum)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self._log.close()
         return self.proc.returncode
 

@@ -19,7 +19,7 @@ import requests
 import yaml
 from test_fleet import dashboard_queries
 
-from conftest import SIM_FAST, DaemonProcess, free_port, require_tool, wait_until
+from conftest import SIM_FAST, DaemonProcess, free_port, require_tool, stop_process, wait_until
 from http_receiver import Receiver
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,13 +46,7 @@ class Service:
         wait_until(ready, timeout=20, what=f"{self.name} to be ready")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         self._log.close()
 
 
