@@ -290,3 +290,23 @@ def test_a_simulated_fault_pages_through_the_webhook(start_daemon: Callable[...,
         assert metric(daemon, 'tpuwatch_alerts{alertname="AcceleratorEccUncorrectable",severity="critical"}') >= 1
     finally:
         hook.close()
+
+
+def test_reloads_do_not_leak_file_descriptors(start_daemon: Callable[..., DaemonProcess]) -> None:
+    if not os.access("/dev/kmsg", os.R_OK):
+        pytest.skip("needs read access to /dev/kmsg")
+    config = {**SIM_FAST, "kernel_log": {"source": "kmsg"}}
+    daemon = start_daemon(config)
+    daemon.wait_ready()
+
+    def kmsg_fds() -> int:
+        fd_dir = Path(f"/proc/{daemon.proc.pid}/fd")
+        return sum(1 for fd in fd_dir.iterdir() if os.path.realpath(fd) == "/dev/kmsg")
+
+    assert kmsg_fds() == 1
+    for count in (2, 3, 4):  # each reload changes the sampling section, so the collectors are rebuilt
+        daemon.write_config({**config, "listen": f"127.0.0.1:{daemon.port}",
+                             "devices": {"backend": "sim", "sim": {"count": count}}})
+        daemon.signal(signal.SIGHUP)
+        wait_until(lambda: len(up_devices(daemon)) == count, what=f"the reload to {count} chips")
+    assert kmsg_fds() == 1

@@ -173,9 +173,11 @@ class Daemon:
         if new.state_dir != self.config.state_dir:
             log.warning("state_dir %s takes effect at the next start; alert state stays in %s",
                         new.state_dir, self.config.state_dir)
-        if sampler is not self.sampler and store is self.store:
-            for guard in self.sampler.guards:
-                store.forget(guard.name)
+        if sampler is not self.sampler:
+            self.sampler.close()
+            if store is self.store:
+                for guard in self.sampler.guards:
+                    store.forget(guard.name)
         self.canary, self.trend, self.store, self.sampler = canary, trend, store, sampler
         self.config = new
         self._schedule()

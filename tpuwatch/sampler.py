@@ -54,6 +54,13 @@ class Sampler:
         self.cycles += 1
         self.last_cycle_end = time.time()
 
+    def close(self) -> None:
+        """Release the collectors' resources (file descriptors, channels) once this sampler is replaced."""
+        for guard in self.guards:
+            close = getattr(guard.collector, "close", None)
+            if close is not None:
+                close()
+
     def guard(self, name: str) -> GuardedCollector | None:
         """The guard of the named collector, if enabled."""
         return next((g for g in self.guards if g.name == name), None)

@@ -22,7 +22,11 @@ log = logging.getLogger(__name__)
 
 
 class Collector(Protocol):
-    """A source of readings.  ``collect()`` returns [] for "no data" and raises on failure."""
+    """A source of readings.  ``collect()`` returns [] for "no data" and raises on failure.
+
+    A collector that holds resources (a file descriptor, a channel) may also
+    define ``close()``; it is called when the collector is replaced on reload.
+    """
 
     name: str
 

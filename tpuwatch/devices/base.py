@@ -150,6 +150,12 @@ class DeviceCollector:
         self.last_readings: list[DeviceReading] = []
         self._known: dict[str, DeviceReading] = {}
 
+    def close(self) -> None:
+        """Release what the backend holds (channels), if anything."""
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
+
     def collect(self) -> list[Sample]:
         """Read every chip; remember identities so a vanished chip stays visible as down."""
         readings = {r.device: r for r in self.backend.read()}

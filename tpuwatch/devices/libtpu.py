@@ -127,6 +127,7 @@ class RuntimeClient:
         self.addresses = addresses
         self.timeout = timeout
         self._stubs: dict[str, Any] = {}
+        self._channels: list[Any] = []
         self._logged: set[tuple[str, str, str]] = set()
         try:
             import grpc
@@ -150,8 +151,16 @@ class RuntimeClient:
         if address not in self._stubs:
             channel = self._grpc.secure_channel(address, self._grpc.local_channel_credentials(),
                                                 options=_CHANNEL_OPTIONS)
+            self._channels.append(channel)
             self._stubs[address] = self._pb2_grpc.RuntimeMetricServiceStub(channel)
         return self._stubs[address]
+
+    def close(self) -> None:
+        """Close the kept channels."""
+        for channel in self._channels:
+            channel.close()
+        self._channels.clear()
+        self._stubs.clear()
 
     def _answer(self, address: str, pending: dict[tuple[str, str], Any]) -> AddressAnswer:
         answer = AddressAnswer(address, "ok")

@@ -43,6 +43,10 @@ class TpuBackend:
         self._owners: dict[str, list[str]] = {}
         self._owners_at: float | None = None
 
+    def close(self) -> None:
+        """Release the runtime client's channels."""
+        self.runtime.close()
+
     def read(self) -> list[DeviceReading]:
         """One reading per chip present under sysfs."""
         chips = discover_tpus(self.paths.sysfs)

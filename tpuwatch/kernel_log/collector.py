@@ -96,6 +96,10 @@ class KernelLogCollector:
                     self.dropped_events += 1
                 self._pending.append(event)
 
+    def close(self) -> None:
+        """Close the source (/dev/kmsg, the journal, the followed file)."""
+        self.source.close()
+
     def recent_events(self) -> list[KernelEvent]:
         """The latest events (at most MAX_RECENT_EVENTS), oldest first: for /healthz and ``tpuwatch check``."""
         with self._lock:

@@ -49,6 +49,8 @@ class Source(Protocol):
 
     def commit(self) -> None: ...
 
+    def close(self) -> None: ...
+
 
 def save_state(path: Path | None, state: dict[str, Any]) -> None:
     """Write ``state`` as JSON to ``path`` atomically (temp file, fsync, rename); nothing for None."""
