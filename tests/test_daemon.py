@@ -310,3 +310,19 @@ def test_reloads_do_not_leak_file_descriptors(start_daemon: Callable[..., Daemon
         daemon.signal(signal.SIGHUP)
         wait_until(lambda: len(up_devices(daemon)) == count, what=f"the reload to {count} chips")
     assert kmsg_fds() == 1
+
+
+def test_stopping_kills_a_running_canary_worker(start_daemon: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    pid_file = tmp_path / "worker.pid"
+    interpreter = tmp_path / "python-that-hangs"
+    interpreter.write_text(f"#!/bin/sh\necho $$ > {pid_file}\nexec sleep 300\n")
+    interpreter.chmod(0o755)
+    daemon = start_daemon({**SIM_FAST, "canary": {"enabled": True, "python": str(interpreter), "jitter": "0s",
+                                                  "timeout": "10m"}})
+    daemon.wait_ready()
+    worker = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the canary worker"))
+    assert Path(f"/proc/{worker}").exists()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.proc.wait(timeout=5) == 0
+    wait_until(lambda: not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text()
+               .split()[2], timeout=5, what="the worker to be killed with the daemon")

@@ -22,6 +22,7 @@ from tpuwatch import config as config_module
 from tpuwatch.alerting.service import Alerting
 from tpuwatch.analysis.trend import TrendAnalyzer
 from tpuwatch.canary.collector import CanaryCollector
+from tpuwatch.canary.runner import kill_running_workers
 from tpuwatch.collectors import build_collectors
 from tpuwatch.config import Config
 from tpuwatch.devices import DeviceCollector
@@ -131,6 +132,7 @@ class Daemon:
         """Stop sampling and serving; does not wait for hung collectors."""
         sdnotify.notify("STOPPING=1")
         self._scheduler.shutdown(wait=False)
+        kill_running_workers()
         self.alerting.stop()
         self.endpoint.close()
         log.info("tpuwatch stopped")

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping
@@ -188,6 +189,18 @@ def _ending(returncode: int, stderr: str, timed_out: float | None) -> str | None
     return None
 
 
+_running: set[int] = set()  # process groups of the workers running now
+_running_lock = threading.Lock()
+
+
+def kill_running_workers() -> None:
+    """Kill every worker process group still running (the daemon is stopping)."""
+    with _running_lock:
+        groups = list(_running)
+    for pgid in groups:
+        _kill_group(pgid)
+
+
 def _kill_group(pgid: int) -> None:
     try:
         os.killpg(pgid, signal.SIGKILL)
@@ -208,6 +221,8 @@ def run_worker(config: Config, inject: str | None = None, inject_device: int = 0
                                 env=_worker_env(env), start_new_session=True)
     except OSError as exc:
         return [], f"cannot start canary.python {config.canary.python or sys.executable}: {exc.strerror or exc}"
+    with _running_lock:
+        _running.add(proc.pid)
     timed_out = None
     try:
         stdout, stderr = proc.communicate(timeout=limit)
@@ -215,6 +230,9 @@ def run_worker(config: Config, inject: str | None = None, inject_device: int = 0
         _kill_group(proc.pid)
         stdout, stderr = proc.communicate()
         timed_out = limit
+    finally:
+        with _running_lock:
+            _running.discard(proc.pid)
     _kill_group(proc.pid)
     return _parse(stdout), _ending(proc.returncode, stderr, timed_out)
 
