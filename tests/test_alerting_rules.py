@@ -251,3 +251,11 @@ def test_default_rules_use_catalogued_metrics_and_labels() -> None:
     for r in parse_rules(default_rules_text(), "built-in"):
         assert r.metric in CATALOG, r.metric
         assert set(r.match) <= set(CATALOG[r.metric].labels), r.alert
+
+
+def test_every_built_in_rule_links_a_runbook_that_exists() -> None:
+    docs = (Path(__file__).parent.parent / "docs" / "alerting.md").read_text()
+    anchors = {line[4:].strip().lower() for line in docs.splitlines() if line.startswith("### ")}
+    for rule in load_rules(True, []):
+        assert rule.runbook_url, rule.alert
+        assert rule.runbook_url.split("#", 1)[1] in anchors, rule.runbook_url

@@ -283,6 +283,7 @@ def test_a_simulated_fault_pages_through_the_webhook(start_daemon: Callable[...,
         alert = wait_until(ecc_alert, timeout=30, what="the ECC alert at the webhook")
         assert alert["status"] == "firing" and alert["labels"]["device"] == "2"
         assert alert["labels"]["severity"] == "critical" and alert["annotations"]["summary"]
+        assert alert["annotations"]["runbook_url"].endswith("docs/alerting.md#acceleratoreccuncorrectable")
         listed = run_cli("alerts", "--json", "--config", str(daemon.config_path))
         assert listed.returncode == 0, listed.stderr
         assert any(a["labels"]["alertname"] == "AcceleratorEccUncorrectable"
