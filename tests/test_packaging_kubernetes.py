@@ -24,6 +24,7 @@ assert _spec and _spec.loader
 render = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(render)
 
+CHART = REPO / "packaging/kubernetes/chart/tpuwatch"
 KUBERNETES_VERSION = "1.30.0"
 # BENCHMARKS.md: tpuwatch's resident memory is about 33 MiB with 8 simulated chips.
 MEASURED_RSS_BYTES = 33 * 2**20
@@ -142,12 +143,25 @@ def test_service_and_servicemonitor_reach_the_pods() -> None:
     assert service["spec"]["ports"][0]["targetPort"] == _container(docs)["ports"][0]["name"]
 
 
-@pytest.mark.parametrize("rules_file", [None, *sorted((REPO / "alerts").glob("*.rules.yml"))],
-                         ids=lambda p: p.name if p else "placeholder")
+SHIPPED_RULES = sorted((REPO / "alerts").glob("*.rules.yml"))
+
+
+def test_the_charts_rules_are_the_repositorys() -> None:
+    chart_rules = sorted((CHART / "rules").glob("*.rules.yml"))
+    assert [p.name for p in chart_rules] == [p.name for p in SHIPPED_RULES]
+    for ours, shipped in zip(chart_rules, SHIPPED_RULES):
+        assert ours.read_text() == shipped.read_text(), f"copy {shipped} to {ours}"
+
+
+@pytest.mark.parametrize("rules_file", [None, *SHIPPED_RULES], ids=lambda p: p.name if p else "default")
 def test_prometheusrule_carries_rules_promtool_accepts(rules_file: Path | None, tmp_path: Path) -> None:
     promtool = require_tool("promtool")
-    groups = yaml.safe_load(rules_file.read_text())["groups"] if rules_file else []
-    rule = _documents(None, {"prometheusRule": {"enabled": True, "groups": groups}})["PrometheusRule"]
+    if rules_file is None:  # the default: every shipped file's groups
+        groups = [g for path in SHIPPED_RULES for g in yaml.safe_load(path.read_text())["groups"]]
+        rule = _documents(None)["PrometheusRule"]
+    else:
+        groups = yaml.safe_load(rules_file.read_text())["groups"]
+        rule = _documents(None, {"prometheusRule": {"enabled": True, "groups": groups}})["PrometheusRule"]
     assert rule["spec"]["groups"] == groups
     (tmp_path / "rules.yml").write_text(yaml.safe_dump(rule["spec"]))
     result = subprocess.run([promtool, "check", "rules", str(tmp_path / "rules.yml")], capture_output=True,
