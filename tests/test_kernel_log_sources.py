@@ -178,6 +178,13 @@ def _append(path: Path, text: str | bytes) -> None:
         handle.write(text.encode() if isinstance(text, str) else text)
 
 
+def _followed_empty_file(tmp_path: Path) -> tuple[Path, Path, FileSource]:
+    """An empty kern.log, its state file, and a FileSource following it."""
+    log, state = tmp_path / "kern.log", tmp_path / "file.json"
+    log.write_text("")
+    return log, state, FileSource(str(log), state)
+
+
 def test_file_starts_at_the_end_then_follows_complete_lines(tmp_path: Path) -> None:
     log, state = tmp_path / "kern.log", tmp_path / "file.json"
     _append(log, "old line before tpuwatch started\n")
@@ -190,9 +197,7 @@ def test_file_starts_at_the_end_then_follows_complete_lines(tmp_path: Path) -> N
 
 
 def test_file_restart_without_duplicates_or_gaps(tmp_path: Path) -> None:
-    log, state = tmp_path / "kern.log", tmp_path / "file.json"
-    log.write_text("")
-    source = FileSource(str(log), state)
+    log, state, source = _followed_empty_file(tmp_path)
     _append(log, "".join(f"line {i}\n" for i in range(10)))
     assert _messages(source.read(4)) == [f"line {i}" for i in range(4)]
     source.commit()
@@ -203,9 +208,7 @@ def test_file_restart_without_duplicates_or_gaps(tmp_path: Path) -> None:
 
 
 def test_file_rotation_by_rename_reads_the_old_file_to_its_end(tmp_path: Path) -> None:
-    log, state = tmp_path / "kern.log", tmp_path / "file.json"
-    log.write_text("")
-    source = FileSource(str(log), state)
+    log, state, source = _followed_empty_file(tmp_path)
     _append(log, "a\n")
     assert _messages(source.read(100)) == ["a"]
     _append(log, "b\nc-without-newline")  # written just before the rotation
@@ -218,9 +221,7 @@ def test_file_rotation_by_rename_reads_the_old_file_to_its_end(tmp_path: Path) -
 
 
 def test_file_rotated_while_down_resumes_in_the_rotated_file(tmp_path: Path) -> None:
-    log, state = tmp_path / "kern.log", tmp_path / "file.json"
-    log.write_text("")
-    source = FileSource(str(log), state)
+    log, state, source = _followed_empty_file(tmp_path)
     _append(log, "a\n")
     assert _messages(source.read(100)) == ["a"]
     source.commit()
@@ -233,9 +234,7 @@ def test_file_rotated_while_down_resumes_in_the_rotated_file(tmp_path: Path) -> 
 
 
 def test_file_truncated_in_place_is_read_from_the_start(tmp_path: Path) -> None:
-    log, state = tmp_path / "kern.log", tmp_path / "file.json"
-    log.write_text("")
-    source = FileSource(str(log), state)
+    log, state, source = _followed_empty_file(tmp_path)
     _append(log, "a long first line\n")
     assert _messages(source.read(100)) == ["a long first line"]
     log.write_text("x\n")  # copytruncate, then a short write
@@ -243,9 +242,7 @@ def test_file_truncated_in_place_is_read_from_the_start(tmp_path: Path) -> None:
 
 
 def test_file_skips_binary_and_overlong_lines_and_keeps_kmsg_devices(tmp_path: Path) -> None:
-    log, state = tmp_path / "kern.log", tmp_path / "file.json"
-    log.write_text("")
-    source = FileSource(str(log), state)
+    log, state, source = _followed_empty_file(tmp_path)
     _append(log, b"\xff\xfe\n" + b"x" * (3 << 20) + b"\n" + b"4,9,1,-;AER: Corrected error received: id=0018\n"
             b" SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\nlast\n")
     records = []
