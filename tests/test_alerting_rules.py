@@ -60,7 +60,9 @@ def test_templates_fill_labels_and_value() -> None:
     labels = {"device": "2", "rule": "nvidia_xid"}
     assert render("{{ $labels.rule }} on {{$labels.device}}: {{ $value }}", labels, 3.0) == "nvidia_xid on 2: 3"
     assert render("{{ $value | percent }} {{ $value|number }} {{ $labels.nope }}!", labels, 0.9712) == "97.1% 0.9712 !"
-    assert render("in {{ $value | duration }}", labels, 5400.2) == "in 90m"
+    assert render("in {{ $value | duration }}", labels, 5400.2) == "in 1h 30m 0s"
+    assert render("{{ $value | duration }}", labels, 2605) == "43m 25s"
+    assert render("{{ $value | duration }}", labels, 0.25) == "0.25s"
     assert render("{{ $value | bytes }}", labels, 3 * 2**30) == "3.00 GiB"
 
 

@@ -23,17 +23,30 @@ import yaml
 
 from tpuwatch.alerting.tracker import Tracker
 from tpuwatch.samples import Labels, Sample
-from tpuwatch.schema import ConfigError, Duration, Regex, build, format_duration
+from tpuwatch.schema import ConfigError, Duration, Regex, build
 
 _OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
 }
 _AGGREGATES: dict[str, Callable[[list[float]], float]] = {"sum": math.fsum, "max": max, "min": min, "count": len}
 _TEMPLATE_RE = re.compile(r"\{\{\s*\$(?:labels\.(\w+)|(value))\s*(?:\|\s*(\w+)\s*)?\}\}")
+def human_duration(seconds: float) -> str:
+    """Like Prometheus's humanizeDuration: ``1d 2h 0m 5s`` from the largest unit down; under 1 s as is."""
+    if seconds < 1:
+        return f"{max(seconds, 0.0):.3g}s"
+    rest = round(seconds)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        count, rest = divmod(rest, size)
+        if count or parts:
+            parts.append(f"{count}{unit}")
+    return " ".join([*parts, f"{rest}s"])
+
+
 _FILTERS: dict[str, Callable[[float], str]] = {
     "number": lambda v: f"{v:.4g}",
     "percent": lambda v: f"{v * 100:.1f}%",
-    "duration": lambda v: format_duration(round(max(v, 0.0))) if v >= 1 else f"{v:.3g}s",
+    "duration": lambda v: human_duration(v),
     "bytes": lambda v: f"{v / 2**30:.2f} GiB",
 }
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
