@@ -3,7 +3,11 @@ alerts/ loaded, Debian's Alertmanager forwarding to a recording webhook, and tpu
 
 One stack for the module (starting it costs seconds): tpuwatch "a" with `--simulate ecc-errors`, a followed
 kernel log file and three receivers (a webhook, the Alertmanager, a webhook that rejects everything);
-tpuwatch "b" with `--simulate sdc` and the canary on, so chip 1 computes wrong numbers.
+tpuwatch "b" with `--simulate sdc` and the canary on, so chip 1 computes wrong numbers; tpuwatch "c" with
+`--simulate hbm-leak` on chip 2, notifying the webhook.
+
+Prometheus loads alerts/ time-compressed: every `for` longer than 0 becomes 1s, so that a leak alert held
+for 15m arrives within seconds.  promtool's unit tests (test_fleet.py) check the real `for` durations.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class Fleet:
     rejecting_hook: Receiver
     a: DaemonProcess
     b: DaemonProcess
+    c: DaemonProcess
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """Prometheus's instant-query result for ``expr`` (fails on an error answer)."""
@@ -113,13 +118,18 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             **SIM_FAST, "canary": {"enabled": True, "every": "1h", "jitter": "0s", "timeout": "60s"},
             "devices": {"sim": {"count": 4, "fault_device": 1}}}, args=["--simulate", "sdc"])
         started.append(b)
+        c = DaemonProcess(_workdir(tmp, "c"), {
+            **SIM_FAST, "alerting": alerting, "devices": {"sim": {"count": 4, "fault_device": 2}},
+            "notify": [{"name": "oncall", "type": "webhook", "url": direct_hook.url()}]},
+            args=["--simulate", "hbm-leak"])
+        started.append(c)
 
         (tmp / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(REPO / "alerts" / "*.rules.yml")],
+            "rule_files": _time_compressed_rules(tmp / "rules"),
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
             "scrape_configs": [{"job_name": "tpuwatch",
-                                "static_configs": [{"targets": [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"]}]}]}))
+                                "static_configs": [{"targets": [f"127.0.0.1:{d.port}" for d in (a, b, c)]}]}]}))
         prometheus = f"http://127.0.0.1:{prometheus_port}"
         started.append(Service([prometheus_bin, f"--config.file={tmp / 'prometheus.yml'}",
                                 f"--storage.tsdb.path={tmp / 'prometheus'}",
@@ -132,12 +142,27 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                    what="the kernel log collector to open the file")
         with open(kernel_log, "a") as log:
             log.write(XID_LINE)
-        yield Fleet(prometheus, am_hook, direct_hook, rejecting_hook, a, b)
+        yield Fleet(prometheus, am_hook, direct_hook, rejecting_hook, a, b, c)
     finally:
         for part in reversed(started):
             part.stop()
         for hook in hooks:
             hook.close()
+
+
+def _time_compressed_rules(directory: Path) -> list[str]:
+    """Copies of alerts/*.rules.yml with every non-zero `for` shortened to 1s; their paths."""
+    directory.mkdir()
+    paths = []
+    for source in sorted((REPO / "alerts").glob("*.rules.yml")):
+        rules = yaml.safe_load(source.read_text())
+        for group in rules["groups"]:
+            for rule in group["rules"]:
+                if rule.get("for", "0m") not in ("0m", "0s"):
+                    rule["for"] = "1s"
+        (directory / source.name).write_text(yaml.safe_dump(rules))
+        paths.append(str(directory / source.name))
+    return paths
 
 
 def _workdir(tmp: Path, name: str) -> Path:
@@ -147,9 +172,9 @@ def _workdir(tmp: Path, name: str) -> Path:
 
 
 def test_prometheus_scrapes_every_daemon_and_loads_the_rules(fleet: Fleet) -> None:
-    targets = {f"127.0.0.1:{fleet.a.port}", f"127.0.0.1:{fleet.b.port}"}
+    targets = {f"127.0.0.1:{d.port}" for d in (fleet.a, fleet.b, fleet.c)}
     wait_until(lambda: {r["metric"]["instance"] for r in fleet.query('up{job="tpuwatch"} == 1')} == targets,
-               timeout=15, what="both targets scraped")
+               timeout=15, what="every target scraped")
     groups = requests.get(f"{fleet.prometheus}/api/v1/rules", timeout=5).json()["data"]["groups"]
     assert {g["name"] for g in groups} == {"tpuwatch-fleet", "tpuwatch-canary"}
     assert all(r["health"] == "ok" for g in groups for r in g["rules"]), groups
@@ -181,6 +206,26 @@ def test_canary_faults_page_through_prometheus_and_alertmanager(fleet: Fleet) ->
     outlier = wait_until(lambda: firing(fleet.am_hook, "TpuwatchCanaryFleetOutlier", instance=instance_b),
                          timeout=15, what="the fingerprint outlier alert")
     assert outlier["labels"]["device"] == "1" and outlier["labels"]["fingerprint"]
+
+
+def test_memory_leak_pages_through_prometheus_and_straight_from_tpuwatch(fleet: Fleet) -> None:
+    instance_c = f"127.0.0.1:{fleet.c.port}"
+    for alertname in ("TpuwatchMemoryExhaustionSoon", "TpuwatchMemoryLeak"):
+        alert = wait_until(lambda: firing(fleet.am_hook, alertname, instance=instance_c),
+                           timeout=30, what=f"{alertname} through Prometheus and Alertmanager")
+        assert {"device": "2", "memory": "hbm"}.items() <= alert["labels"].items()
+        assert alert["annotations"]["summary"].startswith(f"hbm memory 2 on {instance_c} ")
+    for alertname, severity in (("AcceleratorMemoryLeak", "warning"), ("AcceleratorMemoryExhaustionSoon", "critical")):
+        direct = wait_until(lambda: firing(fleet.direct_hook, alertname, device="2"),
+                            timeout=30, what=f"tpuwatch's own {alertname} at its webhook")
+        assert direct["labels"]["severity"] == severity and direct["labels"]["memory"] == "hbm"
+    # The chips without the leak, whose allocator sawtooth is the same, stay quiet.
+    leaking = {a["labels"]["device"] for a in alerts_at(fleet.direct_hook) + alerts_at(fleet.am_hook)
+               if "Memory" in a["labels"]["alertname"] and a["labels"]["alertname"] != "AcceleratorMemoryFull"}
+    assert leaking == {"2"}
+    chips = {r["metric"]["device"]: r["value"][1] for r in
+             fleet.query(f'tpuwatch_memory_leak_suspected{{instance="{instance_c}", memory="hbm"}}')}
+    assert chips == {"0": "0", "1": "0", "2": "1", "3": "0"}
 
 
 def test_tpuwatch_alerts_arrive_straight_and_through_its_alertmanager_receiver(fleet: Fleet) -> None:

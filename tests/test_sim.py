@@ -6,10 +6,11 @@ import dataclasses
 
 import pytest
 
-from tpuwatch.config import SimConfig
+from tpuwatch.analysis.trend import TrendAnalyzer
+from tpuwatch.config import SimConfig, TrendConfig
 from tpuwatch.devices import DeviceCollector
 from tpuwatch.devices.base import reading_samples
-from tpuwatch.devices.sim import CHIPS, SimBackend
+from tpuwatch.devices.sim import CHIPS, SimBackend, history
 from tpuwatch.health import device_problems
 
 
@@ -59,9 +60,36 @@ def test_hbm_leak_grows_only_on_the_fault_device() -> None:
     _, history = run("hbm-leak", 1200, fault_device=2)
     leaking = series(history, 2, "memory_used_bytes")
     healthy = series(history, 1, "memory_used_bytes")
-    assert max(leaking[-12:]) > max(leaking[:6]) + 0.2 * CHIPS["v5e"].memory_bytes
+    # 15 % of capacity per hour: 5 % over these 20 minutes.
+    assert max(leaking[-12:]) > max(leaking[:6]) + 0.04 * CHIPS["v5e"].memory_bytes
     assert max(healthy[-12:]) < max(healthy[:12]) + 0.02 * CHIPS["v5e"].memory_bytes
     assert max(leaking) <= CHIPS["v5e"].memory_bytes
+
+
+def test_history_is_the_past_with_an_hour_of_leak_before_fault_after() -> None:
+    config = SimConfig(scenario="hbm-leak", fault_device=1, fault_after=0.0)
+    past = list(history(config, 3 * 3600, 10))
+    assert [offset for offset, _ in past] == [-10.0 * k for k in range(1080, 0, -1)]
+    capacity = CHIPS["v5e"].memory_bytes
+
+    def floor(device: int, start: float, end: float) -> float:
+        return min(r[device].memory_used_bytes for offset, r in past if start <= offset < end)
+
+    assert abs(floor(1, -7200, -3600) - floor(1, -10800, -7200)) < 0.02 * capacity
+    assert 0.12 * capacity < floor(1, -600, 0) - floor(1, -4200, -3600) < 0.18 * capacity
+    assert abs(floor(0, -600, 0) - floor(0, -4200, -3600)) < 0.02 * capacity
+
+
+def test_history_lets_the_leak_detector_judge_the_drill_from_the_start() -> None:
+    trend = TrendAnalyzer(TrendConfig())
+    for offset, readings in history(SimConfig(scenario="hbm-leak", fault_device=3), 3 * 3600, 10):
+        trend.observe([s for r in readings for s in reading_samples(r, "sim")], 1e9 + offset)
+    [finding] = trend.findings()
+    assert finding.labels == {"device": "3", "memory": "hbm"} and finding.severity == "critical"
+    healthy = TrendAnalyzer(TrendConfig())
+    for offset, readings in history(SimConfig(scenario="healthy"), 3 * 3600, 10):
+        healthy.observe([s for r in readings for s in reading_samples(r, "sim")], 1e9 + offset)
+    assert healthy.findings() == []
 
 
 def test_ecc_errors_count_up_on_the_fault_device() -> None:

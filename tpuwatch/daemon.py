@@ -25,7 +25,8 @@ from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.canary.runner import kill_running_workers
 from tpuwatch.collectors import build_collectors
 from tpuwatch.config import Config
-from tpuwatch.devices import DeviceCollector
+from tpuwatch.devices import DeviceCollector, sim
+from tpuwatch.devices.base import reading_samples
 from tpuwatch.exporter import build_registry
 from tpuwatch.health import collector_problems, device_problems
 from tpuwatch.kernel_log.collector import KernelLogCollector, event_problems
@@ -38,6 +39,11 @@ from tpuwatch.webconfig import load_web_config
 
 log = logging.getLogger(__name__)
 
+# Simulated chips come with this much past, so that the leak detector, which
+# learns for 2 h, judges the hbm-leak drill from the first minute.
+SIM_HISTORY_S = 3 * 3600.0
+SIM_HISTORY_STEP_S = 10.0
+
 _SCHEDULER_EVENTS = {EVENT_JOB_ERROR: "error", EVENT_JOB_MISSED: "missed", EVENT_JOB_MAX_INSTANCES: "max_instances"}
 
 
@@ -46,6 +52,16 @@ def _build_sampler(config: Config, store: SeriesStore, canary: CanaryCollector |
     collectors, _ = build_collectors(config)
     derived = [Stage("trend", lambda samples: trend.observe(samples, time.time()), store.current), alerts]
     return Sampler([*collectors, *([canary] if canary else [])], store, config.collector_deadline, derived)
+
+
+def _trend(config: Config) -> TrendAnalyzer:
+    """The trend analyzer; with simulated chips, already fed with their simulated history."""
+    trend = TrendAnalyzer(config.trend)
+    if config.devices.backend == "sim":
+        now = time.time()
+        for offset, readings in sim.history(config.devices.sim, SIM_HISTORY_S, SIM_HISTORY_STEP_S):
+            trend.observe([s for r in readings for s in reading_samples(r, sim.SimBackend.name)], now + offset)
+    return trend
 
 
 def _evaluate(alerting: Alerting, samples: list[Sample]) -> list[Sample]:
@@ -88,7 +104,7 @@ class Daemon:
         self.started_at = time.time()
         self.store = SeriesStore(config.store.points_per_series, config.store.max_series)
         self.canary = _canary(config)
-        self.trend = TrendAnalyzer(config.trend)
+        self.trend = _trend(config)
         self.alerting = Alerting(config, config.state_dir)
         # The alert rules also see tpuwatch's own metrics (collector_success, for one).
         self._alert_stage = Stage("alerting", lambda samples: _evaluate(self.alerting, samples),
@@ -144,7 +160,7 @@ class Daemon:
             new = config_module.load(self.config_path)
             web = load_web_config(new.web_config)
             canary = _canary(new) if new.canary != self.config.canary else self.canary
-            trend = TrendAnalyzer(new.trend) if new.trend != self.config.trend else self.trend
+            trend = _trend(new) if (new.trend, new.devices) != (self.config.trend, self.config.devices) else self.trend
             store = self.store
             if new.store != self.config.store:
                 store = SeriesStore(new.store.points_per_series, new.store.max_series)

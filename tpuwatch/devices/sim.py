@@ -3,8 +3,11 @@
 Each chip runs a workload whose memory follows an allocator sawtooth around a
 per-chip baseline, with utilization, temperature and power that follow the
 load.  A scenario injects one fault into ``fault_device`` once ``fault_after``
-has passed.  Values depend only on the seed, the chip, the number of reads and
-the elapsed time on the injected clock, so a run is reproducible.
+has passed; the ``hbm-leak`` scenario's leak began ``LEAK_LEAD_S`` earlier, so
+that ``history()``, the chips' simulated past handed to the leak detector at
+start, already shows an hour of it.  Values depend only on the seed, the chip,
+the number of reads and the elapsed time on the injected clock, so a run is
+reproducible.
 
 The simulator exports every signal tpuwatch knows, including temperature,
 power and ECC counters that real TPUs do not expose, so that every alert
@@ -16,7 +19,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tpuwatch.config import SimConfig
@@ -44,7 +47,8 @@ CHIPS: dict[str, ChipModel] = {
 }
 
 SAWTOOTH_PERIOD_S = 120.0
-LEAK_FRACTION_PER_S = 0.0005  # of capacity: a chip at 65% fills in about 12 minutes
+LEAK_FRACTION_PER_S = 0.15 / 3600  # of capacity: 15 % per hour
+LEAK_LEAD_S = 3600.0  # the leak began this long before fault_after
 OVERHEAT_C_PER_S = 0.5
 OVERHEAT_MAX_C = 96.0
 UNCORRECTED_AFTER_S = (0.0, 120.0)  # after the fault starts, one uncorrectable error at each
@@ -81,8 +85,8 @@ class SimBackend:
         rng, model, scenario = self._rngs[index], self._model, self.config.scenario
         cycle = (elapsed / SAWTOOTH_PERIOD_S + self._phase[index]) % 1.0
         used_fraction = self._baseline[index] + 0.12 * cycle + rng.gauss(0, 0.003)
-        if fault_age is not None and scenario == "hbm-leak":
-            used_fraction += LEAK_FRACTION_PER_S * fault_age
+        if scenario == "hbm-leak" and index == self.config.fault_device:
+            used_fraction += LEAK_FRACTION_PER_S * max(0.0, elapsed - self.config.fault_after + LEAK_LEAD_S)
         used = min(1.0, max(0.05, used_fraction)) * model.memory_bytes
 
         load = 0.8 + 0.15 * math.sin(2 * math.pi * cycle) + rng.gauss(0, 0.02)
@@ -109,3 +113,12 @@ class SimBackend:
             ecc_uncorrected_total=uncorrected,
             sources={"all readings": f"simulator (scenario {scenario}, seed {self.config.seed})"},
         )
+
+
+def history(config: SimConfig, span: float, step: float) -> Iterator[tuple[float, list[DeviceReading]]]:
+    """The chips' readings over the ``span`` seconds before start, every ``step``, as (offset, readings)."""
+    elapsed = 0.0
+    backend = SimBackend(config, clock=lambda: elapsed)
+    for k in range(int(span / step), 0, -1):
+        elapsed = -k * step
+        yield elapsed, backend.read()
