@@ -218,6 +218,11 @@ def test_collector_samples_follow_the_last_measured_outcome() -> None:
     assert samples[("tpuwatch_canary_runs_total", (("result", "pass"),))] == 1
     assert samples[("tpuwatch_canary_runs_total", (("result", "fail"),))] == 1
     assert samples[("tpuwatch_canary_runs_total", (("result", "error"),))] == 1
+    chip_runs = {(dict(labels)["device"], dict(labels)["result"]): v for (name, labels), v in samples.items()
+                 if name == "tpuwatch_canary_device_runs_total"}
+    assert {key: v for key, v in chip_runs.items() if key[0] == "1"} == {
+        ("1", "pass"): 1, ("1", "fail"): 1, ("1", "skipped"): 0, ("1", "error"): 1}
+    assert chip_runs[("2", "pass")] == 2 and chip_runs[("2", "skipped")] == 1
     healthy = {dict(labels)["device"]: v for name, labels in samples if name == "tpuwatch_canary_healthy"
                for v in [samples[(name, labels)]]}
     # 0 and 1 were measured last by the crash run (pass, error); 2 and 3 were skipped there: nan-1 holds.

@@ -215,6 +215,13 @@ def test_simulated_sdc_fails_the_canary_on_its_chip_only(start_daemon: Callable[
                          if metric(daemon, 'tpuwatch_canary_runs_total{result="fail"}') else None,
                          timeout=60, what="the first canary run")
     assert healthy == {"0": 1.0, "1": 0.0, "2": 1.0, "3": 1.0}
+    # The page names the chip.
+    def wrong_results() -> list[dict[str, str]]:
+        alerts = requests.get(f"{daemon.url}/api/alerts", timeout=5).json()["alerts"]
+        return [a["labels"] for a in alerts if a["labels"]["alertname"] == "CanaryWrongResult"]
+
+    wrong = wait_until(wrong_results, what="CanaryWrongResult")
+    assert [labels["device"] for labels in wrong] == ["1"]
 
 
 def test_kernel_log_events_reach_metrics_and_healthz(start_daemon: Callable[..., DaemonProcess]) -> None:

@@ -88,6 +88,8 @@ _SPECS = [
                "1 if the chip's last canary run passed, 0 if it computed wrong numbers or errored.", ("device",)),
     MetricSpec("tpuwatch_canary_runs_total", "counter", "Canary runs by result (pass, fail, skipped, error).",
                ("result",)),
+    MetricSpec("tpuwatch_canary_device_runs_total", "counter",
+               "Canary verdicts per chip by result (pass, fail, skipped, error).", ("device", "result")),
     MetricSpec("tpuwatch_canary_duration_seconds", "gauge", "Device time of one canary inference on the chip.",
                ("device",)),
     MetricSpec("tpuwatch_canary_max_abs_error", "gauge",

@@ -43,6 +43,7 @@ class CanaryCollector:
         self._lock = threading.Lock()
         self._results: deque[CanaryResult] = deque(maxlen=KEPT_RESULTS)
         self._runs: Counter[str] = Counter()
+        self._chip_runs: dict[str, Counter[str]] = {}
         self._chips: dict[str, _ChipState] = {}
 
     def run_once(self, inject: str | None = None, inject_device: int = 0,
@@ -63,6 +64,7 @@ class CanaryCollector:
             self._results.append(result)
             self._runs[result.status] += 1
             for outcome in result.devices:
+                self._chip_runs.setdefault(outcome.device, Counter())[outcome.status] += 1
                 if outcome.status == "skipped":
                     continue
                 before = self._chips.get(outcome.device)
@@ -80,6 +82,8 @@ class CanaryCollector:
             if not self._results:
                 return []
             out = [sample("tpuwatch_canary_runs_total", self._runs[r], result=r) for r in RESULTS]
+            out += [sample("tpuwatch_canary_device_runs_total", runs[r], device=device, result=r)
+                    for device, runs in sorted(self._chip_runs.items()) for r in RESULTS]
             for device, state in sorted(self._chips.items()):
                 outcome = state.outcome
                 out.append(sample("tpuwatch_canary_healthy", outcome.status == "pass", device=device))
