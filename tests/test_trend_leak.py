@@ -42,6 +42,9 @@ LEAK_FREE: dict[str, Callable[[], np.ndarray]] = {
     "periodic load": lambda: 2 * GIB * np.sin(2 * np.pi * T / (1.5 * HOUR)),
     "one-sample spikes": lambda: np.where(np.arange(T.size) % 97 == 0, 4 * GIB, 0.0)
     - np.where(np.arange(T.size) % 89 == 0, 3 * GIB, 0.0),
+    # Three equal model swaps upward an hour apart, then down: a staircase too short and slow for a leak.
+    "three swaps up": lambda: np.select([T < 2 * HOUR, T < 3 * HOUR, T < 4 * HOUR, T < 5 * HOUR],
+                                        [0.0, 1.2 * GIB, 2.4 * GIB, 3.6 * GIB], 1.5 * GIB),
 }
 
 LEAKING: dict[str, Callable[[], np.ndarray]] = {
@@ -86,6 +89,16 @@ def test_leaks_are_found_after_they_start_and_within_three_hours(kind: str) -> N
     assert detector.state.firing and detector.state.slope > 0 and detector.state.confidence > 0.99
 
 
+def test_a_slow_leak_under_a_large_load_cycle_is_seen_through_the_hour_floor() -> None:
+    # The load swings 6 GiB every 45 min; the leak adds 0.5 GiB an hour. The 15 min floor follows the load.
+    cycle = 3 * GIB * np.sin(2 * np.pi * T / (0.75 * HOUR))
+    detector = replay(5 * GIB + cycle + _leak(RATE) + _noise(3), keep=_missed(3))
+    assert detector.first_alert_at is not None and LEAK_START < detector.first_alert_at <= LEAK_START + 4 * HOUR
+    without_long_floor = LeakParams(floor_windows=(180.0, 900.0))
+    assert replay(5 * GIB + cycle + _leak(RATE) + _noise(3), keep=_missed(3),
+                  params=without_long_floor).first_alert_at is None
+
+
 def test_slope_confidence_and_eta_of_a_linear_leak() -> None:
     detector = replay(5 * GIB + _sawtooth(300.0, 2 * GIB) + _leak(RATE) + _noise(3))
     state = detector.state
@@ -125,8 +138,12 @@ def test_history_is_bounded_whatever_the_uptime() -> None:
     detector = LeakDetector()
     for t in np.arange(0.0, 3 * 86400.0, 10.0).tolist():
         detector.update(t, 5 * GIB, CAPACITY)
-    floors = detector._floors
-    assert len(floors) == floors.maxlen <= (6 + 4) * 60 + 1  # longest scale plus lookback, in minutes
+    keep = (6 + 4) * 60 + 1  # longest scale plus lookback, in minutes
+    assert len(detector._floors) == len(detector.params.floor_windows)
+    for history in (*detector._floors, detector._floor_times):
+        assert keep <= len(history) < 2 * keep
+    for window in (*detector._lows, detector._highs):
+        assert len(window._buckets) <= window.window / 60 and len(window._sorted) <= 2 * len(window._buckets)
 
 
 def test_theil_sen_ignores_outliers_and_mann_kendall_needs_a_trend() -> None:

@@ -1,14 +1,21 @@
 """Online memory-leak detector for one series: robust to sawtooth, steps, warm-ups and spikes.
 
 Per sample the detector only updates the two lowest and two highest values of
-the current one-minute bucket (O(1)).  When a bucket closes it derives the
-*floor*: the second-lowest value of the last ``floor_window`` of buckets, which
-ignores allocator sawtooth cycles shorter than that window and one downward
-spike; and the *high*, the second-highest, against which exhaustion is
-projected.  Every ``analyze_every`` the floor history (bounded: the longest
-scale plus ``lookback``) is tested at several scales, 45 min to 6 h, cheapest
-checks first; the statistics run on at most ``points_per_scale`` points, so
-the cost per analysis is bounded.  A scale shows growth when
+the current one-minute bucket (O(1)).  When a bucket closes it derives one
+*floor* per ``floor_windows`` entry: a low quantile of that window's bucket
+lows (``floor_outliers`` of them, at least the second-lowest), which ignores
+allocator sawtooth cycles and periodic load shorter than the window and a few
+downward spikes; and the *high*, the second-highest of the last
+``high_window``, against which exhaustion is projected.  A short floor follows
+a leak without a long one's lag; a long one sees through slow sawtooth and
+periodic load.  Every ``analyze_every`` the floor histories (bounded: the
+longest scale plus ``lookback``) are tested at several scales, 45 min to 6 h,
+shortest first, each on the floors whose window is at most 1/``floor_per_scale``
+of the scale, cheapest checks first; the statistics run on at most
+``points_per_scale`` points, so the cost per analysis is bounded.  A scale is
+tested only with ``min_prior`` of history before its window, so that a
+periodic load has shown its earlier highs.  A scale shows growth on a floor
+when
 
 * the medians of its ``segments`` consecutive segments all rise, the smallest
   rise at least ``min_ratio`` of the largest (a step rises in one segment, a
@@ -17,7 +24,7 @@ the cost per analysis is bounded.  A scale shows growth when
 * the newest segment tops the segments of the ``lookback`` before the window
   by ``new_high`` of the rise (periodic load returns to levels already seen);
 * no single one-minute jump of the floor carries more than ``max_jump`` of
-  the rise (model swaps are a few big steps);
+  the rise (model swaps are a few big steps; a leaking staircase has more);
 * the Theil-Sen slope is positive and its rise exceeds ``noise_factor`` times
   the robust scatter around it;
 * against a known capacity, the time until the high reaches it at that slope
@@ -34,6 +41,7 @@ finding clears after ``clear_after`` analyses without growth.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
@@ -52,16 +60,20 @@ class LeakParams:
     """Tuning of the leak detector; the defaults suit sampling every 1-30 s."""
 
     bucket: float = 60.0
-    floor_window: float = 900.0
+    floor_windows: tuple[float, ...] = (180.0, 900.0, 3600.0)
+    floor_outliers: float = 0.05
+    floor_per_scale: float = 3.0
+    high_window: float = 900.0
     analyze_every: float = 150.0
     scales: tuple[float, ...] = (2700.0, 4500.0, 7200.0, 10800.0, 21600.0)
     points_per_scale: int = 45
     lookback: float = 14400.0
     min_history: float = 7200.0
+    min_prior: float = 3600.0
     segments: int = 4
     min_rise: float = 0.005
     new_high: float = 0.25
-    max_jump: float = 0.34
+    max_jump: float = 0.3
     alpha: float = 0.001
     min_ratio: float = 0.35
     noise_factor: float = 4.0
@@ -137,21 +149,37 @@ def mann_kendall_p(times: np.ndarray, values: np.ndarray, slope: float) -> float
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
-def _second_lowest(buckets: deque[tuple[float, float, float, float, float]], first: int) -> float:
-    """Second-lowest value of the buckets, each holding its two lowest at ``first`` and ``first + 1``."""
-    lowest = sorted(b[first] for b in buckets)
-    second = min(b[first + 1] for b in buckets)
-    if len(lowest) > 1 and lowest[1] < second:
-        second = lowest[1]
-    return second if second != math.inf else lowest[0]
+class _SlidingValues:
+    """The values of the buckets that ended within the last ``window`` seconds, kept sorted."""
+
+    __slots__ = ("window", "_buckets", "_sorted")
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._buckets: deque[tuple[float, tuple[float, ...]]] = deque()
+        self._sorted: list[float] = []
+
+    def add(self, end: float, values: tuple[float, ...]) -> None:
+        """Add a bucket's values and forget the buckets older than the window (O(log n) each, plus a memmove)."""
+        self._buckets.append((end, values))
+        for value in values:
+            insort(self._sorted, value)
+        while self._buckets[0][0] <= end - self.window:
+            for value in self._buckets.popleft()[1]:
+                del self._sorted[bisect_left(self._sorted, value)]
+
+    def low(self, share: float) -> float:
+        """The k-th lowest value, k being ``share`` of the values and at least 2 (one outlier ignored)."""
+        k = min(len(self._sorted), max(2, round(share * len(self._sorted))))
+        return self._sorted[k - 1]
 
 
 class LeakDetector:
     """Feed ``update(t, value, capacity)`` in time order; read ``state`` and ``first_alert_at``."""
 
     __slots__ = ("params", "state", "first_alert_at", "_bucket_end", "_lo1", "_lo2", "_hi1", "_hi2",
-                 "_capacity", "_buckets", "_floors", "_floor_times", "_next_analysis", "_recent", "_quiet",
-                 "_high")
+                 "_capacity", "_lows", "_highs", "_keep", "_floors", "_floor_times", "_next_analysis", "_recent",
+                 "_quiet", "_high")
 
     def __init__(self, params: LeakParams | None = None) -> None:
         self.params = params or LeakParams()
@@ -161,10 +189,13 @@ class LeakDetector:
         self._lo1 = self._lo2 = math.inf
         self._hi1 = self._hi2 = -math.inf
         self._capacity: float | None = None
-        self._buckets: deque[tuple[float, float, float, float, float]] = deque()
-        keep = int((max(self.params.scales) + self.params.lookback) / self.params.bucket) + 1
-        self._floors: deque[float] = deque(maxlen=keep)
-        self._floor_times: deque[float] = deque(maxlen=keep)
+        self._lows = [_SlidingValues(window) for window in self.params.floor_windows]
+        self._highs = _SlidingValues(self.params.high_window)  # negated, so that its low is the high
+        # Floors per minute over the longest scale plus the lookback; plain lists, trimmed to that length once
+        # they reach twice it, so that analyses slice them without copying.
+        self._keep = int((max(self.params.scales) + self.params.lookback) / self.params.bucket) + 1
+        self._floors: list[list[float]] = [[] for _ in self.params.floor_windows]
+        self._floor_times: list[float] = []
         self._next_analysis = -math.inf
         self._recent: deque[bool] = deque(maxlen=self.params.persistence_of)
         self._quiet = 0
@@ -191,13 +222,16 @@ class LeakDetector:
         p = self.params
         if self._lo1 != math.inf:
             end = self._bucket_end
-            buckets = self._buckets
-            buckets.append((end, self._lo1, self._lo2, -self._hi1, -self._hi2))
-            while buckets[0][0] <= end - p.floor_window:
-                buckets.popleft()
-            self._floors.append(_second_lowest(buckets, 1))
+            lows = (self._lo1,) if self._lo2 == math.inf else (self._lo1, self._lo2)
+            for window, floors in zip(self._lows, self._floors):
+                window.add(end, lows)
+                floors.append(window.low(p.floor_outliers))
+            self._highs.add(end, (-self._hi1,) if self._hi2 == -math.inf else (-self._hi1, -self._hi2))
+            self._high = -self._highs.low(0.0)
             self._floor_times.append(end)
-            self._high = -_second_lowest(buckets, 3)
+            if len(self._floor_times) >= 2 * self._keep:
+                for history in (*self._floors, self._floor_times):
+                    del history[:-self._keep]
             if end >= self._next_analysis:
                 self._next_analysis = end + p.analyze_every - p.bucket / 2
                 self._judge(timestamp, self._growth())
@@ -208,35 +242,42 @@ class LeakDetector:
     def _growth(self) -> Growth | None:
         """The shortest scale that shows growth, or None."""
         p = self.params
-        if len(self._floors) < p.min_history / p.bucket:
+        if len(self._floors[-1]) < p.min_history / p.bucket:
             return None
-        floors = list(self._floors)
+        series = self._floors
         for scale in p.scales:
             count = int(scale / p.bucket)
-            if len(floors) < count + count // p.segments:
+            if len(series[0]) < count + max(count // p.segments, int(p.min_prior / p.bucket)):
                 return None
-            growth = self._growth_at(count, floors)
-            if growth is not None:
-                return growth
+            for window, floors in zip(p.floor_windows, series):
+                if window * p.floor_per_scale > scale:
+                    continue
+                growth = self._growth_at(count, floors)
+                if growth is not None:
+                    return growth
         return None
 
-    def _window(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+    def _window(self, count: int, floors: list[float]) -> tuple[np.ndarray, np.ndarray]:
         import numpy as np
 
         stride = max(1, math.ceil(count / self.params.points_per_scale))
-        start = len(self._floors) - count
-        index = range(len(self._floors) - 1, start - 1, -stride)
+        start = len(floors) - count
+        index = range(len(floors) - 1, start - 1, -stride)
         times = np.fromiter((self._floor_times[k] for k in reversed(index)), float)
-        values = np.fromiter((self._floors[k] for k in reversed(index)), float)
+        values = np.fromiter((floors[k] for k in reversed(index)), float)
         return times, values
 
     def _growth_at(self, count: int, floors: list[float]) -> Growth | None:
         p = self.params
         length = count // p.segments
         end = len(floors)
-        levels = [_median(floors[end - (k + 1) * length:end - k * length]) for k in range(p.segments)]
+        levels = [_median(floors[end - length:])]
+        for k in range(1, p.segments):  # newest first, stopping at the first segment that does not rise
+            levels.append(_median(floors[end - (k + 1) * length:end - k * length]))
+            if levels[-1] >= levels[-2]:
+                return None
         rises = [levels[k] - levels[k + 1] for k in range(p.segments - 1)]
-        if min(rises) <= 0 or min(rises) < p.min_ratio * max(rises):
+        if min(rises) < p.min_ratio * max(rises):
             return None
         rise = levels[0] - levels[-1]
         if rise < p.min_rise * (self._capacity if self._capacity is not None else levels[0]):
@@ -248,7 +289,7 @@ class LeakDetector:
         window = floors[-count:]
         if max(b - a for a, b in pairwise(window)) > p.max_jump * rise:
             return None
-        times, values = self._window(count)
+        times, values = self._window(count, floors)
         times = times - times[-1]
         slope = theil_sen(times, values)
         if slope <= 0:
@@ -287,10 +328,10 @@ class LeakDetector:
 
     def slope(self) -> float:
         """Theil-Sen slope of the floor over the longest scale the history covers (0.0 with too little)."""
-        count = min(len(self._floors), int(max(self.params.scales) / self.params.bucket))
+        count = min(len(self._floors[-1]), int(max(self.params.scales) / self.params.bucket))
         if count < 2:
             return 0.0
-        times, values = self._window(count)
+        times, values = self._window(count, self._floors[-1])
         return theil_sen(times - times[-1], values)
 
 
