@@ -41,8 +41,10 @@ finding clears after ``clear_after`` analyses without growth.
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left, insort
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
@@ -191,11 +193,11 @@ class LeakDetector:
         self._capacity: float | None = None
         self._lows = [_SlidingValues(window) for window in self.params.floor_windows]
         self._highs = _SlidingValues(self.params.high_window)  # negated, so that its low is the high
-        # Floors per minute over the longest scale plus the lookback; plain lists, trimmed to that length once
-        # they reach twice it, so that analyses slice them without copying.
+        # Floors per minute over the longest scale plus the lookback: compact arrays, trimmed to that length once
+        # they reach twice it, so that analyses read them without copying them whole.
         self._keep = int((max(self.params.scales) + self.params.lookback) / self.params.bucket) + 1
-        self._floors: list[list[float]] = [[] for _ in self.params.floor_windows]
-        self._floor_times: list[float] = []
+        self._floors = [array("d") for _ in self.params.floor_windows]
+        self._floor_times = array("d")
         self._next_analysis = -math.inf
         self._recent: deque[bool] = deque(maxlen=self.params.persistence_of)
         self._quiet = 0
@@ -257,7 +259,7 @@ class LeakDetector:
                     return growth
         return None
 
-    def _window(self, count: int, floors: list[float]) -> tuple[np.ndarray, np.ndarray]:
+    def _window(self, count: int, floors: array[float]) -> tuple[np.ndarray, np.ndarray]:
         import numpy as np
 
         stride = max(1, math.ceil(count / self.params.points_per_scale))
@@ -267,7 +269,7 @@ class LeakDetector:
         values = np.fromiter((floors[k] for k in reversed(index)), float)
         return times, values
 
-    def _growth_at(self, count: int, floors: list[float]) -> Growth | None:
+    def _growth_at(self, count: int, floors: array[float]) -> Growth | None:
         p = self.params
         length = count // p.segments
         end = len(floors)
@@ -335,7 +337,7 @@ class LeakDetector:
         return theil_sen(times - times[-1], values)
 
 
-def _median(values: list[float]) -> float:
+def _median(values: Sequence[float]) -> float:
     ordered = sorted(values)
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])
