@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from tpuwatch.config import parse
 from tpuwatch.kernel_log.collector import open_source
+from tpuwatch.kernel_log.records import parse_kmsg
 from tpuwatch.kernel_log.sources import (
     FileSource,
     JournalSource,
@@ -21,7 +23,7 @@ from tpuwatch.kernel_log.sources import (
 )
 from tpuwatch.schema import ConfigError
 
-from conftest import require_tool
+from conftest import require_tool, wait_until
 
 KMSG = "/dev/kmsg"
 JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
@@ -65,6 +67,42 @@ def test_kmsg_reads_new_records_and_resumes_after_restart_without_duplicates_or_
     assert _read_tagged(second, tag) == [f"{tag}: three", f"{tag}: four"]
     assert second.read(10) == [] and second.lost == 0
     second.close()
+
+
+def _write_kmsg_at(text: str) -> int:
+    """Write a record; its kmsg timestamp (microseconds), read back from the ring."""
+    fd = os.open(KMSG, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        os.lseek(fd, 0, os.SEEK_END)
+        _write_kmsg(text)
+        while True:
+            record = parse_kmsg(os.read(fd, 8192).decode("utf-8", "replace"))
+            if record is not None and record.record.message == text[3:].rstrip("\n"):
+                return record.usec
+    finally:
+        os.close(fd)
+
+
+@needs_kmsg
+def test_kmsg_first_start_reads_back_only_the_lookback(tmp_path: Path) -> None:
+    tag = f"tpuwatch-test-{uuid.uuid4().hex[:12]}"
+    before = _write_kmsg_at(f"<4>{tag}: before\n")
+    wait_until(lambda: time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6 > before + 20_000, what="20 ms to pass")
+    _write_kmsg(f"<4>{tag}: after\n")
+    cutoff = (before + 10_000) / 1e6  # between the two records
+    state = tmp_path / "kmsg.json"
+    first = KmsgSource(KMSG, state, read_boot_id(), lookback=time.clock_gettime(time.CLOCK_MONOTONIC) - cutoff)
+    assert _read_tagged(first, tag) == [f"{tag}: after"]
+    first.commit()
+    first.close()
+    # With a saved position the lookback plays no part; without a lookback the whole boot is read.
+    _write_kmsg(f"<4>{tag}: while down\n")
+    resumed = KmsgSource(KMSG, state, read_boot_id(), lookback=0.0)
+    assert _read_tagged(resumed, tag) == [f"{tag}: while down"]
+    resumed.close()
+    whole = KmsgSource(KMSG, None, read_boot_id())
+    assert _read_tagged(whole, tag) == [f"{tag}: before", f"{tag}: after", f"{tag}: while down"]
+    whole.close()
 
 
 @needs_kmsg
@@ -155,6 +193,19 @@ def test_journal_kernel_entries_cursor_restart_and_appends(tmp_path: Path, journ
     third = JournalSource(state, str(journal))
     assert third.read(100) == []
     third.close()
+
+
+def test_journal_first_start_reads_back_only_the_lookback(tmp_path: Path, journal_module: object) -> None:
+    journal = tmp_path / "kernel.journal"
+    now_usec = int(time.time() * 1e6)
+    _append_journal(journal, ["old: two hours ago"], now_usec - 7200 * 10**6)
+    _append_journal(journal, ["new: a minute ago"], now_usec - 60 * 10**6)
+    first = JournalSource(tmp_path / "journal.json", str(journal), lookback=300.0)
+    assert _messages(first.read(100)) == ["new: a minute ago"]
+    first.close()
+    whole = JournalSource(None, str(journal))
+    assert _messages(whole.read(100)) == ["old: two hours ago", "new: a minute ago"]
+    whole.close()
 
 
 def test_journal_directory_picks_up_a_new_file(tmp_path: Path, journal_module: object) -> None:
@@ -267,7 +318,7 @@ def test_position_files_are_replaced_atomically(tmp_path: Path) -> None:
 
 def test_journal_chosen_in_config_reads_the_given_journal(tmp_path: Path, journal_module: object) -> None:
     journal = tmp_path / "k.journal"
-    _append_journal(journal, ["EDAC MC0: 1 UE memory read error"], 1_764_460_800_000_000)
+    _append_journal(journal, ["EDAC MC0: 1 UE memory read error"], int(time.time() * 1e6) - 10**7)  # in the lookback
     config = parse(f"state_dir: {tmp_path}/state\nkernel_log: {{source: journal, path: {journal}}}")
     source, note = open_source(config)
     assert source is not None and note == f"kernel log: reading the journal's kernel messages in {journal}"

@@ -88,6 +88,7 @@ class KernelLogConfig:
     path: str | None = None
     rules_dirs: list[str] = field(default_factory=lambda: ["/etc/tpuwatch/rules.d"])
     storm_window: Annotated[float, Duration(minimum=1.0, maximum=86400.0)] = 60.0
+    lookback: Annotated[float, Duration(maximum=366 * 86400.0)] = 300.0
 
     def validate(self, path: str) -> None:
         if self.source == "file" and not self.path:

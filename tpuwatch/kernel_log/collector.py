@@ -134,8 +134,9 @@ def device_lookup(readings: Callable[[], Iterable[DeviceReading]]) -> Callable[[
 def open_source(config: Config, persist: bool = True) -> tuple[Source | None, str]:
     """The source ``kernel_log.source`` names (``auto``: /dev/kmsg, else the journal), and why.
 
-    With ``persist`` the position is kept under ``state_dir``/kernel_log; without,
-    it is neither read nor saved.  Raises ConfigError when an explicitly chosen
+    With ``persist`` the position is kept under ``state_dir``/kernel_log, and a
+    first start this boot reads back only ``kernel_log.lookback``; without, the
+    position is neither read nor saved and the whole boot is read.  Raises ConfigError when an explicitly chosen
     kmsg or journal cannot be opened.
     """
     settings = config.kernel_log
@@ -146,10 +147,11 @@ def open_source(config: Config, persist: bool = True) -> tuple[Source | None, st
 
     kmsg_path = settings.path if settings.source == "kmsg" and settings.path else f"{config.paths.dev}/kmsg"
     journal_path = settings.path if settings.source == "journal" else None
+    lookback = settings.lookback if persist else None
     openers: dict[str, Callable[[], tuple[Source, str]]] = {
-        "kmsg": lambda: (KmsgSource(kmsg_path, state("kmsg"), _boot_id(config.paths.procfs)),
+        "kmsg": lambda: (KmsgSource(kmsg_path, state("kmsg"), _boot_id(config.paths.procfs), lookback),
                          f"reading {kmsg_path}"),
-        "journal": lambda: (JournalSource(state("journal"), journal_path),
+        "journal": lambda: (JournalSource(state("journal"), journal_path, lookback),
                             f"reading the journal's kernel messages{' in ' + journal_path if journal_path else ''}"),
     }
     if settings.source == "none":

@@ -41,11 +41,12 @@ class Record:
 
 @dataclass(frozen=True, slots=True)
 class KmsgRecord:
-    """One /dev/kmsg record with its sequence number."""
+    """One /dev/kmsg record with its sequence number and timestamp (microseconds on the monotonic clock)."""
 
     seq: int
     priority: int
     record: Record
+    usec: int = 0
 
 
 def normalise_pci(text: str) -> str | None:
@@ -75,7 +76,7 @@ def parse_kmsg(raw: str) -> KmsgRecord | None:
     if match is None:
         return None
     return KmsgRecord(int(match[2]), int(match[1]) & 7,
-                      Record(head[match.end():][:MAX_MESSAGE_CHARS], kmsg_device(rest.split("\n"))))
+                      Record(head[match.end():][:MAX_MESSAGE_CHARS], kmsg_device(rest.split("\n"))), int(match[3]))
 
 
 def kmsg_device(continuation_lines: list[str]) -> str | None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -105,13 +106,15 @@ class KmsgSource:
     """/dev/kmsg, read without blocking until EAGAIN; the last sequence number is saved per boot.
 
     Without a saved position it starts at the oldest record still in the ring
-    (this boot's history).  EPIPE (the ring overwrote unread records) and any
-    gap in sequence numbers, also across a restart, are counted in ``lost``.
+    (this boot's history), passing over the records older than ``lookback``
+    seconds (None: none); it logs how many once.  EPIPE (the ring
+    overwrote unread records) and any gap in sequence numbers, also across a
+    restart, are counted in ``lost``.
     """
 
     name = "kmsg"
 
-    def __init__(self, path: str, state_file: Path | None, boot_id: str) -> None:
+    def __init__(self, path: str, state_file: Path | None, boot_id: str, lookback: float | None = None) -> None:
         self.path = path
         self._state_file = state_file
         self._boot_id = boot_id
@@ -123,6 +126,10 @@ class KmsgSource:
         saved = state.get("seq") if state and state.get("boot_id") == boot_id else None
         self._sequence = SequenceTracker(saved if isinstance(saved, int) else None)
         self._saved_seq = self._sequence.last
+        self._passed_over = 0
+        self._skip_before_usec: float | None = None
+        if self._sequence.last is None and lookback is not None:
+            self._skip_before_usec = (time.clock_gettime(time.CLOCK_MONOTONIC) - lookback) * 1e6
 
     @property
     def lost(self) -> int:
@@ -140,8 +147,18 @@ class KmsgSource:
             except BrokenPipeError:
                 continue  # overrun: the next read gives the oldest record left; the sequence gap counts the loss
             parsed = parse_kmsg(raw.decode("utf-8", "replace"))
-            if parsed is not None and self._sequence.accept(parsed.seq):
-                out.append(parsed.record)
+            if parsed is None or not self._sequence.accept(parsed.seq):
+                continue
+            if self._skip_before_usec is not None:
+                if parsed.usec < self._skip_before_usec:
+                    self._passed_over += 1
+                    continue
+                self._skip_before_usec = None  # the ring is in time order: the rest is within the lookback
+            out.append(parsed.record)
+        if self._passed_over:
+            log.info("kernel log: first read this boot: passed over %d records older than kernel_log.lookback",
+                     self._passed_over)
+            self._passed_over = 0
         return out
 
     def commit(self) -> None:
@@ -159,12 +176,13 @@ class JournalSource:
     """The systemd journal's kernel transport (systemd-python); the cursor is saved.
 
     ``path`` is a journal directory or file (default: the system journal).
-    Without a saved cursor it starts at this boot's first kernel message.
+    Without a saved cursor it starts at this boot's first kernel message, or
+    at the first one of the last ``lookback`` seconds (None: the whole boot).
     """
 
     name = "journal"
 
-    def __init__(self, state_file: Path | None, path: str | None = None) -> None:
+    def __init__(self, state_file: Path | None, path: str | None = None, lookback: float | None = None) -> None:
         try:
             from systemd import journal
         except ImportError:
@@ -187,7 +205,10 @@ class JournalSource:
         self._pending: dict[str, Any] | None = None
         if self._cursor is None:
             self._reader.this_boot()
-            self._reader.seek_head()
+            if lookback is None:
+                self._reader.seek_head()
+            else:
+                self._reader.seek_realtime(time.time() - lookback)
         else:
             self._reader.seek_cursor(self._cursor)
             entry = self._reader.get_next()
