@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sqlite3
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -49,6 +54,38 @@ def test_test_alert_prints_each_answer(receivers: Any, tmp_path: Path, capsys: p
     assert pd.json()[0]["event_action"] == "trigger"
     with sqlite3.connect(tmp_path / "state" / DB_NAME) as conn:
         assert conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 0  # passed through, nothing left
+
+
+def _others_can_reach(path: Path) -> bool:
+    """Whether a user other than the owner can reach ``path`` through every directory above it."""
+    return all(parent.stat().st_mode & 0o001 for parent in [path, *path.parents] if parent.is_dir())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to change user")
+@pytest.mark.skipif(not all(_others_can_reach(Path(p).resolve()) for p in
+                            (sys.base_prefix, sys.prefix, Path(testalert.__file__).parent)),
+                    reason="this Python or tpuwatch is installed where other users cannot reach it")
+def test_test_alert_as_root_keeps_the_daemons_state_files_the_daemons(receivers: Any, tmp_path: Path,
+                                                                     request: pytest.FixtureRequest) -> None:
+    hook = receivers()
+    nobody = 65534
+    # pytest's tmp_path sits in a root-only directory: the state lives where nobody can reach it.
+    base = Path(tempfile.mkdtemp(prefix="tpuwatch-test-"))
+    request.addfinalizer(lambda: shutil.rmtree(base))
+    base.chmod(0o755)
+    state = base / "state"
+    state.mkdir()
+    os.chown(state, nobody, nobody)
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"state_dir": str(state), "notify": [
+        {"name": "hook", "type": "webhook", "url": hook.url()}]}))
+    result = subprocess.run([sys.executable, "-m", "tpuwatch", "test-alert", "--config", str(config)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith(f"tpuwatch: running as nobody, the owner of {state}")
+    assert len(hook.requests) == 1
+    created = list(state.iterdir())
+    assert created and {p.stat().st_uid for p in created} == {nobody}
 
 
 def test_test_alert_one_receiver_and_usage_errors(receivers: Any, tmp_path: Path,

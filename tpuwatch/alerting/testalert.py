@@ -3,12 +3,16 @@
 The test alert is built by the same body builders, queued in the same outbox
 (claimed by this process so a running daemon does not race it), and posted by
 the same notifier; the message is removed whatever the answer, so a failed
-test is reported here and never retried later.
+test is reported here and never retried later.  Run as root against a state
+directory that belongs to another user (the daemon's), it first becomes that
+user, so that the outbox files stay writable by the daemon.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import pwd
 import socket
 import sys
 import time
@@ -35,6 +39,25 @@ def test_alert(host: str, now: float) -> Alert:
     return Alert(fingerprint(labels), labels, annotations, "firing", now, fired_at=now)
 
 
+def become_state_owner(state_dir: str) -> str | None:
+    """As root, take on the user and group owning ``state_dir`` when that is not root; the user's name, or None."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        owner = os.stat(state_dir)
+    except OSError:
+        return None
+    if owner.st_uid == 0:
+        return None
+    os.setgroups([])
+    os.setgid(owner.st_gid)
+    os.setuid(owner.st_uid)
+    try:
+        return pwd.getpwuid(owner.st_uid).pw_name
+    except KeyError:
+        return str(owner.st_uid)
+
+
 def run(args: argparse.Namespace, config: Config) -> int:
     """Send the test alert to the chosen receivers; 0 if every one accepted it, 1 if not, 2 on usage errors."""
     receivers = [r for r in config.notify if args.receiver in (None, r.name)]
@@ -43,6 +66,9 @@ def run(args: argparse.Namespace, config: Config) -> int:
         print(f"tpuwatch: no receiver {args.receiver!r} (known: {known})" if args.receiver
               else "tpuwatch: no receivers configured in notify", file=sys.stderr)
         return 2
+    user = become_state_owner(config.state_dir)
+    if user is not None:
+        print(f"tpuwatch: running as {user}, the owner of {config.state_dir}", file=sys.stderr)
     try:
         notifiers = build_notifiers(receivers, config.alerting.send_timeout)
         db = open_db(config.state_dir, config.alerting.outbox_max_bytes)
