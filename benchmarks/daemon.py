@@ -12,7 +12,8 @@ as Prometheus would, and measures both in the same run:
 1. resident memory after ``--soak`` seconds;
 2. CPU per /metrics scrape (200 sequential scrapes, idle CPU subtracted);
 3. CPU per sampling cycle, in-process (2000 cycles of ``Sampler.run_once``);
-4. resident memory growth over ``--growth`` seconds (the soak is its start).
+4. resident memory growth over ``--growth`` seconds (the soak is its start);
+   figure 2 is measured after this window.
 
 ``--quick`` is a smoke run (soak 30 s, growth 60 s, 20 scrapes, 200 cycles).
 Progress goes to stderr; every child process is stopped on exit.  See
@@ -473,7 +474,8 @@ def measure_servers(plan: Plan, workdir: Path, node_exporter: str, results: Resu
 
 
 def observe(plan: Plan, children: list[Child], results: Results) -> None:
-    """Scrape every 15 s and record RSS over the growth window; soak, then figure 2, inside it."""
+    """Scrape every 15 s and record RSS over the growth window (the soak is its start); figure 2 after it, so that
+    its burst of scrapes does not sit in the growth fit."""
     t0 = time.monotonic()
     scraper = PrometheusScraper(children, results)
     recorder = RssRecorder(children, results, t0, plan.rss_period, plan.growth)
@@ -483,12 +485,12 @@ def observe(plan: Plan, children: list[Child], results: Results) -> None:
         progress(f"figure 1: soaking {plan.soak:g}s")
         wait_until(t0 + plan.soak, children, recorder)
         results.soak_rss_kib = {child.name: rss_kib(child.pid) for child in children}
-        with scraper.lock:
-            measure_scrapes(children, plan.scrapes, results)
         results.store_series = store_series(children[0])
         progress(f"figure 4: recording RSS until t={plan.growth:g}s")
         wait_until(t0 + plan.growth, children, recorder)
         recorder.join()
+        with scraper.lock:
+            measure_scrapes(children, plan.scrapes, results)
     finally:
         scraper.stopped.set()
         recorder.stopped.set()
