@@ -234,6 +234,17 @@ def test_default_rules_cover_the_mission(before: list, after: list, alertname: s
     assert (alertname, severity) in firing
 
 
+def test_exhaustion_threshold_follows_trend_critical_eta() -> None:
+    eta = [sample("tpuwatch_memory_exhaustion_eta_seconds", 3 * 3600, memory="hbm", device="0", pid="")]
+
+    def fires(critical_eta: float) -> bool:
+        rules = [CompiledRule(r) for r in load_rules(True, [], {"AcceleratorMemoryExhaustionSoon": critical_eta})]
+        return any(c.rule.alert == "AcceleratorMemoryExhaustionSoon"
+                   for r in rules for c in r.evaluate(eta, Tracker(), T0, HOST))
+
+    assert fires(4 * 3600) and not fires(2 * 3600)
+
+
 def test_default_rules_stay_quiet_on_a_healthy_chip() -> None:
     rules = [CompiledRule(r) for r in parse_rules(default_rules_text(), "built-in")]
     samples = [sample("tpuwatch_device_up", 1, device="0"),

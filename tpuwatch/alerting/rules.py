@@ -14,8 +14,8 @@ import math
 import operator
 import os
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Annotated, Literal
 
@@ -131,9 +131,14 @@ def default_rules_text() -> str:
     return resources.files("tpuwatch.alerting").joinpath("rules/default.yaml").read_text(encoding="utf-8")
 
 
-def load_rules(default: bool, patterns: Iterable[str]) -> list[Rule]:
-    """The built-in rules (when ``default``) plus every file matching ``patterns`` (none is fine)."""
+def load_rules(default: bool, patterns: Iterable[str], thresholds: Mapping[str, float] | None = None) -> list[Rule]:
+    """The built-in rules (when ``default``) plus every file matching ``patterns`` (none is fine).
+
+    ``thresholds`` overrides the threshold of the built-in rules it names (settings such as
+    ``trend.critical_eta`` that a built-in rule must agree with); user rules are left as written.
+    """
     rules = parse_rules(default_rules_text(), "built-in rules") if default else []
+    rules = [replace(r, threshold=(thresholds or {}).get(r.alert, r.threshold)) for r in rules]
     for pattern in patterns:
         for path in sorted(glob.glob(os.path.expanduser(pattern))):
             try:

@@ -57,7 +57,8 @@ class Alerting:
     def _install(self, config: Config, previous: Delivery | None) -> None:
         """Build rules, notifiers and delivery for ``config`` (raising before anything changes), then switch."""
         section = config.alerting
-        rules = load_rules(section.default_rules, section.rule_files) if section.enabled else []
+        thresholds = {"AcceleratorMemoryExhaustionSoon": config.trend.critical_eta}
+        rules = load_rules(section.default_rules, section.rule_files, thresholds) if section.enabled else []
         notifiers = build_notifiers(config.notify, section.send_timeout) if section.enabled else []
         _, port = parse_listen_address(config.listen)
         windows = tracked_windows(rules)
