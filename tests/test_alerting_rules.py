@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,7 @@ def test_templates_fill_labels_and_value() -> None:
     assert render("in {{ $value | duration }}", labels, 5400.2) == "in 1h 30m 0s"
     assert render("{{ $value | duration }}", labels, 2605) == "43m 25s"
     assert render("{{ $value | duration }}", labels, 0.25) == "0.25s"
+    assert [render("{{ $value | duration }}", labels, v) for v in (math.nan, math.inf, -3.0)] == ["nans", "infs", "0s"]
     assert render("{{ $value | bytes }}", labels, 3 * 2**30) == "3.00 GiB"
 
 

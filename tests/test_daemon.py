@@ -83,6 +83,18 @@ def test_reload_applies_a_good_config_and_refuses_a_bad_one(start_daemon: Callab
     assert daemon.proc.poll() is None
 
 
+def test_reload_keeps_simulate(start_daemon: Callable[..., DaemonProcess]) -> None:
+    # The file says no devices; --simulate says simulated chips, before and after a reload.
+    daemon = start_daemon({**SIM_FAST, "devices": {"backend": "none"}}, args=["--simulate", "ecc-errors"])
+    daemon.wait_ready()
+    wait_until(lambda: up_devices(daemon) == {"0", "1", "2", "3"}, what="four simulated chips")
+    daemon.signal(signal.SIGHUP)
+    wait_until(lambda: "config reloaded" in daemon.log(), what="the reload")
+    before = metric(daemon, "tpuwatch_last_sample_timestamp_seconds")
+    wait_until(lambda: metric(daemon, "tpuwatch_last_sample_timestamp_seconds") > before, what="a sample after it")
+    assert up_devices(daemon) == {"0", "1", "2", "3"}
+
+
 def test_reload_can_move_the_listen_address(start_daemon: Callable[..., DaemonProcess]) -> None:
     daemon = start_daemon(SIM_FAST)
     daemon.wait_ready()

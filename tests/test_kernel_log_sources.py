@@ -87,9 +87,11 @@ def _write_kmsg_at(text: str) -> int:
 def test_kmsg_first_start_reads_back_only_the_lookback(tmp_path: Path) -> None:
     tag = f"tpuwatch-test-{uuid.uuid4().hex[:12]}"
     before = _write_kmsg_at(f"<4>{tag}: before\n")
-    wait_until(lambda: time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6 > before + 20_000, what="20 ms to pass")
+    # Half a second apart, the cutoff between them: far wider than the time from here to the source reading the
+    # clock, or than the difference between printk's clock and CLOCK_MONOTONIC (under a millisecond here).
+    wait_until(lambda: time.clock_gettime(time.CLOCK_MONOTONIC) * 1e6 > before + 500_000, what="half a second")
     _write_kmsg(f"<4>{tag}: after\n")
-    cutoff = (before + 10_000) / 1e6  # between the two records
+    cutoff = (before + 250_000) / 1e6
     state = tmp_path / "kmsg.json"
     first = KmsgSource(KMSG, state, read_boot_id(), lookback=time.clock_gettime(time.CLOCK_MONOTONIC) - cutoff)
     assert _read_tagged(first, tag) == [f"{tag}: after"]

@@ -84,7 +84,7 @@ def _cmd_run(args: argparse.Namespace, config: Config) -> int:
 
     logsetup.configure(config.log_level)
     try:
-        daemon = Daemon(config, args.config)
+        daemon = Daemon(config, args.config, getattr(args, "simulate", None))
     except (StartupError, ConfigError) as exc:
         log.error("cannot start: %s", exc)
         return EXIT_USAGE

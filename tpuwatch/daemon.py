@@ -64,6 +64,11 @@ def _trend(config: Config) -> TrendAnalyzer:
     return trend
 
 
+def _trend_key(config: Config) -> tuple[Any, ...]:
+    """What the trend analyzer is built from: a change means a new one (real chips keep their learned floors)."""
+    return config.trend, config.devices.sim if config.devices.backend == "sim" else None
+
+
 def _evaluate(alerting: Alerting, samples: list[Sample]) -> list[Sample]:
     alerting.evaluate(samples)
     return alerting.samples()
@@ -98,9 +103,10 @@ def _canary_drill(config: Config) -> dict[str, Any]:
 class Daemon:
     """The long-running service.  ``start()``, then ``wait()`` until a signal stops it."""
 
-    def __init__(self, config: Config, config_path: str | None) -> None:
+    def __init__(self, config: Config, config_path: str | None, simulate: str | None = None) -> None:
         self.config = config
         self.config_path = config_path
+        self.simulate = simulate  # ``--simulate``: applied again to every reloaded config
         self.started_at = time.time()
         self.store = SeriesStore(config.store.points_per_series, config.store.max_series)
         self.canary = _canary(config)
@@ -158,9 +164,11 @@ class Daemon:
         sdnotify.notify("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
         try:
             new = config_module.load(self.config_path)
+            if self.simulate:
+                new = config_module.simulated(new, self.simulate)
             web = load_web_config(new.web_config)
             canary = _canary(new) if new.canary != self.config.canary else self.canary
-            trend = _trend(new) if (new.trend, new.devices) != (self.config.trend, self.config.devices) else self.trend
+            trend = _trend(new) if _trend_key(new) != _trend_key(self.config) else self.trend
             store = self.store
             if new.store != self.config.store:
                 store = SeriesStore(new.store.points_per_series, new.store.max_series)

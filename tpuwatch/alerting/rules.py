@@ -30,10 +30,13 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 }
 _AGGREGATES: dict[str, Callable[[list[float]], float]] = {"sum": math.fsum, "max": max, "min": min, "count": len}
 _TEMPLATE_RE = re.compile(r"\{\{\s*\$(?:labels\.(\w+)|(value))\s*(?:\|\s*(\w+)\s*)?\}\}")
+
+
 def human_duration(seconds: float) -> str:
-    """Like Prometheus's humanizeDuration: ``1d 2h 0m 5s`` from the largest unit down; under 1 s as is."""
-    if seconds < 1:
-        return f"{max(seconds, 0.0):.3g}s"
+    """Like Prometheus's humanizeDuration: ``1d 2h 0m 5s`` from the largest unit down; under 1 s, NaN and Inf
+    as they are (``0.25s``, ``nans``), negative as ``0s``."""
+    if not math.isfinite(seconds) or seconds < 1:
+        return f"{seconds:.3g}s" if not math.isfinite(seconds) or seconds > 0 else "0s"
     rest = round(seconds)
     parts = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):

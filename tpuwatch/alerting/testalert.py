@@ -40,22 +40,24 @@ def test_alert(host: str, now: float) -> Alert:
 
 
 def become_state_owner(state_dir: str) -> str | None:
-    """As root, take on the user and group owning ``state_dir`` when that is not root; the user's name, or None."""
+    """As root, become the user owning ``state_dir`` when that is not root, with that user's own groups (as the
+    daemon has them); the user's name, or None when nothing changed."""
     if os.geteuid() != 0:
         return None
     try:
-        owner = os.stat(state_dir)
+        owner = os.stat(state_dir).st_uid
     except OSError:
         return None
-    if owner.st_uid == 0:
+    if owner == 0:
         return None
-    os.setgroups([])
-    os.setgid(owner.st_gid)
-    os.setuid(owner.st_uid)
     try:
-        return pwd.getpwuid(owner.st_uid).pw_name
+        user = pwd.getpwuid(owner)
     except KeyError:
-        return str(owner.st_uid)
+        raise ConfigError("state_dir", f"{state_dir} belongs to uid {owner}, which has no passwd entry") from None
+    os.initgroups(user.pw_name, user.pw_gid)
+    os.setgid(user.pw_gid)
+    os.setuid(owner)
+    return user.pw_name
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
@@ -66,10 +68,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
         print(f"tpuwatch: no receiver {args.receiver!r} (known: {known})" if args.receiver
               else "tpuwatch: no receivers configured in notify", file=sys.stderr)
         return 2
-    user = become_state_owner(config.state_dir)
-    if user is not None:
-        print(f"tpuwatch: running as {user}, the owner of {config.state_dir}", file=sys.stderr)
     try:
+        user = become_state_owner(config.state_dir)
+        if user is not None:
+            print(f"tpuwatch: running as {user}, the owner of {config.state_dir}", file=sys.stderr)
         notifiers = build_notifiers(receivers, config.alerting.send_timeout)
         db = open_db(config.state_dir, config.alerting.outbox_max_bytes)
     except ConfigError as exc:
