@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pwd
 import shutil
 import sqlite3
 import subprocess
@@ -22,7 +23,7 @@ import yaml
 
 from tpuwatch import config as config_module
 from tpuwatch.alerting import Alerting, listing, testalert
-from tpuwatch.alerting.db import DB_NAME
+from tpuwatch.alerting.db import DB_NAME, open_db
 from tpuwatch.config import Config
 from tpuwatch.samples import sample
 
@@ -54,6 +55,30 @@ def test_test_alert_prints_each_answer(receivers: Any, tmp_path: Path, capsys: p
     assert pd.json()[0]["event_action"] == "trigger"
     with sqlite3.connect(tmp_path / "state" / DB_NAME) as conn:
         assert conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 0  # passed through, nothing left
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to change user")
+def test_as_root_test_alert_becomes_the_state_owner_with_its_groups(request: pytest.FixtureRequest) -> None:
+    nobody = pwd.getpwnam("nobody")
+    base = Path(tempfile.mkdtemp(prefix="tpuwatch-test-"))  # reachable by nobody, unlike pytest's tmp_path
+    request.addfinalizer(lambda: shutil.rmtree(base))
+    base.chmod(0o755)
+    state = base / "state"
+    state.mkdir()
+    os.chown(state, nobody.pw_uid, 0)  # the directory's group is root's: the user's own group is taken
+    child = os.fork()
+    if child == 0:  # the change of user is for good: only a child may make it
+        code = 1
+        try:
+            user = testalert.become_state_owner(str(state))
+            open_db(str(state), 1 << 20).close()
+            code = 0 if (user, os.getuid(), os.getgid()) == ("nobody", nobody.pw_uid, nobody.pw_gid) else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    created = list(state.iterdir())
+    assert created and {(p.stat().st_uid, p.stat().st_gid) for p in created} == {(nobody.pw_uid, nobody.pw_gid)}
 
 
 def _others_can_reach(path: Path) -> bool:
