@@ -10,12 +10,12 @@ downward spikes; and the *high*, the second-highest of the last
 a leak without a long one's lag; a long one sees through slow sawtooth and
 periodic load.  Every ``analyze_every`` the floor histories (bounded: the
 longest scale plus ``lookback``) are tested at several scales, 45 min to 6 h,
-shortest first, each on the floors whose window is at most 1/``floor_per_scale``
-of the scale, cheapest checks first; the statistics run on at most
-``points_per_scale`` points, so the cost per analysis is bounded.  A scale is
-tested only with ``min_prior`` of history before its window, so that a
-periodic load has shown its earlier highs.  A scale shows growth on a floor
-when
+shortest first, each on the floors whose window is from 1/``floor_scales[1]``
+to 1/``floor_scales[0]`` of the scale, cheapest checks first; the statistics
+run on at most ``points_per_scale`` points, so the cost per analysis is
+bounded.  A scale is tested only with ``min_prior`` of history before its
+window, so that a periodic load has shown its earlier highs.  A scale shows
+growth on a floor when
 
 * the medians of its ``segments`` consecutive segments all rise, the smallest
   rise at least ``min_ratio`` of the largest (a step rises in one segment, a
@@ -64,10 +64,10 @@ class LeakParams:
     bucket: float = 60.0
     floor_windows: tuple[float, ...] = (180.0, 900.0, 3600.0)
     floor_outliers: float = 0.05
-    floor_per_scale: float = 3.0
+    floor_scales: tuple[float, float] = (3.0, 30.0)
     high_window: float = 900.0
     analyze_every: float = 150.0
-    scales: tuple[float, ...] = (2700.0, 4500.0, 7200.0, 10800.0, 21600.0)
+    scales: tuple[float, ...] = (2700.0, 3600.0, 4500.0, 5400.0, 7200.0, 10800.0, 21600.0)
     points_per_scale: int = 45
     lookback: float = 14400.0
     min_history: float = 7200.0
@@ -252,7 +252,7 @@ class LeakDetector:
             if len(series[0]) < count + max(count // p.segments, int(p.min_prior / p.bucket)):
                 return None
             for window, floors in zip(p.floor_windows, series):
-                if window * p.floor_per_scale > scale:
+                if not p.floor_scales[0] * window <= scale <= p.floor_scales[1] * window:
                     continue
                 growth = self._growth_at(count, floors)
                 if growth is not None:
