@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import time
@@ -42,6 +43,18 @@ def test_webhook_signs_with_the_secret_and_adds_headers(receivers: Any, tmp_path
     assert request["headers"][SIGNATURE_HEADER] == f"sha256={expected}"
     assert request["headers"]["X-Team"] == "ml-infra"
     assert request["headers"]["X-Tpuwatch-Notification-Id"] == "key-1"
+
+
+def test_credentials_in_the_url_become_basic_auth(receivers: Any) -> None:
+    hook = receivers()
+    url = hook.url("/hook").replace("http://", "http://ops%40team:p%3Ass@")
+    (notifier,) = notifiers_for(f"  - {{name: am, type: alertmanager, urls: ['{url}']}}\n")
+    assert send_one(notifier, firing_alert()).ok
+    (request,) = hook.requests
+    assert request["path"] == "/hook/api/v2/alerts"
+    assert request["headers"]["Authorization"] == "Basic " + base64.b64encode(b"ops@team:p:ss").decode()
+    hook.mode = "error"
+    assert "p%3Ass" not in send_one(notifier, firing_alert()).detail
 
 
 def test_500_is_retryable_and_detail_has_no_url_secret(receivers: Any) -> None:

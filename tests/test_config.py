@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -113,13 +114,15 @@ def test_config_show_redacts_secrets(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("notify:\n"
                     "  - {name: hook, type: webhook, url: 'https://bot:s3cret-pw@hooks.example/x'}\n"
-                    "  - {name: pd, type: pagerduty, routing_key: R0UTINGKEY123}\n")
+                    "  - {name: pd, type: pagerduty, routing_key: R0UTINGKEY123}\n"
+                    "  - {name: am, type: alertmanager, urls: ['http://am:l1st-pw@am1:9093', 'http://am2:9093']}\n")
     result = run_cli("config", "show", "--config", str(path))
     assert result.returncode == 0
-    assert "s3cret-pw" not in result.stdout and "R0UTINGKEY123" not in result.stdout
+    assert not {"s3cret-pw", "R0UTINGKEY123", "l1st-pw"} & set(re.findall(r"[\w-]+", result.stdout))
     shown = yaml.safe_load(result.stdout)
     assert shown["notify"][0]["url"] == "https://bot:<secret>@hooks.example/x"
     assert shown["notify"][1]["routing_key"] == "<secret>"
+    assert shown["notify"][2]["urls"] == ["http://am:<secret>@am1:9093", "http://am2:9093"]
     assert shown["interval"] == "10s"
     # What config show prints is itself a valid config with the same meaning.
     assert config_module.parse(result.stdout.replace("<secret>", "x")).interval == 10.0

@@ -262,15 +262,26 @@ def dump(instance: Any) -> Any:
     out: dict[str, Any] = {}
     for field in dataclasses.fields(instance):
         value = getattr(instance, field.name)
-        markers = _markers(hints[field.name])
-        if value is not None and any(isinstance(m, Secret) for m in markers):
-            value = SECRET_PLACEHOLDER
-        elif value is not None and any(isinstance(m, Duration) for m in markers):
-            value = format_duration(value)
-        elif value is not None and any(isinstance(m, Url) for m in markers):
-            value = redact_url(value)
-        out[field.name] = dump(value)
+        hint = hints[field.name]
+        if isinstance(value, list) and typing.get_origin(hint) is list:
+            out[field.name] = [dump(_redacted(item, typing.get_args(hint)[0])) for item in value]
+        else:
+            out[field.name] = dump(_redacted(value, hint))
     return out
+
+
+def _redacted(value: Any, hint: Any) -> Any:
+    """``value`` as ``config show`` prints it: secrets hidden, durations spelled, URL passwords hidden."""
+    markers = _markers(hint)
+    if value is None:
+        return None
+    if any(isinstance(m, Secret) for m in markers):
+        return SECRET_PLACEHOLDER
+    if any(isinstance(m, Duration) for m in markers):
+        return format_duration(value)
+    if any(isinstance(m, Url) for m in markers):
+        return redact_url(value)
+    return value
 
 
 def _markers(hint: Any) -> list[Any]:

@@ -8,12 +8,14 @@ URL or a secret: only the HTTP status, a short reason, and the start of a body.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import http.client
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -165,7 +167,7 @@ class Notifier:
         self.config = config
         self.name = name
         self.type = config.type
-        self._url = url
+        self._url, self._authorization = _split_credentials(url)
         self._timeout = timeout
         self._routing_key = config.routing_key
         if config.routing_key_file is not None:
@@ -175,7 +177,7 @@ class Notifier:
 
     def secrets(self) -> list[str]:
         """Every secret this notifier holds (tests check none leaks)."""
-        return [s for s in (self._url, self._routing_key, self._secret and self._secret.decode(),
+        return [s for s in (self._url, self._authorization, self._routing_key, self._secret and self._secret.decode(),
                             *(self.config.headers or {}).values()) if s]
 
     def send(self, body: str, key: str) -> Answer:
@@ -185,6 +187,8 @@ class Notifier:
         data = body.encode()
         headers = {"Content-Type": "application/json", "User-Agent": f"tpuwatch/{__version__}",
                    ID_HEADER: key, **(self.config.headers or {})}
+        if self._authorization is not None and "authorization" not in {h.lower() for h in headers}:
+            headers["Authorization"] = self._authorization
         if self._secret is not None:
             headers[SIGNATURE_HEADER] = "sha256=" + hmac.new(self._secret, data, hashlib.sha256).hexdigest()
         url = self._url.rstrip("/") + "/api/v2/alerts" if self.type == "alertmanager" else self._url
@@ -198,15 +202,32 @@ class Notifier:
             reason_of = getattr(exc, "reason", exc)
             if isinstance(exc, TimeoutError) or isinstance(reason_of, TimeoutError):
                 return Answer(False, True, f"no answer within {self._timeout:g}s")
-            return Answer(False, True, "connection failed")
-        text = " ".join(raw.decode("utf-8", "replace").split())[:200]
-        for secret in self.secrets():
-            text = text.replace(secret, "<secret>")
+            return Answer(False, True, self._redacted(f"connection failed: {reason_of}"))
+        text = self._redacted(" ".join(raw.decode("utf-8", "replace").split())[:200])
         detail = f"HTTP {status} {reason or ''}".rstrip() + (f": {text}" if text else "")
         if 200 <= status < 300:
             return Answer(True, False, detail)
         retry = status >= 500 or status in (408, 429)
         return Answer(False, retry, detail)
+
+
+    def _redacted(self, text: str) -> str:
+        for secret in self.secrets():
+            text = text.replace(secret, "<secret>")
+        return text
+
+
+def _split_credentials(url: str) -> tuple[str, str | None]:
+    """``https://user:pw@host/x`` -> (``https://host/x``, the basic-auth header value); urllib sends no userinfo."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, None
+    host = parts.hostname or ""
+    netloc = (f"[{host}]" if ":" in host else host) + (f":{parts.port}" if parts.port is not None else "")
+    user = urllib.parse.unquote(parts.username or "")
+    password = urllib.parse.unquote(parts.password or "")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc)), f"Basic {token}"
 
 
 def build_notifiers(receivers: Sequence[ReceiverConfig], timeout: float) -> list[Notifier]:
