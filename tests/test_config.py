@@ -110,6 +110,27 @@ def test_config_check_cli_exit_codes(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "No such file" in missing.stderr and "Traceback" not in missing.stderr
 
 
+def test_config_check_reads_what_run_reads(tmp_path: Path) -> None:
+    (tmp_path / "bad-rules").mkdir()
+    (tmp_path / "bad-rules" / "x.yaml").write_text("rules: [{name: broken}]\n")
+    (tmp_path / "alerts.yaml").write_text("rules: [{alert: X}]\n")
+    (tmp_path / "web.yaml").write_text("basic_auth_users: {ops: not-a-bcrypt-hash}\n")
+    cases = {
+        "notify: [{name: a, type: webhook, url: 'http://x/', secret_file: /nonexistent/key}]":
+            "notify.a.secret_file: cannot read /nonexistent/key",
+        f"alerting: {{rule_files: ['{tmp_path}/alerts.yaml']}}": f"{tmp_path}/alerts.yaml: rules[0].metric",
+        f"web_config: {tmp_path}/web.yaml": f"web_config({tmp_path}/web.yaml)",
+        f"kernel_log: {{rules_dirs: ['{tmp_path}/bad-rules']}}": f"{tmp_path}/bad-rules/x.yaml",
+    }
+    for text, message in cases.items():
+        path = tmp_path / "c.yaml"
+        path.write_text(text + "\n")
+        result = run_cli("config", "check", "--config", str(path))
+        assert result.returncode == 2 and result.stdout == "", (text, result.stderr)
+        assert result.stderr.startswith("tpuwatch: config error: ") and message in result.stderr, result.stderr
+        assert len(result.stderr.splitlines()) == 1
+
+
 def test_config_show_redacts_secrets(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("notify:\n"

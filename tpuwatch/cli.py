@@ -108,9 +108,25 @@ def _cmd_check(args: argparse.Namespace, config: Config) -> int:
 def _cmd_config(args: argparse.Namespace, config: Config) -> int:
     if args.config_command == "show":
         sys.stdout.write(config_module.to_yaml(config))
-    else:
-        print(f"{args.config or 'built-in defaults'}: ok")
+        return EXIT_OK
+    try:
+        _check_referenced_files(config)
+    except ConfigError as exc:
+        print(f"tpuwatch: config error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"{args.config or 'built-in defaults'}: ok")
     return EXIT_OK
+
+
+def _check_referenced_files(config: Config) -> None:
+    """What ``run`` reads beside the config: the web config, alert and kernel-log rule files, secret files."""
+    from tpuwatch.alerting.service import rules_and_notifiers
+    from tpuwatch.kernel_log.rules import load_rules
+    from tpuwatch.webconfig import load_web_config
+
+    load_web_config(config.web_config)
+    rules_and_notifiers(config)
+    load_rules(config.kernel_log.rules_dirs)
 
 
 _COMMANDS: dict[str, Any] = {"run": _cmd_run, "check": _cmd_check, "config": _cmd_config}

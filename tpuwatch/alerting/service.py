@@ -12,8 +12,8 @@ from typing import Any
 from tpuwatch.alerting.db import OutboxFull, open_db
 from tpuwatch.alerting.delivery import Delivery
 from tpuwatch.alerting.dispatch import Dispatcher
-from tpuwatch.alerting.notifiers import build_notifiers
-from tpuwatch.alerting.rules import CompiledRule, load_rules, tracked_windows
+from tpuwatch.alerting.notifiers import Notifier, build_notifiers
+from tpuwatch.alerting.rules import CompiledRule, Rule, load_rules, tracked_windows
 from tpuwatch.alerting.state import AlertBook
 from tpuwatch.alerting.tracker import Tracker
 from tpuwatch.config import Config
@@ -21,6 +21,16 @@ from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import parse_listen_address
 
 log = logging.getLogger(__name__)
+
+
+def rules_and_notifiers(config: Config) -> tuple[list[Rule], list[Notifier]]:
+    """The alert rules and notifiers ``config`` asks for, reading rule and secret files; ConfigError on a problem."""
+    section = config.alerting
+    if not section.enabled:
+        return [], []
+    thresholds = {"AcceleratorMemoryExhaustionSoon": config.trend.critical_eta}
+    return (load_rules(section.default_rules, section.rule_files, thresholds),
+            build_notifiers(config.notify, section.send_timeout))
 
 
 class Alerting:
@@ -57,9 +67,7 @@ class Alerting:
     def _install(self, config: Config, previous: Delivery | None) -> None:
         """Build rules, notifiers and delivery for ``config`` (raising before anything changes), then switch."""
         section = config.alerting
-        thresholds = {"AcceleratorMemoryExhaustionSoon": config.trend.critical_eta}
-        rules = load_rules(section.default_rules, section.rule_files, thresholds) if section.enabled else []
-        notifiers = build_notifiers(config.notify, section.send_timeout) if section.enabled else []
+        rules, notifiers = rules_and_notifiers(config)
         _, port = parse_listen_address(config.listen)
         windows = tracked_windows(rules)
         delivery = Delivery(self.db, section, notifiers)
