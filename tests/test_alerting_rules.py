@@ -210,6 +210,8 @@ DEFAULT_CASES = [
      "AcceleratorMemoryExhaustionSoon", "critical"),
     ("drift", [], [("tpuwatch_drift_suspected", 1, {"device": "0", "series": "canary_latency", "band": ""})],
      "AcceleratorDrift", "warning"),
+    ("temperature drift", [], [("tpuwatch_drift_suspected", 1, {"device": "0", "series": "temperature",
+                                                                "band": "0.6-0.8"})], "AcceleratorDrift", "warning"),
     ("hot", [], [("tpuwatch_device_temperature_celsius", 88, {"device": "0"})], "AcceleratorTemperatureHigh",
      "warning"),
     ("very hot", [], [("tpuwatch_device_temperature_celsius", 97, {"device": "0"})],

@@ -64,7 +64,7 @@ def test_series_extracted_from_a_cycle() -> None:
     }
     drift = drift_series(_cycle(5 * GIB))
     assert drift == {(("device", "0"), ("series", "canary_latency")): 0.004,
-                     (("band", "4"), ("device", "0"), ("series", "temperature")): 60.0}
+                     (("band", "0.8-1.0"), ("device", "0"), ("series", "temperature")): 60.0}
 
 
 def test_analyzer_flags_a_leaking_chip_only() -> None:

@@ -9,7 +9,7 @@ the store's ``current()`` returns) and returns the trend samples to export;
   holding a chip against host memory;
 * drift: canary latency and canary error per chip (fed only when a new canary
   result arrives, i.e. when the value changes), and chip temperature per
-  utilization band of 0.2 ("temperature at comparable utilization").
+  utilization band of 0.2, labelled like ``band="0.6-0.8"`` ("temperature at comparable utilization").
 
 Detectors of series not seen for ``forget_after`` seconds are dropped, and at
 most ``max_series`` are kept, so memory is bounded.
@@ -79,7 +79,8 @@ def drift_series(samples: list[Sample]) -> dict[Labels, float]:
             out[(("device", device), ("series", names[s.name]))] = s.value
         elif s.name == "tpuwatch_device_temperature_celsius" and s.labels in utilization:
             band = min(UTILIZATION_BANDS - 1, int(utilization[s.labels] * UTILIZATION_BANDS))
-            out[(("band", str(band)), ("device", device), ("series", "temperature"))] = s.value
+            span = f"{band / UTILIZATION_BANDS:.1f}-{(band + 1) / UTILIZATION_BANDS:.1f}"
+            out[(("band", span), ("device", device), ("series", "temperature"))] = s.value
     return out
 
 
