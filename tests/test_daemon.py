@@ -47,6 +47,9 @@ def test_without_accelerators_it_says_so_and_serves_host_metrics(
     assert report["checks"]["collector:host"]["status"] == "ok"
     assert metric(daemon, "tpuwatch_host_memory_total_bytes") > 0
     assert metric(daemon, 'tpuwatch_collector_success{collector="host"}') == 1.0
+    # Counters exist at 0 before anything goes wrong, so that rate() and increase() see the first failure.
+    assert metric(daemon, 'tpuwatch_collector_errors_total{collector="host",reason="timeout"}') == 0.0
+    assert metric(daemon, 'tpuwatch_readings_dropped_total{collector="host",reason="nan"}') == 0.0
     assert daemon.proc.poll() is None
 
 

@@ -64,9 +64,9 @@ def test_one_failing_and_one_hung_collector_leave_the_others_untouched(hanging: 
     assert store.current() == [sample("tpuwatch_host_memory_total_bytes", 42)]
     statuses = {g.name: g.status for g in sampler.guards}
     assert statuses["good"].success is True and statuses["good"].samples == 1
-    assert statuses["raising"].success is False and statuses["raising"].errors == {"error": 1}
+    assert statuses["raising"].success is False and +statuses["raising"].errors == {"error": 1}
     assert "driver said no" in statuses["raising"].last_error
-    assert statuses["hanging"].success is False and statuses["hanging"].errors == {"timeout": 1}
+    assert statuses["hanging"].success is False and +statuses["hanging"].errors == {"timeout": 1}
 
 
 def test_a_hung_call_is_not_started_again_until_it_returns(hanging: Hanging) -> None:
@@ -75,7 +75,7 @@ def test_a_hung_call_is_not_started_again_until_it_returns(hanging: Hanging) -> 
         guard.start()
         assert guard.finish(time.monotonic() + 0.05) is None
     assert hanging.calls == 1
-    assert guard.status.errors == {"timeout": 1, "still_running": 2}
+    assert +guard.status.errors == {"timeout": 1, "still_running": 2}
     hanging.release.set()
     guard.start()
     assert guard.finish(time.monotonic() + 2.0) == [sample("tpuwatch_host_memory_total_bytes", 1)]
@@ -114,7 +114,7 @@ def test_failures_are_logged_once_per_streak(caplog: pytest.LogCaptureFixture) -
             guard.start()
             guard.finish(time.monotonic() + 1)
     assert len([r for r in caplog.records if "failed" in r.getMessage()]) == 1
-    assert guard.status.errors == {"error": 5}
+    assert +guard.status.errors == {"error": 5}
 
 
 def test_derived_collectors_see_the_same_cycles_readings() -> None:

@@ -21,6 +21,9 @@ def sample(name: str, value: float, **labels: str) -> Sample:
     return Sample(name, tuple(sorted(labels.items())), float(value))
 
 
+INVALID_REASONS = ("nan", "inf", "negative")
+
+
 def invalid_reason(value: float, allow_negative: bool) -> str | None:
     """Why ``value`` is not a reading to keep ("nan", "inf", "negative"), or None."""
     if math.isnan(value):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tpuwatch.catalog import CATALOG
-from tpuwatch.samples import Sample, invalid_reason
+from tpuwatch.samples import INVALID_REASONS, Sample, invalid_reason
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,9 @@ class Collector(Protocol):
     def collect(self) -> list[Sample]: ...
 
 
+ERROR_REASONS = ("error", "timeout", "still_running")
+
+
 @dataclass
 class CollectorStatus:
     """What the last run of one collector did, plus running totals."""
@@ -41,8 +44,9 @@ class CollectorStatus:
     duration_seconds: float = 0.0
     samples: int = 0
     last_error: str | None = None
-    errors: Counter[str] = field(default_factory=Counter)
-    dropped: Counter[str] = field(default_factory=Counter)
+    # Every reason at 0 from the start, so that the counters exist before the first failure.
+    errors: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(ERROR_REASONS, 0)))
+    dropped: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(INVALID_REASONS, 0)))
 
 
 class _Call:
