@@ -170,8 +170,9 @@ def test_alerts_lists_the_daemons_active_alerts(endpoint: tuple[Alerting, int], 
     assert lines[1].endswith("Device 3 is lost or dead")
     assert lines[2].split()[:4] == ["pending", "warning", "AcceleratorTemperatureHigh", "1"]
     assert listing.run(parse_args(listing, "--json"), config) == 0
-    listed = json.loads(capsys.readouterr().out)
-    assert [a["labels"]["alertname"] for a in listed] == ["AcceleratorLost", "AcceleratorTemperatureHigh"]
+    listed = json.loads(capsys.readouterr().out)  # /api/alerts as it is
+    assert listed["status"] == "success"
+    assert [a["labels"]["alertname"] for a in listed["alerts"]] == ["AcceleratorLost", "AcceleratorTemperatureHigh"]
 
 
 def test_alerts_without_a_daemon_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

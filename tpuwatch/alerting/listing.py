@@ -54,9 +54,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
     try:
         response = requests.get(url, timeout=10, verify=args.ca or True)
         response.raise_for_status()
-        alerts = response.json()["alerts"]
+        answer = response.json()
+        alerts = answer["alerts"]
     except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
         print(f"tpuwatch: cannot list alerts from {url}: {type(exc).__name__}", file=sys.stderr)
         return 1
-    print(json.dumps(alerts, indent=2) if args.json else render(alerts))
+    print(json.dumps(answer, indent=2) if args.json else render(alerts))
     return 0
