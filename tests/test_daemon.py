@@ -309,7 +309,7 @@ def test_a_simulated_fault_pages_through_the_webhook(start_daemon: Callable[...,
         listed = run_cli("alerts", "--json", "--config", str(daemon.config_path))
         assert listed.returncode == 0, listed.stderr
         assert any(a["labels"]["alertname"] == "AcceleratorEccUncorrectable"
-                   for a in json.loads(listed.stdout))
+                   for a in json.loads(listed.stdout)["alerts"])
         assert metric(daemon, 'tpuwatch_alerts{alertname="AcceleratorEccUncorrectable",severity="critical"}') >= 1
     finally:
         hook.close()
