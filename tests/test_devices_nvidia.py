@@ -18,10 +18,11 @@ import pytest
 
 from tpuwatch.config import Config, DevicesConfig, NvidiaConfig, Paths
 from tpuwatch.devices import DeviceCollector, select_backend
+from tpuwatch.devices.base import DeviceReading
 from tpuwatch.devices.nvidia import NvidiaBackend, pci_bus_id, throttle_reasons
 from tpuwatch.health import device_problems
 
-from conftest import run_cli
+from conftest import run_cli, wait_until
 
 STANDIN = Path(__file__).parent / "testdata" / "devices" / "nvml"
 GPUS = STANDIN / "h100x4.json"
@@ -140,8 +141,12 @@ def test_a_call_that_never_returns_marks_only_that_gpu_unresponsive(nvml: FakeNv
     assert threading.active_count() <= threads + 1, "a stuck GPU holds one thread, not one more per read"
     nvml.change(3, hang=None)
     nvml.module.RELEASE.set()
-    recovered = backend.read()[3]
-    assert (recovered.up, recovered.power_watts) == (True, 68.0)
+    # The released call finishes in its own thread; until it has, the lane is still busy.
+    def answering() -> DeviceReading | None:
+        reading = backend.read()[3]
+        return reading if reading.up else None
+
+    assert wait_until(answering, timeout=5, what="GPU 3 to answer again").power_watts == 68.0
 
 
 def test_without_nvidia_ml_py_the_collector_fails_with_a_clear_reason() -> None:
