@@ -57,15 +57,22 @@ def test_test_alert_prints_each_answer(receivers: Any, tmp_path: Path, capsys: p
         assert conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 0  # passed through, nothing left
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to change user")
-def test_as_root_test_alert_becomes_the_state_owner_with_its_groups(request: pytest.FixtureRequest) -> None:
-    nobody = pwd.getpwnam("nobody")
-    base = Path(tempfile.mkdtemp(prefix="tpuwatch-test-"))  # reachable by nobody, unlike pytest's tmp_path
-    request.addfinalizer(lambda: shutil.rmtree(base))
+@pytest.fixture
+def nobodys_state_dir() -> Iterator[Path]:
+    """A state directory owned by nobody, group root, where nobody can reach it (pytest's tmp_path is root-only)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to change user")
+    base = Path(tempfile.mkdtemp(prefix="tpuwatch-test-"))
     base.chmod(0o755)
     state = base / "state"
     state.mkdir()
-    os.chown(state, nobody.pw_uid, 0)  # the directory's group is root's: the user's own group is taken
+    os.chown(state, pwd.getpwnam("nobody").pw_uid, 0)
+    yield state
+    shutil.rmtree(base)
+
+
+def test_as_root_test_alert_becomes_the_state_owner_with_its_groups(nobodys_state_dir: Path) -> None:
+    nobody, state = pwd.getpwnam("nobody"), nobodys_state_dir
     child = os.fork()
     if child == 0:  # the change of user is for good: only a child may make it
         code = 1
@@ -86,21 +93,12 @@ def _others_can_reach(path: Path) -> bool:
     return all(parent.stat().st_mode & 0o001 for parent in [path, *path.parents] if parent.is_dir())
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to change user")
 @pytest.mark.skipif(not all(_others_can_reach(Path(p).resolve()) for p in
                             (sys.base_prefix, sys.prefix, Path(testalert.__file__).parent)),
                     reason="this Python or tpuwatch is installed where other users cannot reach it")
 def test_test_alert_as_root_keeps_the_daemons_state_files_the_daemons(receivers: Any, tmp_path: Path,
-                                                                     request: pytest.FixtureRequest) -> None:
-    hook = receivers()
-    nobody = 65534
-    # pytest's tmp_path sits in a root-only directory: the state lives where nobody can reach it.
-    base = Path(tempfile.mkdtemp(prefix="tpuwatch-test-"))
-    request.addfinalizer(lambda: shutil.rmtree(base))
-    base.chmod(0o755)
-    state = base / "state"
-    state.mkdir()
-    os.chown(state, nobody, nobody)
+                                                                     nobodys_state_dir: Path) -> None:
+    hook, state = receivers(), nobodys_state_dir
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({"state_dir": str(state), "notify": [
         {"name": "hook", "type": "webhook", "url": hook.url()}]}))
@@ -110,7 +108,7 @@ def test_test_alert_as_root_keeps_the_daemons_state_files_the_daemons(receivers:
     assert result.stderr.startswith(f"tpuwatch: running as nobody, the owner of {state}")
     assert len(hook.requests) == 1
     created = list(state.iterdir())
-    assert created and {p.stat().st_uid for p in created} == {nobody}
+    assert created and {p.stat().st_uid for p in created} == {pwd.getpwnam("nobody").pw_uid}
 
 
 def test_test_alert_one_receiver_and_usage_errors(receivers: Any, tmp_path: Path,

@@ -70,6 +70,18 @@ def test_values_are_typed() -> None:
     ("notify: [{type: webhook, url: 'http://h/x'}]", "notify[0].name: required key missing"),
     ("notify: [{name: x, type: sms, url: 'http://h/'}]", "notify[0].type: must be one of"),
     ("collector_timeout: 20s", "collector_timeout: must not exceed interval"),
+    # alerting and notify
+    ("notify: [{name: x, type: webhook, urls: ['http://a/']}]", "notify[0].urls: only alertmanager receivers"),
+    ("notify: [{name: x, type: alertmanager}]", "notify[0]: receiver 'x' needs exactly one of url, url_file, urls"),
+    ("notify: [{name: x, type: slack, url: 'http://a/', secret_file: /k}]",
+     "notify[0].secret_file: only webhook receivers sign"),
+    ("notify: [{name: x, type: webhook, url: 'http://a/', match: {severity: '(crit'}}]",
+     "notify[0].match.severity: invalid regular expression"),
+    ("notify: [{name: x, type: webhook, url: 'http://a/', headers: [a]}]", "notify[0].headers: expected a mapping"),
+    ("notify: [{name: x, type: alertmanager, urls: ['ftp://a/']}]", "notify[0].urls[0]: invalid URL"),
+    ("alerting: {retry_initial: 10s, retry_max: 1s}", "alerting.retry_max: must not be below retry_initial"),
+    ("alerting: {outbox_max_bytes: 1000}", "alerting.outbox_max_bytes: 1000 out of range"),
+    ("alerting: {breaker_failures: 0}", "alerting.breaker_failures: 0 out of range"),
 ])
 def test_errors_name_the_key_path(text: str, message: str) -> None:
     with pytest.raises(ConfigError) as caught:

@@ -210,7 +210,6 @@ class Notifier:
         retry = status >= 500 or status in (408, 429)
         return Answer(False, retry, detail)
 
-
     def _redacted(self, text: str) -> str:
         for secret in self.secrets():
             text = text.replace(secret, "<secret>")

@@ -49,7 +49,7 @@ def human_duration(seconds: float) -> str:
 _FILTERS: dict[str, Callable[[float], str]] = {
     "number": lambda v: f"{v:.4g}",
     "percent": lambda v: f"{v * 100:.1f}%",
-    "duration": lambda v: human_duration(v),
+    "duration": human_duration,
     "bytes": lambda v: f"{v / 2**30:.2f} GiB",
 }
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

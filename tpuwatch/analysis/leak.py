@@ -244,14 +244,13 @@ class LeakDetector:
     def _growth(self) -> Growth | None:
         """The shortest scale that shows growth, or None."""
         p = self.params
-        if len(self._floors[-1]) < p.min_history / p.bucket:
+        if len(self._floor_times) < p.min_history / p.bucket:
             return None
-        series = self._floors
         for scale in p.scales:
             count = int(scale / p.bucket)
-            if len(series[0]) < count + max(count // p.segments, int(p.min_prior / p.bucket)):
+            if len(self._floor_times) < count + max(count // p.segments, int(p.min_prior / p.bucket)):
                 return None
-            for window, floors in zip(p.floor_windows, series):
+            for window, floors in zip(p.floor_windows, self._floors):
                 if not p.floor_scales[0] * window <= scale <= p.floor_scales[1] * window:
                     continue
                 growth = self._growth_at(count, floors)
@@ -330,7 +329,7 @@ class LeakDetector:
 
     def slope(self) -> float:
         """Theil-Sen slope of the floor over the longest scale the history covers (0.0 with too little)."""
-        count = min(len(self._floors[-1]), int(max(self.params.scales) / self.params.bucket))
+        count = min(len(self._floor_times), int(max(self.params.scales) / self.params.bucket))
         if count < 2:
             return 0.0
         times, values = self._window(count, self._floors[-1])

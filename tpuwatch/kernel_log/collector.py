@@ -136,8 +136,8 @@ def open_source(config: Config, persist: bool = True) -> tuple[Source | None, st
 
     With ``persist`` the position is kept under ``state_dir``/kernel_log, and a
     first start this boot reads back only ``kernel_log.lookback``; without, the
-    position is neither read nor saved and the whole boot is read.  Raises ConfigError when an explicitly chosen
-    kmsg or journal cannot be opened.
+    position is neither read nor saved and the whole boot is read.  Raises
+    ConfigError when an explicitly chosen kmsg or journal cannot be opened.
     """
     settings = config.kernel_log
     state_dir = Path(config.state_dir, "kernel_log")
