@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tpuwatch.analysis import analyze
+from tpuwatch.analysis.inputs import parse_csv
 from tpuwatch.analysis.leak import LeakDetector, LeakParams, mann_kendall_p, theil_sen
 
 GIB = float(1 << 30)
@@ -87,6 +91,14 @@ def test_leaks_are_found_after_they_start_and_within_three_hours(kind: str) -> N
     assert detector.first_alert_at is not None
     assert LEAK_START < detector.first_alert_at <= LEAK_START + 3 * HOUR
     assert detector.state.firing and detector.state.slope > 0 and detector.state.confidence > 0.99
+
+
+def test_a_load_that_has_turned_back_down_is_not_a_leak() -> None:
+    # A captured trace (see testdata/trend/make_fixtures.py): without the check that the newest floor has not fallen
+    # back below its segment, the detector fired on the way down from the cycle's top.
+    series = parse_csv((Path(__file__).parent / "testdata" / "trend" / "periodic_turning.csv").read_text(), "fixture")
+    assert analyze.replay(series, LeakParams(), None)["first_alert_at"] is None
+    assert analyze.replay(series, LeakParams(end_slack=math.inf), None)["first_alert_at"] is not None
 
 
 def test_a_slow_leak_under_a_large_load_cycle_is_seen_through_the_hour_floor() -> None:

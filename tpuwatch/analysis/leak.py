@@ -21,6 +21,8 @@ growth on a floor when
   rise at least ``min_ratio`` of the largest (a step rises in one segment, a
   warm-up that levels off in the first ones only);
 * the rise is at least ``min_rise`` of the capacity (or of the level);
+* the newest floor is within ``end_slack`` of the rise of the newest
+  segment's median (periodic load has turned back down by then);
 * the newest segment tops the segments of the ``lookback`` before the window
   by ``new_high`` of the rise (periodic load returns to levels already seen);
 * no single one-minute jump of the floor carries more than ``max_jump`` of
@@ -62,9 +64,9 @@ class LeakParams:
     """Tuning of the leak detector; the defaults suit sampling every 1-30 s."""
 
     bucket: float = 60.0
-    floor_windows: tuple[float, ...] = (180.0, 900.0, 3600.0)
+    floor_windows: tuple[float, ...] = (180.0, 480.0, 900.0, 3600.0)
     floor_outliers: float = 0.05
-    floor_scales: tuple[float, float] = (3.0, 30.0)
+    floor_scales: tuple[float, float] = (3.0, 20.0)
     high_window: float = 900.0
     analyze_every: float = 150.0
     scales: tuple[float, ...] = (2700.0, 3600.0, 4500.0, 5400.0, 7200.0, 10800.0, 21600.0)
@@ -76,11 +78,12 @@ class LeakParams:
     min_rise: float = 0.005
     new_high: float = 0.25
     max_jump: float = 0.3
+    end_slack: float = 0.1
     alpha: float = 0.001
     min_ratio: float = 0.35
     noise_factor: float = 4.0
-    persistence: int = 3
-    persistence_of: int = 5
+    persistence: int = 2
+    persistence_of: int = 3
     clear_after: int = 6
     critical_eta: float = 4 * 3600.0
     max_eta: float = 7 * 86400.0
@@ -181,7 +184,7 @@ class LeakDetector:
 
     __slots__ = ("params", "state", "first_alert_at", "_bucket_end", "_lo1", "_lo2", "_hi1", "_hi2",
                  "_capacity", "_lows", "_highs", "_keep", "_floors", "_floor_times", "_next_analysis", "_recent",
-                 "_quiet", "_high")
+                 "_quiet", "_high", "_plan")
 
     def __init__(self, params: LeakParams | None = None) -> None:
         self.params = params or LeakParams()
@@ -202,6 +205,12 @@ class LeakDetector:
         self._recent: deque[bool] = deque(maxlen=self.params.persistence_of)
         self._quiet = 0
         self._high = math.nan
+        # What each analysis tests, shortest scale first: (history needed, buckets in the scale, floor history).
+        p = self.params
+        self._plan = [(count + max(count // p.segments, int(p.min_prior / p.bucket)), count, floors)
+                      for count in (int(scale / p.bucket) for scale in p.scales)
+                      for window, floors in zip(p.floor_windows, self._floors)
+                      if p.floor_scales[0] * window <= count * p.bucket <= p.floor_scales[1] * window]
 
     def update(self, timestamp: float, value: float, capacity: float | None = None) -> None:
         """Add one reading (and the series' capacity when known); O(1) except at bucket ends."""
@@ -243,19 +252,15 @@ class LeakDetector:
 
     def _growth(self) -> Growth | None:
         """The shortest scale that shows growth, or None."""
-        p = self.params
-        if len(self._floor_times) < p.min_history / p.bucket:
+        history = len(self._floor_times)
+        if history < self.params.min_history / self.params.bucket:
             return None
-        for scale in p.scales:
-            count = int(scale / p.bucket)
-            if len(self._floor_times) < count + max(count // p.segments, int(p.min_prior / p.bucket)):
+        for needed, count, floors in self._plan:
+            if history < needed:
                 return None
-            for window, floors in zip(p.floor_windows, self._floors):
-                if not p.floor_scales[0] * window <= scale <= p.floor_scales[1] * window:
-                    continue
-                growth = self._growth_at(count, floors)
-                if growth is not None:
-                    return growth
+            growth = self._growth_at(count, floors)
+            if growth is not None:
+                return growth
         return None
 
     def _window(self, count: int, floors: array[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -272,6 +277,11 @@ class LeakDetector:
         p = self.params
         length = count // p.segments
         end = len(floors)
+        # Implied by the rise, end and monotony checks below, and far cheaper than the medians: most windows stop here.
+        least_rise = max(0.0, 1.0 - p.end_slack) * p.min_rise * (self._capacity or 0.0)
+        oldest_start = end - p.segments * length
+        if floors[-1] < min(floors[oldest_start:oldest_start + length]) + least_rise:
+            return None
         levels = [_median(floors[end - length:])]
         for k in range(1, p.segments):  # newest first, stopping at the first segment that does not rise
             levels.append(_median(floors[end - (k + 1) * length:end - k * length]))
@@ -281,6 +291,8 @@ class LeakDetector:
         if min(rises) < p.min_ratio * max(rises):
             return None
         rise = levels[0] - levels[-1]
+        if floors[-1] < levels[0] - p.end_slack * rise:
+            return None
         if rise < p.min_rise * (self._capacity if self._capacity is not None else levels[0]):
             return None
         oldest = max(0, end - p.segments * length - int(p.lookback / p.bucket))

@@ -5,6 +5,10 @@ HBM of a 16 GiB chip under an allocator sawtooth (period 3 min), sampled every
 (with a capacity column), ``ok.csv`` takes one step up at 4 h (no capacity
 column); ``query_range.json`` holds both as two series of a Prometheus
 query_range answer at a 60 s step.
+
+``periodic_turning.csv`` is not made here: it is the first 3 h of a leak-free
+trace of ``benchmarks/trend.py`` (seed 12, kind ``periodic``, 16 GiB), a load
+cycle of over 2 h that had only been rising when the detector's learning ended.
 """
 
 from __future__ import annotations
