@@ -11,13 +11,13 @@ daemon's).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from tpuwatch import statefile
 from tpuwatch.kernel_log.records import (
     MAX_LINE_BYTES,
     MAX_MESSAGE_CHARS,
@@ -51,33 +51,6 @@ class Source(Protocol):
     def commit(self) -> None: ...
 
     def close(self) -> None: ...
-
-
-def save_state(path: Path | None, state: dict[str, Any]) -> None:
-    """Write ``state`` as JSON to ``path`` atomically (temp file, fsync, rename); nothing for None."""
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(path.name + ".tmp")
-    with open(temp, "w", encoding="utf-8") as handle:
-        json.dump(state, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
-
-
-def load_state(path: Path | None) -> dict[str, Any] | None:
-    """The state saved at ``path``; None if there is none or it is unreadable (logged)."""
-    if path is None:
-        return None
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        log.warning("kernel log: ignoring unreadable position file %s: %s", path, exc)
-        return None
-    return state if isinstance(state, dict) else None
 
 
 def read_boot_id(procfs: str = "/proc") -> str:
@@ -122,7 +95,7 @@ class KmsgSource:
             self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
             raise SourceError(f"cannot open {path}: {exc.strerror}") from None
-        state = load_state(state_file)
+        state = statefile.load(state_file, "kernel log position")
         saved = state.get("seq") if state and state.get("boot_id") == boot_id else None
         self._sequence = SequenceTracker(saved if isinstance(saved, int) else None)
         self._saved_seq = self._sequence.last
@@ -164,7 +137,7 @@ class KmsgSource:
     def commit(self) -> None:
         """Save the last sequence number read."""
         if self._sequence.last != self._saved_seq:
-            save_state(self._state_file, {"boot_id": self._boot_id, "seq": self._sequence.last})
+            statefile.save(self._state_file, {"boot_id": self._boot_id, "seq": self._sequence.last})
             self._saved_seq = self._sequence.last
 
     def close(self) -> None:
@@ -199,7 +172,7 @@ class JournalSource:
         except OSError as exc:
             raise SourceError(f"cannot open the journal{' at ' + path if path else ''}: {exc}") from None
         self._reader.add_match(_TRANSPORT="kernel")
-        state = load_state(state_file)
+        state = statefile.load(state_file, "kernel log position")
         self._cursor: str | None = state.get("cursor") if state else None
         self._saved_cursor = self._cursor
         self._pending: dict[str, Any] | None = None
@@ -235,7 +208,7 @@ class JournalSource:
     def commit(self) -> None:
         """Save the cursor of the last entry read."""
         if self._cursor != self._saved_cursor:
-            save_state(self._state_file, {"cursor": self._cursor})
+            statefile.save(self._state_file, {"cursor": self._cursor})
             self._saved_cursor = self._cursor
 
     def close(self) -> None:
@@ -264,7 +237,7 @@ class FileSource:
         self._handle: Any = None
         self._identity: tuple[int, int] | None = None
         self._offset = 0
-        self._saved: dict[str, Any] | None = load_state(state_file)
+        self._saved: dict[str, Any] | None = statefile.load(state_file, "kernel log position")
         self._draining_old = False
         self._discarding = False
         state = self._saved
@@ -370,7 +343,7 @@ class FileSource:
             return
         state = {"path": self.path, "dev": self._identity[0], "ino": self._identity[1], "offset": self._offset}
         if state != self._saved:
-            save_state(self._state_file, state)
+            statefile.save(self._state_file, state)
             self._saved = state
 
     def close(self) -> None:
