@@ -145,6 +145,8 @@ _SPECS = [
     MetricSpec("tpuwatch_store_series", "gauge", "Series held in the in-memory store."),
     MetricSpec("tpuwatch_store_evicted_series_total", "counter",
                "Series evicted from the store to stay within store.max_series."),
+    MetricSpec("tpuwatch_trend_state_save_failures_total", "counter",
+               "Failed saves of the trend detectors' learned state to the state directory."),
     MetricSpec("tpuwatch_config_last_reload_successful", "gauge", "1 if the last config (re)load succeeded."),
     MetricSpec("tpuwatch_config_last_reload_success_timestamp_seconds", "gauge",
                "Unix time of the last successful config (re)load."),

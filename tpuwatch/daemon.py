@@ -20,6 +20,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from tpuwatch import __version__, logsetup, sdnotify
 from tpuwatch import config as config_module
 from tpuwatch.alerting.service import Alerting
+from tpuwatch.analysis.state import SAVE_EVERY_S, TrendStateFile
 from tpuwatch.analysis.trend import TrendAnalyzer
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.canary.runner import kill_running_workers
@@ -54,10 +55,14 @@ def _build_sampler(config: Config, store: SeriesStore, canary: CanaryCollector |
     return Sampler([*collectors, *([canary] if canary else [])], store, config.collector_deadline, derived)
 
 
+def _simulated(config: Config) -> bool:
+    return config.devices.backend == "sim"
+
+
 def _trend(config: Config) -> TrendAnalyzer:
     """The trend analyzer; with simulated chips, already fed with their simulated history."""
     trend = TrendAnalyzer(config.trend)
-    if config.devices.backend == "sim":
+    if _simulated(config):
         now = time.time()
         for offset, readings in sim.history(config.devices.sim, SIM_HISTORY_S, SIM_HISTORY_STEP_S):
             trend.observe([s for r in readings for s in reading_samples(r, sim.SimBackend.name)], now + offset)
@@ -66,7 +71,7 @@ def _trend(config: Config) -> TrendAnalyzer:
 
 def _trend_key(config: Config) -> tuple[Any, ...]:
     """What the trend analyzer is built from: a change means a new one (real chips keep their learned floors)."""
-    return config.trend, config.devices.sim if config.devices.backend == "sim" else None
+    return config.trend, config.devices.sim if _simulated(config) else None
 
 
 def _evaluate(alerting: Alerting, samples: list[Sample]) -> list[Sample]:
@@ -111,6 +116,10 @@ class Daemon:
         self.store = SeriesStore(config.store.points_per_series, config.store.max_series)
         self.canary = _canary(config)
         self.trend = _trend(config)
+        # Simulated chips neither read nor write the learned state of the host's real ones.
+        self.trend_state = None if _simulated(config) else TrendStateFile(config.state_dir)
+        if self.trend_state is not None:
+            self.trend_state.restore(self.trend, time.time())
         self.alerting = Alerting(config, config.state_dir)
         # The alert rules also see tpuwatch's own metrics (collector_success, for one).
         self._alert_stage = Stage("alerting", lambda samples: _evaluate(self.alerting, samples),
@@ -154,6 +163,7 @@ class Daemon:
         """Stop sampling and serving; does not wait for hung collectors."""
         sdnotify.notify("STOPPING=1")
         self._scheduler.shutdown(wait=False)
+        self._save_trend()
         kill_running_workers()
         self.alerting.stop()
         self.endpoint.close()
@@ -168,7 +178,11 @@ class Daemon:
                 new = config_module.simulated(new, self.simulate)
             web = load_web_config(new.web_config)
             canary = _canary(new) if new.canary != self.config.canary else self.canary
-            trend = _trend(new) if _trend_key(new) != _trend_key(self.config) else self.trend
+            trend = self.trend
+            if _trend_key(new) != _trend_key(self.config):
+                trend = _trend(new)
+                if not _simulated(new) and not _simulated(self.config):  # real chips keep what they have learned
+                    trend.restore(self.trend.snapshot(time.time()))
             store = self.store
             if new.store != self.config.store:
                 store = SeriesStore(new.store.points_per_series, new.store.max_series)
@@ -219,6 +233,9 @@ class Daemon:
         self._scheduler.add_job(self._sample, "interval", seconds=self.config.interval, id="sample",
                                 replace_existing=True, coalesce=True, max_instances=1, misfire_grace_time=grace)
         self._schedule_canary()
+        if self.trend_state is not None:
+            self._scheduler.add_job(self._save_trend, "interval", seconds=SAVE_EVERY_S, id="trend-save",
+                                    replace_existing=True, coalesce=True, max_instances=1)
         ping = sdnotify.watchdog_interval()
         if ping is not None:
             self._scheduler.add_job(self._watchdog, "interval", seconds=ping, id="watchdog", replace_existing=True,
@@ -245,6 +262,10 @@ class Daemon:
 
     def _sample(self) -> None:
         self.sampler.run_once()
+
+    def _save_trend(self) -> None:
+        if self.trend_state is not None and not _simulated(self.config):
+            self.trend_state.save(self.trend, time.time())
 
     def _watchdog(self) -> None:
         if self._sampling_fresh():
@@ -339,6 +360,8 @@ class Daemon:
             out.append(sample("tpuwatch_last_sample_timestamp_seconds", self.sampler.last_cycle_end))
         out.append(sample("tpuwatch_store_series", self.store.series_count()))
         out.append(sample("tpuwatch_store_evicted_series_total", self.store.evicted_total))
+        if self.trend_state is not None:
+            out.append(sample("tpuwatch_trend_state_save_failures_total", self.trend_state.save_failures))
         out.append(sample("tpuwatch_config_last_reload_successful", 1 if self.reload_ok else 0))
         out.append(sample("tpuwatch_config_last_reload_success_timestamp_seconds", self.reload_success_at))
         return out

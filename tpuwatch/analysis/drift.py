@@ -11,8 +11,10 @@ sum last left zero.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,25 @@ class DriftDetector:
         else:
             self.state = DriftState(baseline=self._mean)
         return self.state
+
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the detector has learned, as JSON data."""
+        return {"learned": [self._n, self._mean, self._m2, self._sigma],
+                "sums": [self._up, self._down, self._up_sum, self._up_count, self._down_sum, self._down_count],
+                "state": dataclasses.asdict(self.state)}
+
+    @classmethod
+    def restore(cls, snapshot: dict[str, Any]) -> DriftDetector:
+        """A detector that carries on from ``snapshot()``; KeyError, TypeError or ValueError if it does not fit."""
+        detector = cls()
+        detector._n = int(snapshot["learned"][0])
+        detector._mean, detector._m2, detector._sigma = map(float, snapshot["learned"][1:])
+        up, down, up_sum, up_count, down_sum, down_count = snapshot["sums"]
+        detector._up, detector._down, detector._up_sum, detector._down_sum = map(float, (up, down, up_sum, down_sum))
+        detector._up_count, detector._down_count = int(up_count), int(down_count)
+        detector.state = DriftState(**snapshot["state"])
+        return detector
 
 
 def _step(total: float, increment: float, cap: float, deviations: float, count: int,

@@ -42,6 +42,8 @@ finding clears after ``clear_after`` analyses without growth.
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import math
 from array import array
 from bisect import bisect_left, insort
@@ -50,7 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -172,6 +174,17 @@ class _SlidingValues:
         while self._buckets[0][0] <= end - self.window:
             for value in self._buckets.popleft()[1]:
                 del self._sorted[bisect_left(self._sorted, value)]
+
+    def snapshot(self) -> list[list[Any]]:
+        """The buckets in the window: ``[[end, [values]], ...]``."""
+        return [[end, list(values)] for end, values in self._buckets]
+
+    def restore(self, buckets: list[list[Any]]) -> None:
+        """Refill an empty window from ``snapshot()``."""
+        for end, values in buckets:
+            self._buckets.append((float(end), tuple(float(v) for v in values)))
+            self._sorted.extend(self._buckets[-1][1])
+        self._sorted.sort()
 
     def low(self, share: float) -> float:
         """The k-th lowest value, k being ``share`` of the values and at least 2 (one outlier ignored)."""
@@ -339,6 +352,49 @@ class LeakDetector:
         if self.first_alert_at is None:
             self.first_alert_at = now
 
+    def snapshot(self) -> dict[str, Any]:
+        """What the detector has learned, as JSON data (with inf and NaN, which Python's json reads back)."""
+        return {
+            "layout": _layout(self.params),
+            "bucket": [self._bucket_end, self._lo1, self._lo2, self._hi1, self._hi2],
+            "capacity": self._capacity,
+            "lows": [window.snapshot() for window in self._lows],
+            "highs": self._highs.snapshot(),
+            "floors": [_pack(floors) for floors in self._floors],
+            "floor_times": _pack(self._floor_times),
+            "next_analysis": self._next_analysis,
+            "recent": list(self._recent),
+            "quiet": self._quiet,
+            "high": self._high,
+            "state": dataclasses.asdict(self.state),
+            "first_alert_at": self.first_alert_at,
+        }
+
+    @classmethod
+    def restore(cls, snapshot: dict[str, Any], params: LeakParams | None = None) -> LeakDetector:
+        """A detector that carries on from ``snapshot()``; ValueError (or KeyError, TypeError) if it does not fit."""
+        detector = cls(params)
+        if snapshot["layout"] != _layout(detector.params):
+            raise ValueError("saved with other floor settings")
+        bucket = map(float, snapshot["bucket"])
+        detector._bucket_end, detector._lo1, detector._lo2, detector._hi1, detector._hi2 = bucket
+        detector._capacity = None if snapshot["capacity"] is None else float(snapshot["capacity"])
+        for window, buckets in zip(detector._lows, snapshot["lows"], strict=True):
+            window.restore(buckets)
+        detector._highs.restore(snapshot["highs"])
+        for floors, packed in zip(detector._floors, snapshot["floors"], strict=True):
+            floors.frombytes(base64.b64decode(packed))
+        detector._floor_times.frombytes(base64.b64decode(snapshot["floor_times"]))
+        if any(len(floors) != len(detector._floor_times) for floors in detector._floors):
+            raise ValueError("floor histories of different lengths")
+        detector._next_analysis = float(snapshot["next_analysis"])
+        detector._recent.extend(bool(found) for found in snapshot["recent"])
+        detector._quiet = int(snapshot["quiet"])
+        detector._high = float(snapshot["high"])
+        detector.state = LeakState(**snapshot["state"])
+        detector.first_alert_at = snapshot["first_alert_at"]
+        return detector
+
     def slope(self) -> float:
         """Theil-Sen slope of the floor over the longest scale the history covers (0.0 with too little)."""
         count = min(len(self._floor_times), int(max(self.params.scales) / self.params.bucket))
@@ -346,6 +402,15 @@ class LeakDetector:
             return 0.0
         times, values = self._window(count, self._floors[-1])
         return theil_sen(times - times[-1], values)
+
+
+def _layout(params: LeakParams) -> list[Any]:
+    """The settings a snapshot's floors depend on."""
+    return [params.bucket, list(params.floor_windows), params.floor_outliers, params.high_window]
+
+
+def _pack(values: array[float]) -> str:
+    return base64.b64encode(values.tobytes()).decode("ascii")
 
 
 def _median(values: Sequence[float]) -> float:

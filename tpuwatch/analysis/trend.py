@@ -12,12 +12,14 @@ the store's ``current()`` returns) and returns the trend samples to export;
   utilization band of 0.2, labelled like ``band="0.6-0.8"`` ("temperature at comparable utilization").
 
 Detectors of series not seen for ``forget_after`` seconds are dropped, and at
-most ``max_series`` are kept, so memory is bounded.
+most ``max_series`` are kept, so memory is bounded.  ``snapshot()`` and
+``restore()`` carry what the detectors have learned across a restart.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,7 @@ from tpuwatch.analysis.leak import LeakDetector, LeakParams
 from tpuwatch.config import TrendConfig
 from tpuwatch.samples import Labels, Sample, sample
 
+SNAPSHOT_VERSION = 1
 DRIFT_SIGNALS = {"canary_latency": "tpuwatch_canary_duration_seconds",
                  "canary_error": "tpuwatch_canary_max_abs_error"}
 UTILIZATION_BANDS = 5
@@ -93,9 +96,15 @@ class TrendAnalyzer:
         self.max_series = max_series
         self._leaks: dict[Labels, _Tracked] = {}
         self._drifts: dict[Labels, _Tracked] = {}
+        self._lock = threading.Lock()  # observe() runs in the sampler's thread, snapshot() in another
 
     def observe(self, samples: list[Sample], timestamp: float) -> list[Sample]:
         """Feed one cycle's readings taken at ``timestamp``; return the trend samples to export."""
+        with self._lock:
+            self._observe(samples, timestamp)
+        return self.samples()
+
+    def _observe(self, samples: list[Sample], timestamp: float) -> None:
         for labels, (used, capacity) in memory_series(samples).items():
             tracked = self._track(self._leaks, labels, timestamp, lambda: LeakDetector(self.params))
             if tracked is not None:
@@ -108,7 +117,37 @@ class TrendAnalyzer:
         for table in (self._leaks, self._drifts):
             for labels in [k for k, t in table.items() if timestamp - t.last_seen > self.forget_after]:
                 del table[labels]
-        return self.samples()
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        """Every detector's learned state as JSON data, for ``restore()`` after a restart."""
+        with self._lock:
+            return {
+                "version": SNAPSHOT_VERSION,
+                "saved_at": now,
+                "leaks": [{"labels": labels, "last_seen": t.last_seen, "detector": t.detector.snapshot()}
+                          for labels, t in self._leaks.items()],
+                "drifts": [{"labels": labels, "last_seen": t.last_seen, "last_value": t.last_value,
+                            "detector": t.detector.snapshot()} for labels, t in self._drifts.items()],
+            }
+
+    def restore(self, snapshot: dict[str, Any]) -> int:
+        """Carry on from ``snapshot()``; the number of series restored.
+
+        Raises KeyError, TypeError or ValueError, changing nothing, if the
+        snapshot does not fit (another version, other floor settings).  Series
+        not seen for ``forget_after`` are dropped at the next ``observe()``.
+        """
+        if snapshot.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"snapshot version {snapshot.get('version')!r}, not {SNAPSHOT_VERSION}")
+        leaks = {_labels(entry["labels"]): _Tracked(LeakDetector.restore(entry["detector"], self.params),
+                                                    float(entry["last_seen"]))
+                 for entry in snapshot["leaks"][:self.max_series]}
+        drifts = {_labels(entry["labels"]): _Tracked(DriftDetector.restore(entry["detector"]),
+                                                     float(entry["last_seen"]), entry["last_value"])
+                  for entry in snapshot["drifts"][:max(0, self.max_series - len(leaks))]}
+        with self._lock:
+            self._leaks, self._drifts = leaks, drifts
+        return len(leaks) + len(drifts)
 
     def _track(self, table: dict[Labels, _Tracked], labels: Labels, timestamp: float,
                factory: Any) -> _Tracked | None:
@@ -156,3 +195,7 @@ class TrendAnalyzer:
                 out.append(Finding("drift", "warning", dict(labels), f"{state.direction}ward drift ({where})",
                                    dataclasses.asdict(state)))
         return out
+
+
+def _labels(pairs: list[list[str]]) -> Labels:
+    return tuple((str(name), str(value)) for name, value in pairs)

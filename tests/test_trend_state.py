@@ -1,0 +1,126 @@
+"""The trend detectors' learned state survives a restart: snapshot, JSON, restore, and the daemon's state file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tpuwatch.analysis.state import FILE_NAME, TrendStateFile
+from tpuwatch.analysis.trend import TrendAnalyzer
+from tpuwatch.config import TrendConfig
+from tpuwatch.samples import Sample, sample
+
+from conftest import DaemonProcess, wait_until
+
+GIB = float(1 << 30)
+HOUR = 3600.0
+STEP = 10.0
+START = 1_767_225_600.0
+
+
+def cycle(t: float, rng: np.random.Generator) -> list[Sample]:
+    """One sampling cycle of a 16 GiB chip leaking 1 GiB/h from 3 h on under a 5 min sawtooth, and its canary."""
+    used = 4 * GIB + 2 * GIB * ((t % 300) / 300) + max(0.0, t - START - 3 * HOUR) / HOUR * GIB
+    return [sample("tpuwatch_device_memory_used_bytes", used + rng.normal(0, 0.01 * GIB), device="0"),
+            sample("tpuwatch_device_memory_total_bytes", 16 * GIB, device="0"),
+            sample("tpuwatch_canary_duration_seconds", round(0.1 + rng.normal(0, 0.002), 5), device="0")]
+
+
+def feed(trend: TrendAnalyzer, times: np.ndarray, seed: int) -> float | None:
+    """Observe every cycle; the first time a leak finding is out."""
+    rng = np.random.default_rng(seed)
+    first = None
+    for t in times.tolist():
+        trend.observe(cycle(t, rng), t)
+        if first is None and any(f.kind == "memory_leak" for f in trend.findings()):
+            first = t
+    return first
+
+
+def test_a_restored_analyzer_carries_on_as_if_it_never_stopped() -> None:
+    times = np.arange(START, START + 5 * HOUR, STEP)
+    restart = int(3.5 * HOUR / STEP)
+    whole = TrendAnalyzer(TrendConfig())
+    uninterrupted = feed(whole, times, seed=1)
+
+    before = TrendAnalyzer(TrendConfig())
+    rng = np.random.default_rng(1)
+    for t in times[:restart].tolist():
+        before.observe(cycle(t, rng), t)
+    after = TrendAnalyzer(TrendConfig())
+    assert after.restore(json.loads(json.dumps(before.snapshot(times[restart])))) == 2
+    for t in times[restart:].tolist():
+        after.observe(cycle(t, rng), t)
+        if any(f.kind == "memory_leak" for f in after.findings()):
+            break
+    # Found at the same cycle as without the restart, and long before a fresh detector's 2 h of learning.
+    assert uninterrupted is not None and t == uninterrupted
+    assert t - times[restart] < HOUR
+    assert {s.name for s in after.samples()} >= {"tpuwatch_memory_leak_suspected", "tpuwatch_drift_baseline"}
+
+
+def test_a_snapshot_that_does_not_fit_changes_nothing() -> None:
+    trend = TrendAnalyzer(TrendConfig())
+    feed(trend, np.arange(START, START + HOUR, STEP), seed=2)
+    snapshot = trend.snapshot(START + HOUR)
+    before = trend.samples()
+    other_version = {**snapshot, "version": 99}
+    other_floors = json.loads(json.dumps(snapshot))
+    other_floors["leaks"][0]["detector"]["layout"][1] = [60.0]
+    truncated = json.loads(json.dumps(snapshot))
+    truncated["leaks"][0]["detector"]["floor_times"] = "AAAA"
+    for bad, error in ((other_version, "version 99"), (other_floors, "other floor settings"),
+                       (truncated, "multiple of item size")):
+        with pytest.raises(ValueError, match=error):
+            trend.restore(bad)
+        assert trend.samples() == before
+
+
+def test_the_state_file_restores_and_counts_failed_saves(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    trend = TrendAnalyzer(TrendConfig())
+    feed(trend, np.arange(START, START + 600, STEP), seed=3)
+    state = TrendStateFile(str(tmp_path / "state"))
+    assert state.restore(TrendAnalyzer(TrendConfig()), START) == 0  # nothing saved yet
+    state.save(trend, START + 600)
+    assert state.restore(TrendAnalyzer(TrendConfig()), START + 660) == 2
+
+    state.path.write_text('{"version": 1, "leaks": [')
+    with caplog.at_level(logging.WARNING):
+        assert state.restore(TrendAnalyzer(TrendConfig()), START) == 0
+    assert "ignoring unreadable trend state file" in caplog.text
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    unwritable = TrendStateFile(str(blocked / "state"))  # a state dir under a file: every save fails
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):
+            unwritable.save(trend, START)
+        assert unwritable.save_failures == 3
+        assert caplog.text.count("trend state not saved") == 1
+        unwritable.path = tmp_path / "elsewhere" / FILE_NAME
+        unwritable.save(trend, START)
+    assert "trend state saved to" in caplog.text and unwritable.path.exists()
+
+
+def test_the_daemon_saves_its_detectors_at_stop_and_reads_them_at_start(
+        start_daemon: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    config = {"interval": "200ms", "paths": {"sysfs": str(tmp_path / "empty-sysfs")},
+              "state_dir": str(tmp_path / "state")}
+    first = start_daemon(config)
+    first.wait_ready()
+    first.signal(signal.SIGTERM)
+    assert first.proc.wait(timeout=10) == 0
+    saved = json.loads((tmp_path / "state" / FILE_NAME).read_text())
+    assert [["memory", "host"]] in [entry["labels"] for entry in saved["leaks"]]
+
+    second = start_daemon(config)
+    second.wait_ready()
+    wait_until(lambda: "series carried on from" in second.log(), what="the restore to be logged")
+    assert "Traceback" not in second.log()

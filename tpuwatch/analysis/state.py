@@ -1,0 +1,56 @@
+"""The trend detectors' learned state on disk: restored at start, saved every few minutes and at stop.
+
+Without it every restart or upgrade would leave the leak detector blind for
+its 2 h learning period.  The file is ``trend.json`` in the state directory;
+series not seen for an hour are dropped at the first cycle after a restore.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from tpuwatch import statefile
+from tpuwatch.analysis.trend import TrendAnalyzer
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "trend.json"
+SAVE_EVERY_S = 300.0
+
+
+class TrendStateFile:
+    """``restore(trend, now)`` once at start, ``save(trend, now)`` periodically; failures counted, logged once."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.path = Path(state_dir) / FILE_NAME
+        self.save_failures = 0
+        self._failing = False
+
+    def restore(self, trend: TrendAnalyzer, now: float) -> int:
+        """Load the saved state into ``trend``; the number of series carried on (0 if none or unfit)."""
+        snapshot = statefile.load(self.path, "trend state")
+        if snapshot is None:
+            return 0
+        try:
+            count = trend.restore(snapshot)
+            age = now - float(snapshot["saved_at"])
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("trend state in %s not used, the detectors learn afresh: %s", self.path, exc)
+            return 0
+        log.info("trend: %d series carried on from %s, saved %.0f s ago", count, self.path, age)
+        return count
+
+    def save(self, trend: TrendAnalyzer, now: float) -> None:
+        """Write ``trend``'s state atomically; a failure (full disk, read-only) is counted and logged once."""
+        try:
+            statefile.save(self.path, trend.snapshot(now))
+        except OSError as exc:
+            self.save_failures += 1
+            if not self._failing:
+                log.warning("trend state not saved to %s, retrying every %.0f s: %s", self.path, SAVE_EVERY_S, exc)
+            self._failing = True
+            return
+        if self._failing:
+            log.info("trend state saved to %s again", self.path)
+        self._failing = False
