@@ -208,6 +208,18 @@ def test_collector_exports_nothing_before_the_first_run() -> None:
     assert CanaryCollector(Config()).collect() == []
 
 
+def test_run_counters_of_known_chips_exist_at_zero_before_the_first_run() -> None:
+    collector = CanaryCollector(Config(), lambda: ["0", "1", "2", "3"])
+
+    def fails_on_chip_1() -> float:
+        return {(s.name, s.labels): s.value for s in collector.collect()}[
+            ("tpuwatch_canary_device_runs_total", (("device", "1"), ("result", "fail")))]
+
+    assert fails_on_chip_1() == 0  # so that increase() sees the first failure
+    _recorded(collector, "nan-1")
+    assert fails_on_chip_1() == 1
+
+
 def test_collector_samples_follow_the_last_measured_outcome() -> None:
     collector = CanaryCollector(Config())
     _recorded(collector, "clean")

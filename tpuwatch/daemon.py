@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -84,14 +85,15 @@ def _sampling_section(config: Config) -> tuple[Any, ...]:
             config.kernel_log, config.state_dir)
 
 
-def _canary(config: Config) -> CanaryCollector | None:
+def _canary(config: Config, store: Callable[[], SeriesStore]) -> CanaryCollector | None:
     if not config.canary.enabled:
         return None
     if config.canary.python is None and importlib.util.find_spec("jax") is None:
         log.warning("canary off: jax is not installed for %s (pip install 'tpuwatch[canary]', or point "
                     "canary.python at an interpreter with jax)", sys.executable)
         return None
-    return CanaryCollector(config)
+    return CanaryCollector(config, lambda: {dict(s.labels)["device"] for s in store().current()
+                                            if s.name == "tpuwatch_device_up"})
 
 
 def _canary_drill(config: Config) -> dict[str, Any]:
@@ -114,7 +116,7 @@ class Daemon:
         self.simulate = simulate  # ``--simulate``: applied again to every reloaded config
         self.started_at = time.time()
         self.store = SeriesStore(config.store.points_per_series, config.store.max_series)
-        self.canary = _canary(config)
+        self.canary = _canary(config, lambda: self.store)
         self.trend = _trend(config)
         # Simulated chips neither read nor write the learned state of the host's real ones.
         self.trend_state = None if _simulated(config) else TrendStateFile(config.state_dir)
@@ -177,7 +179,7 @@ class Daemon:
             if self.simulate:
                 new = config_module.simulated(new, self.simulate)
             web = load_web_config(new.web_config)
-            canary = _canary(new) if new.canary != self.config.canary else self.canary
+            canary = _canary(new, lambda: self.store) if new.canary != self.config.canary else self.canary
             trend = self.trend
             if _trend_key(new) != _trend_key(self.config):
                 trend = _trend(new)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from tpuwatch.canary.runner import CanaryResult, DeviceOutcome, run_canary
@@ -38,8 +38,11 @@ class CanaryCollector:
 
     name = "canary"
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, known_devices: Callable[[], Iterable[str]] = tuple) -> None:
+        """``known_devices`` names the chips the device backend sees: their run counters exist at 0 from the start,
+        so that Prometheus's ``increase()`` sees a chip's very first failure."""
         self.config = config
+        self._known_devices = known_devices
         self._lock = threading.Lock()
         self._results: deque[CanaryResult] = deque(maxlen=KEPT_RESULTS)
         self._runs: Counter[str] = Counter()
@@ -77,13 +80,15 @@ class CanaryCollector:
             return list(self._results)
 
     def collect(self) -> list[Sample]:
-        """Samples of the kept results; nothing until the first run."""
+        """Samples of the kept results; before the first run only run counters at 0, if chips are known."""
+        known = set(self._known_devices())
         with self._lock:
-            if not self._results:
+            devices = sorted(known | set(self._chip_runs))
+            if not self._results and not devices:
                 return []
             out = [sample("tpuwatch_canary_runs_total", self._runs[r], result=r) for r in RESULTS]
-            out += [sample("tpuwatch_canary_device_runs_total", runs[r], device=device, result=r)
-                    for device, runs in sorted(self._chip_runs.items()) for r in RESULTS]
+            out += [sample("tpuwatch_canary_device_runs_total", self._chip_runs.get(device, Counter())[r],
+                           device=device, result=r) for device in devices for r in RESULTS]
             for device, state in sorted(self._chips.items()):
                 outcome = state.outcome
                 out.append(sample("tpuwatch_canary_healthy", outcome.status == "pass", device=device))
