@@ -63,6 +63,19 @@ def require_tool(name: str) -> str:
     return path
 
 
+def write_selftest_rule(directory: Path, tag: str) -> str:
+    """A kernel-log rules dir whose one critical rule, ``selftest``, matches ``<tag>: device <pci> failed``.
+
+    Tests write such lines, not real driver errors, into the host's /dev/kmsg: an Xid written there would be
+    reported by ``tpuwatch check`` and by any tpuwatch daemon on the machine for the rest of the boot.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "selftest.yaml").write_text(
+        f"rules: [{{name: selftest, keywords: ['{tag}'], severity: critical,\n"
+        f"          regex: '{tag}: device (?P<pci>[0-9a-f:.]+) failed'}}]\n")
+    return str(directory)
+
+
 class DaemonProcess:
     """`tpuwatch run` as a real subprocess, with its config file and stderr log."""
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import SIM_FAST, DaemonProcess, free_port, run_cli, wait_until
+from conftest import SIM_FAST, DaemonProcess, free_port, run_cli, wait_until, write_selftest_rule
 from fakeproc import make_hanging_procfs
 from http_receiver import Receiver
 
@@ -239,21 +239,24 @@ def test_simulated_sdc_fails_the_canary_on_its_chip_only(start_daemon: Callable[
     assert [labels["device"] for labels in wrong] == ["1"]
 
 
-def test_kernel_log_events_reach_metrics_and_healthz(start_daemon: Callable[..., DaemonProcess]) -> None:
+def test_kernel_log_events_reach_metrics_and_healthz(start_daemon: Callable[..., DaemonProcess],
+                                                    tmp_path: Path) -> None:
     if not os.access("/dev/kmsg", os.R_OK | os.W_OK):
         pytest.skip("needs root's read and write access to /dev/kmsg")
-    daemon = start_daemon({**SIM_FAST, "kernel_log": {"source": "kmsg"}})
-    daemon.wait_ready()
-    counter = 'tpuwatch_kernel_events_total{device="1",rule="nvidia_xid",severity="critical"}'
-    before = wait_until(lambda: metric(daemon, 'tpuwatch_collector_success{collector="kernel_log"}') == 1.0
-                        and (metric(daemon, counter) or 0.0) + 1.0, what="the kernel log collector") - 1.0
     tag = f"tpuwatch-e2e-{os.getpid()}-{time.monotonic_ns()}"
+    rules = write_selftest_rule(tmp_path / "rules.d", tag)
+    daemon = start_daemon({**SIM_FAST, "kernel_log": {"source": "kmsg", "rules_dirs": [rules]}})
+    daemon.wait_ready()
+    counter = 'tpuwatch_kernel_events_total{device="1",rule="selftest",severity="critical"}'
+    wait_until(lambda: metric(daemon, 'tpuwatch_collector_success{collector="kernel_log"}') == 1.0,
+               what="the kernel log collector")
+    assert metric(daemon, counter) is None
     with open("/dev/kmsg", "w") as kmsg:
-        kmsg.write(f"<3>NVRM: Xid (PCI:0000:11:00): 79, pid=4242, name={tag}, GPU has fallen off the bus.\n")
+        kmsg.write(f"<3>{tag}: device 0000:11:00.0 failed\n")
     # Attributed to simulated chip 1 by its PCI address, counted, and listed in /healthz.
-    wait_until(lambda: (metric(daemon, counter) or 0.0) > before, what="the Xid to be counted")
+    wait_until(lambda: metric(daemon, counter) == 1.0, what="the kernel event to be counted")
     events = requests.get(f"{daemon.url}/healthz", timeout=5).json()["checks"]["kernel_log"]["recent_events"]
-    assert any(e["rule"] == "nvidia_xid" and e["device"] == "1" and e["xid"] == 79 for e in events)
+    assert any(e["rule"] == "selftest" and e["device"] == "1" and e["pci"] == "0000:11:00.0" for e in events)
 
 
 def test_logscan_command(tmp_path: Path) -> None:

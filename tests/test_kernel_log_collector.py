@@ -26,6 +26,8 @@ from tpuwatch.kernel_log.events import KernelEvent, StormFilter
 from tpuwatch.kernel_log.rules import load_rules
 from tpuwatch.kernel_log.sources import FileSource, KmsgSource, read_boot_id
 
+from conftest import write_selftest_rule
+
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n"
 READINGS = [DeviceReading(device="0", chip="h100", pci="0000:18:00.0"),
             DeviceReading(device="1", chip="h100", pci="0000:3B:00.0")]
@@ -169,13 +171,9 @@ def test_build_collector_from_config(tmp_path: Path) -> None:
 @pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK | os.W_OK), reason="needs root and /dev/kmsg")
 def test_real_kmsg_record_becomes_an_event_and_a_counter(tmp_path: Path) -> None:
     tag = f"tpuwatch-test-{uuid.uuid4().hex[:12]}"
-    rules_dir = tmp_path / "rules.d"
-    rules_dir.mkdir()
-    (rules_dir / "selftest.yaml").write_text(
-        f"rules: [{{name: selftest, keywords: ['{tag}'], severity: critical,\n"
-        f"          regex: '{tag}: device (?P<pci>[0-9a-f:.]+) failed'}}]\n")
+    rules_dir = write_selftest_rule(tmp_path / "rules.d", tag)
     source = KmsgSource("/dev/kmsg", tmp_path / "kmsg.json", read_boot_id())
-    collector = KernelLogCollector(source, load_rules([str(rules_dir)]), device_lookup(lambda: READINGS), 60.0,
+    collector = KernelLogCollector(source, load_rules([rules_dir]), device_lookup(lambda: READINGS), 60.0,
                                    max_records=1_000_000)
     collector.collect()  # this boot's history
     collector.drain_events()

@@ -16,7 +16,7 @@ import pytest
 import requests
 from test_packaging_systemd import require_root, setpriv_args, unit_settings
 
-from conftest import free_port, require_tool, wait_until
+from conftest import free_port, require_tool, wait_until, write_selftest_rule
 
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "packaging" / "debian" / "build.sh"
@@ -24,7 +24,6 @@ PYLIB = Path("usr/lib/python3/dist-packages")
 UNIT_PATH = Path("lib/systemd/system/tpuwatch.service")
 WANTS_LINK = Path("/etc/systemd/system/multi-user.target.wants/tpuwatch.service")
 CAP_SYSLOG = 34
-XID_LINE = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=tpuwatch-packaging-test, GPU has fallen off the bus."
 # The packaged kernel-log collector, reading /dev/kmsg from this boot's start: "RULE COUNT" per rule that matched.
 KERNEL_LOG_PROBE = """
 import sys
@@ -32,7 +31,7 @@ from tpuwatch import config
 from tpuwatch.kernel_log.collector import build_collector
 from tpuwatch.schema import ConfigError
 try:
-    collector, _ = build_collector(config.parse("kernel_log: {source: kmsg}"), lambda pci: None, persist=False)
+    collector, _ = build_collector(config.parse(sys.argv[1]), lambda pci: None, persist=False)
 except ConfigError as exc:
     sys.exit(f"config error: {exc}")
 for s in collector.collect():
@@ -186,20 +185,24 @@ def test_installed_daemon_runs_as_its_user_with_only_the_units_capabilities(inst
     assert returncode == 0
 
 
-def _kernel_log_probe(settings: dict[str, list[str]]) -> subprocess.CompletedProcess[str]:
+def _kernel_log_probe(settings: dict[str, list[str]],
+                      config: str = "kernel_log: {source: kmsg}") -> subprocess.CompletedProcess[str]:
     return _run(*setpriv_args(settings, settings["User"][0], settings["Group"][0]), "/usr/bin/python3", "-c",
-                KERNEL_LOG_PROBE, cwd="/")
+                KERNEL_LOG_PROBE, config, cwd="/")
 
 
 def test_installed_kernel_log_collector_reads_kmsg_with_the_units_capabilities(installed: None) -> None:
     """The packaged collector, as the tpuwatch user with only CAP_SYSLOG, turns a new /dev/kmsg record into an event."""
     settings = unit_settings(Path("/", UNIT_PATH).read_text())
-    before = dict(line.split() for line in _kernel_log_probe(settings).stdout.splitlines()).get("nvidia_xid", "0")
-    Path("/dev/kmsg").write_text(f"<3>{XID_LINE}\n")
-    result = _kernel_log_probe(settings)
+    tag = f"tpuwatch-packaging-{os.getpid()}"
+    with tempfile.TemporaryDirectory(dir="/tmp") as rules:  # readable by the tpuwatch user
+        os.chmod(rules, 0o755)
+        config = f"kernel_log: {{source: kmsg, rules_dirs: [{write_selftest_rule(Path(rules), tag)}]}}"
+        assert "selftest" not in _kernel_log_probe(settings, config).stdout
+        Path("/dev/kmsg").write_text(f"<3>{tag}: device 0000:3b:00.0 failed\n")
+        result = _kernel_log_probe(settings, config)
     assert result.returncode == 0, result.stderr
-    counts = dict(line.split() for line in result.stdout.splitlines())
-    assert int(counts["nvidia_xid"]) == int(before) + 1
+    assert dict(line.split() for line in result.stdout.splitlines())["selftest"] == "1"
 
 
 def test_installed_kernel_log_refused_without_cap_syslog(installed: None) -> None:
