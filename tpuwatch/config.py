@@ -250,7 +250,7 @@ def load(path: str | os.PathLike[str] | None) -> Config:
     return parse(text, str(path))
 
 
-def simulated(config: Config, scenario: str) -> Config:
+def simulated(config: Config, scenario: Scenario) -> Config:
     """``config`` with the simulated backend forced on, running ``scenario``."""
     sim = dataclasses.replace(config.devices.sim, scenario=scenario)
     return dataclasses.replace(config, devices=dataclasses.replace(config.devices, backend="sim", sim=sim))

@@ -26,7 +26,7 @@ from tpuwatch.analysis.trend import TrendAnalyzer
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.canary.runner import kill_running_workers
 from tpuwatch.collectors import build_collectors
-from tpuwatch.config import Config
+from tpuwatch.config import Config, Scenario
 from tpuwatch.devices import DeviceCollector, sim
 from tpuwatch.devices.base import reading_samples
 from tpuwatch.exporter import build_registry
@@ -110,7 +110,7 @@ def _canary_drill(config: Config) -> dict[str, Any]:
 class Daemon:
     """The long-running service.  ``start()``, then ``wait()`` until a signal stops it."""
 
-    def __init__(self, config: Config, config_path: str | None, simulate: str | None = None) -> None:
+    def __init__(self, config: Config, config_path: str | None, simulate: Scenario | None = None) -> None:
         self.config = config
         self.config_path = config_path
         self.simulate = simulate  # ``--simulate``: applied again to every reloaded config

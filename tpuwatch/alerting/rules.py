@@ -38,7 +38,7 @@ def human_duration(seconds: float) -> str:
     if not math.isfinite(seconds) or seconds < 1:
         return f"{seconds:.3g}s" if not math.isfinite(seconds) or seconds > 0 else "0s"
     rest = round(seconds)
-    parts = []
+    parts: list[str] = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         count, rest = divmod(rest, size)
         if count or parts:
