@@ -16,7 +16,7 @@ from tpuwatch.analysis.trend import TrendAnalyzer
 from tpuwatch.config import TrendConfig
 from tpuwatch.samples import Sample, sample
 
-from conftest import DaemonProcess, wait_until
+from conftest import SIM_FAST, DaemonProcess, wait_until
 
 GIB = float(1 << 30)
 HOUR = 3600.0
@@ -54,7 +54,7 @@ def test_a_restored_analyzer_carries_on_as_if_it_never_stopped() -> None:
     for t in times[:restart].tolist():
         before.observe(cycle(t, rng), t)
     after = TrendAnalyzer(TrendConfig())
-    assert after.restore(json.loads(json.dumps(before.snapshot(times[restart])))) == 2
+    assert after.restore(json.loads(json.dumps(before.snapshot(times[restart]))), times[restart] + 30) == 2
     for t in times[restart:].tolist():
         after.observe(cycle(t, rng), t)
         if any(f.kind == "memory_leak" for f in after.findings()):
@@ -66,20 +66,32 @@ def test_a_restored_analyzer_carries_on_as_if_it_never_stopped() -> None:
 
 
 def test_a_snapshot_that_does_not_fit_changes_nothing() -> None:
+    saved = TrendAnalyzer(TrendConfig())
+    feed(saved, np.arange(START, START + HOUR, STEP), seed=2)
+    snapshot = saved.snapshot(START + HOUR)
     trend = TrendAnalyzer(TrendConfig())
-    feed(trend, np.arange(START, START + HOUR, STEP), seed=2)
-    snapshot = trend.snapshot(START + HOUR)
-    before = trend.samples()
+    feed(trend, np.arange(START, START + 600, STEP), seed=3)
+    before = trend.snapshot(START + HOUR)
     other_version = {**snapshot, "version": 99}
     other_floors = json.loads(json.dumps(snapshot))
     other_floors["leaks"][0]["detector"]["layout"][1] = [60.0]
     truncated = json.loads(json.dumps(snapshot))
-    truncated["leaks"][0]["detector"]["floor_times"] = "AAAA"
+    truncated["drifts"][0]["detector"]["sums"] = [0.0]  # the leak series before it would restore fine
     for bad, error in ((other_version, "version 99"), (other_floors, "other floor settings"),
-                       (truncated, "multiple of item size")):
+                       (truncated, "not enough values")):
         with pytest.raises(ValueError, match=error):
-            trend.restore(bad)
-        assert trend.samples() == before
+            trend.restore(bad, START + HOUR)
+        assert trend.snapshot(START + HOUR) == before
+    with pytest.raises(ValueError, match="in the future"):
+        trend.restore(snapshot, START + HOUR - 600)
+
+
+def test_series_gone_for_longer_than_forget_after_are_not_restored() -> None:
+    saved = TrendAnalyzer(TrendConfig())
+    feed(saved, np.arange(START, START + HOUR, STEP), seed=4)
+    snapshot = json.loads(json.dumps(saved.snapshot(START + HOUR)))
+    assert TrendAnalyzer(TrendConfig()).restore(snapshot, START + HOUR + 0.5 * HOUR) == 2
+    assert TrendAnalyzer(TrendConfig()).restore(snapshot, START + HOUR + 2 * HOUR) == 0
 
 
 def test_the_state_file_restores_and_counts_failed_saves(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -94,6 +106,12 @@ def test_the_state_file_restores_and_counts_failed_saves(tmp_path: Path, caplog:
     with caplog.at_level(logging.WARNING):
         assert state.restore(TrendAnalyzer(TrendConfig()), START) == 0
     assert "ignoring unreadable trend state file" in caplog.text
+    damaged = trend.snapshot(START + 600)
+    damaged["leaks"][0]["detector"]["quiet"] = float("inf")  # int(inf) raises OverflowError
+    state.path.write_text(json.dumps(damaged))
+    with caplog.at_level(logging.WARNING):
+        assert state.restore(TrendAnalyzer(TrendConfig()), START + 660) == 0
+    assert "not used, the detectors learn afresh" in caplog.text
 
     blocked = tmp_path / "a-file"
     blocked.write_text("")
@@ -124,3 +142,15 @@ def test_the_daemon_saves_its_detectors_at_stop_and_reads_them_at_start(
     second.wait_ready()
     wait_until(lambda: "series carried on from" in second.log(), what="the restore to be logged")
     assert "Traceback" not in second.log()
+
+
+def test_simulated_chips_neither_read_nor_write_the_state_file(
+        start_daemon: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    state = tmp_path / "state" / FILE_NAME
+    state.parent.mkdir()
+    state.write_text("the real chips' state")
+    daemon = start_daemon({**SIM_FAST, "state_dir": str(state.parent)})
+    daemon.wait_ready()
+    daemon.signal(signal.SIGTERM)
+    assert daemon.proc.wait(timeout=10) == 0
+    assert state.read_text() == "the real chips' state" and "trend state" not in daemon.log()

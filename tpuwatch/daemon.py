@@ -70,6 +70,15 @@ def _trend(config: Config) -> TrendAnalyzer:
     return trend
 
 
+def _carry_over(old: TrendAnalyzer, new: TrendAnalyzer) -> None:
+    """Hand what ``old``'s detectors learned to ``new``; if that fails, ``new`` learns afresh (logged)."""
+    now = time.time()
+    try:
+        new.restore(old.snapshot(now), now)
+    except Exception as exc:  # a reload must never fail on this
+        log.warning("trend detectors learn afresh after the reload: %s", exc)
+
+
 def _trend_key(config: Config) -> tuple[Any, ...]:
     """What the trend analyzer is built from: a change means a new one (real chips keep their learned floors)."""
     return config.trend, config.devices.sim if _simulated(config) else None
@@ -116,7 +125,7 @@ class Daemon:
         self.simulate = simulate  # ``--simulate``: applied again to every reloaded config
         self.started_at = time.time()
         self.store = SeriesStore(config.store.points_per_series, config.store.max_series)
-        self.canary = _canary(config, lambda: self.store)
+        self.canary = _canary(config, self._current_store)
         self.trend = _trend(config)
         # Simulated chips neither read nor write the learned state of the host's real ones.
         self.trend_state = None if _simulated(config) else TrendStateFile(config.state_dir)
@@ -179,12 +188,12 @@ class Daemon:
             if self.simulate:
                 new = config_module.simulated(new, self.simulate)
             web = load_web_config(new.web_config)
-            canary = _canary(new, lambda: self.store) if new.canary != self.config.canary else self.canary
+            canary = _canary(new, self._current_store) if new.canary != self.config.canary else self.canary
             trend = self.trend
             if _trend_key(new) != _trend_key(self.config):
                 trend = _trend(new)
                 if not _simulated(new) and not _simulated(self.config):  # real chips keep what they have learned
-                    trend.restore(self.trend.snapshot(time.time()))
+                    _carry_over(self.trend, trend)
             store = self.store
             if new.store != self.config.store:
                 store = SeriesStore(new.store.points_per_series, new.store.max_series)
@@ -213,7 +222,7 @@ class Daemon:
             self.endpoint.set_web_config(web)
         logsetup.configure(new.log_level)
         if new.state_dir != self.config.state_dir:
-            log.warning("state_dir %s takes effect at the next start; alert state stays in %s",
+            log.warning("state_dir %s takes effect at the next start; alert and trend state stay in %s",
                         new.state_dir, self.config.state_dir)
         if sampler is not self.sampler:
             self.sampler.close()
@@ -235,9 +244,9 @@ class Daemon:
         self._scheduler.add_job(self._sample, "interval", seconds=self.config.interval, id="sample",
                                 replace_existing=True, coalesce=True, max_instances=1, misfire_grace_time=grace)
         self._schedule_canary()
-        if self.trend_state is not None:
+        if self.trend_state is not None and self._scheduler.get_job("trend-save") is None:  # a reload keeps its pace
             self._scheduler.add_job(self._save_trend, "interval", seconds=SAVE_EVERY_S, id="trend-save",
-                                    replace_existing=True, coalesce=True, max_instances=1)
+                                    coalesce=True, max_instances=1)
         ping = sdnotify.watchdog_interval()
         if ping is not None:
             self._scheduler.add_job(self._watchdog, "interval", seconds=ping, id="watchdog", replace_existing=True,
@@ -264,6 +273,9 @@ class Daemon:
 
     def _sample(self) -> None:
         self.sampler.run_once()
+
+    def _current_store(self) -> SeriesStore:
+        return self.store
 
     def _save_trend(self) -> None:
         if self.trend_state is not None and not _simulated(self.config):

@@ -17,11 +17,15 @@ def save(path: Path | None, state: dict[str, Any]) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(path.name + ".tmp")
-    with open(temp, "w", encoding="utf-8") as handle:
-        json.dump(state, handle, separators=(",", ":"))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temp, path)
+    try:
+        with open(temp, "w", encoding="utf-8") as handle:
+            json.dump(state, handle, separators=(",", ":"))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except OSError:
+        temp.unlink(missing_ok=True)  # a full disk keeps no half-written file
+        raise
 
 
 def load(path: Path | None, what: str) -> dict[str, Any] | None:

@@ -74,7 +74,6 @@ class DriftDetector:
             self.state = DriftState(baseline=self._mean)
         return self.state
 
-
     def snapshot(self) -> dict[str, Any]:
         """What the detector has learned, as JSON data."""
         return {"learned": [self._n, self._mean, self._m2, self._sigma],

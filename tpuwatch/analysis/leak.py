@@ -70,7 +70,7 @@ class LeakParams:
     floor_outliers: float = 0.05
     floor_scales: tuple[float, float] = (3.0, 20.0)
     high_window: float = 900.0
-    analyze_every: float = 150.0
+    analyze_every: float = 120.0
     scales: tuple[float, ...] = (2700.0, 3600.0, 4500.0, 5400.0, 7200.0, 10800.0, 21600.0)
     points_per_scale: int = 45
     lookback: float = 14400.0
@@ -219,6 +219,7 @@ class LeakDetector:
         self._quiet = 0
         self._high = math.nan
         # What each analysis tests, shortest scale first: (history needed, buckets in the scale, floor history).
+        # It holds the floor arrays themselves: trimming and restore() change them in place, never replace them.
         p = self.params
         self._plan = [(count + max(count // p.segments, int(p.min_prior / p.bucket)), count, floors)
                       for count in (int(scale / p.bucket) for scale in p.scales)
@@ -290,11 +291,13 @@ class LeakDetector:
         p = self.params
         length = count // p.segments
         end = len(floors)
-        # Implied by the rise, end and monotony checks below, and far cheaper than the medians: most windows stop here.
-        least_rise = max(0.0, 1.0 - p.end_slack) * p.min_rise * (self._capacity or 0.0)
-        oldest_start = end - p.segments * length
-        if floors[-1] < min(floors[oldest_start:oldest_start + length]) + least_rise:
-            return None
+        # With end_slack <= 1 the rise, end and monotony checks below imply this one, far cheaper than the medians:
+        # the newest floor is then above the oldest segment's median, hence above its least value.
+        if p.end_slack <= 1.0:
+            least_rise = (1.0 - p.end_slack) * p.min_rise * (self._capacity or 0.0)
+            oldest_start = end - p.segments * length
+            if floors[-1] < min(floors[oldest_start:oldest_start + length]) + least_rise:
+                return None
         levels = [_median(floors[end - length:])]
         for k in range(1, p.segments):  # newest first, stopping at the first segment that does not rise
             levels.append(_median(floors[end - (k + 1) * length:end - k * length]))
@@ -360,8 +363,8 @@ class LeakDetector:
             "capacity": self._capacity,
             "lows": [window.snapshot() for window in self._lows],
             "highs": self._highs.snapshot(),
-            "floors": [_pack(floors) for floors in self._floors],
-            "floor_times": _pack(self._floor_times),
+            "floors": [_pack(floors[-self._keep:]) for floors in self._floors],  # all that analyses read
+            "floor_times": _pack(self._floor_times[-self._keep:]),
             "next_analysis": self._next_analysis,
             "recent": list(self._recent),
             "quiet": self._quiet,
@@ -392,7 +395,8 @@ class LeakDetector:
         detector._quiet = int(snapshot["quiet"])
         detector._high = float(snapshot["high"])
         detector.state = LeakState(**snapshot["state"])
-        detector.first_alert_at = snapshot["first_alert_at"]
+        first = snapshot["first_alert_at"]
+        detector.first_alert_at = None if first is None else float(first)
         return detector
 
     def slope(self) -> float:

@@ -2,12 +2,13 @@
 
 Without it every restart or upgrade would leave the leak detector blind for
 its 2 h learning period.  The file is ``trend.json`` in the state directory;
-series not seen for an hour are dropped at the first cycle after a restore.
+series not seen for an hour before the restart are not restored.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 from tpuwatch import statefile
@@ -26,6 +27,7 @@ class TrendStateFile:
         self.path = Path(state_dir) / FILE_NAME
         self.save_failures = 0
         self._failing = False
+        self._lock = threading.Lock()  # the periodic job and stop() may save at the same moment
 
     def restore(self, trend: TrendAnalyzer, now: float) -> int:
         """Load the saved state into ``trend``; the number of series carried on (0 if none or unfit)."""
@@ -33,18 +35,19 @@ class TrendStateFile:
         if snapshot is None:
             return 0
         try:
-            count = trend.restore(snapshot)
-            age = now - float(snapshot["saved_at"])
-        except (KeyError, TypeError, ValueError) as exc:
+            count = trend.restore(snapshot, now)
+        except Exception as exc:  # whatever a damaged file holds, the daemon starts, with detectors learning afresh
             log.warning("trend state in %s not used, the detectors learn afresh: %s", self.path, exc)
             return 0
-        log.info("trend: %d series carried on from %s, saved %.0f s ago", count, self.path, age)
+        log.info("trend: %d series carried on from %s, saved %.0f s ago", count, self.path,
+                 now - float(snapshot["saved_at"]))
         return count
 
     def save(self, trend: TrendAnalyzer, now: float) -> None:
         """Write ``trend``'s state atomically; a failure (full disk, read-only) is counted and logged once."""
         try:
-            statefile.save(self.path, trend.snapshot(now))
+            with self._lock:
+                statefile.save(self.path, trend.snapshot(now))
         except OSError as exc:
             self.save_failures += 1
             if not self._failing:

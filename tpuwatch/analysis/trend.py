@@ -29,6 +29,7 @@ from tpuwatch.config import TrendConfig
 from tpuwatch.samples import Labels, Sample, sample
 
 SNAPSHOT_VERSION = 1
+CLOCK_TOLERANCE_S = 60.0
 DRIFT_SIGNALS = {"canary_latency": "tpuwatch_canary_duration_seconds",
                  "canary_error": "tpuwatch_canary_max_abs_error"}
 UTILIZATION_BANDS = 5
@@ -130,21 +131,28 @@ class TrendAnalyzer:
                             "detector": t.detector.snapshot()} for labels, t in self._drifts.items()],
             }
 
-    def restore(self, snapshot: dict[str, Any]) -> int:
+    def restore(self, snapshot: dict[str, Any], now: float) -> int:
         """Carry on from ``snapshot()``; the number of series restored.
 
-        Raises KeyError, TypeError or ValueError, changing nothing, if the
-        snapshot does not fit (another version, other floor settings).  Series
-        not seen for ``forget_after`` are dropped at the next ``observe()``.
+        Series not seen for ``forget_after`` before ``now`` are left out, as
+        ``observe()`` would have dropped them.  Raises KeyError, TypeError or
+        ValueError, changing nothing, if the snapshot does not fit: another
+        version, other floor settings, or saved after ``now`` (a clock that
+        went back would fold new readings into old minutes).
         """
         if snapshot.get("version") != SNAPSHOT_VERSION:
             raise ValueError(f"snapshot version {snapshot.get('version')!r}, not {SNAPSHOT_VERSION}")
+        if float(snapshot["saved_at"]) > now + CLOCK_TOLERANCE_S:
+            raise ValueError(f"saved {float(snapshot['saved_at']) - now:.0f} s in the future (clock set back?)")
+        def fresh(entries: list[dict[str, Any]], room: int) -> list[dict[str, Any]]:
+            return [entry for entry in entries if now - float(entry["last_seen"]) <= self.forget_after][:room]
+
         leaks = {_labels(entry["labels"]): _Tracked(LeakDetector.restore(entry["detector"], self.params),
                                                     float(entry["last_seen"]))
-                 for entry in snapshot["leaks"][:self.max_series]}
+                 for entry in fresh(snapshot["leaks"], self.max_series)}
         drifts = {_labels(entry["labels"]): _Tracked(DriftDetector.restore(entry["detector"]),
                                                      float(entry["last_seen"]), entry["last_value"])
-                  for entry in snapshot["drifts"][:max(0, self.max_series - len(leaks))]}
+                  for entry in fresh(snapshot["drifts"], self.max_series - len(leaks))}
         with self._lock:
             self._leaks, self._drifts = leaks, drifts
         return len(leaks) + len(drifts)
