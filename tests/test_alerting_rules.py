@@ -39,6 +39,8 @@ def fire(compiled: CompiledRule, samples: list[Sample], tracker: Tracker | None 
     ("{alert: X, metric: m, annotations: {summary: '{{ $value | hex }}'}}",
      "test.yaml: rules[0].annotations.summary: unknown filter 'hex'"),
     ("{alert: X, metric: m, severity: page}", "test.yaml: rules[0].severity: must be one of critical, warning"),
+    ("{alert: X, metric: m, threshold_from: trend.eta}",
+     "test.yaml: rules[0].threshold_from: unknown setting 'trend.eta' (known: trend.critical_eta, trend.max_eta)"),
     ("{alert: X, metrc: m}", "test.yaml: rules[0].metrc: unknown key"),
 ])
 def test_rule_errors_name_file_and_key(text: str, message: str) -> None:
@@ -242,7 +244,7 @@ def test_exhaustion_threshold_follows_trend_critical_eta() -> None:
     eta = [sample("tpuwatch_memory_exhaustion_eta_seconds", 3 * 3600, memory="hbm", device="0", pid="")]
 
     def fires(critical_eta: float) -> bool:
-        rules = [CompiledRule(r) for r in load_rules(True, [], {"AcceleratorMemoryExhaustionSoon": critical_eta})]
+        rules = [CompiledRule(r) for r in load_rules(True, [], {"trend.critical_eta": critical_eta})]
         return any(c.rule.alert == "AcceleratorMemoryExhaustionSoon"
                    for r in rules for c in r.evaluate(eta, Tracker(), T0, HOST))
 

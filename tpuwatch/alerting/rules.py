@@ -53,6 +53,8 @@ _FILTERS: dict[str, Callable[[float], str]] = {
     "bytes": lambda v: f"{v / 2**30:.2f} GiB",
 }
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Settings a rule may take its threshold from (``threshold_from``), so that it agrees with the detector it reads.
+THRESHOLD_SETTINGS = ("trend.critical_eta", "trend.max_eta")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class Rule:
     by: list[str] = field(default_factory=list)
     op: Literal[">", ">=", "<", "<=", "==", "!="] = ">"
     threshold: float = 0.0
+    threshold_from: str | None = None
     for_: Annotated[float, Duration()] = 0.0
     severity: Literal["critical", "warning", "info"] = "warning"
     labels: dict[str, str] = field(default_factory=dict)
@@ -84,6 +87,9 @@ class Rule:
             raise ConfigError(f"{path}.ratio_to", "required when function is ratio")
         if self.by and self.aggregate is None:
             raise ConfigError(f"{path}.by", "needs aggregate")
+        if self.threshold_from is not None and self.threshold_from not in THRESHOLD_SETTINGS:
+            raise ConfigError(f"{path}.threshold_from",
+                              f"unknown setting {self.threshold_from!r} (known: {', '.join(THRESHOLD_SETTINGS)})")
         for key, text in {**self.annotations, "runbook_url": self.runbook_url or ""}.items():
             for match in _TEMPLATE_RE.finditer(text):
                 if match.group(3) and match.group(3) not in _FILTERS:
@@ -134,14 +140,13 @@ def default_rules_text() -> str:
     return resources.files("tpuwatch.alerting").joinpath("rules/default.yaml").read_text(encoding="utf-8")
 
 
-def load_rules(default: bool, patterns: Iterable[str], thresholds: Mapping[str, float] | None = None) -> list[Rule]:
+def load_rules(default: bool, patterns: Iterable[str], settings: Mapping[str, float] | None = None) -> list[Rule]:
     """The built-in rules (when ``default``) plus every file matching ``patterns`` (none is fine).
 
-    ``thresholds`` overrides the threshold of the built-in rules it names (settings such as
-    ``trend.critical_eta`` that a built-in rule must agree with); user rules are left as written.
+    A rule with ``threshold_from`` takes its threshold from ``settings`` (values of
+    THRESHOLD_SETTINGS); without them it keeps the threshold written beside it.
     """
     rules = parse_rules(default_rules_text(), "built-in rules") if default else []
-    rules = [replace(r, threshold=(thresholds or {}).get(r.alert, r.threshold)) for r in rules]
     for pattern in patterns:
         for path in sorted(glob.glob(os.path.expanduser(pattern))):
             try:
@@ -150,7 +155,7 @@ def load_rules(default: bool, patterns: Iterable[str], thresholds: Mapping[str, 
                 raise ConfigError("", f"cannot read rule file {path}: {getattr(exc, 'strerror', None) or exc}") \
                     from None
             rules += parse_rules(text, path)
-    return rules
+    return [replace(r, threshold=settings[r.threshold_from]) if settings and r.threshold_from else r for r in rules]
 
 
 def tracked_windows(rules: Iterable[Rule]) -> dict[str, float]:

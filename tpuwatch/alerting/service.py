@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import operator
 import socket
 import threading
 import time
@@ -13,7 +14,7 @@ from tpuwatch.alerting.db import OutboxFull, open_db
 from tpuwatch.alerting.delivery import Delivery
 from tpuwatch.alerting.dispatch import Dispatcher
 from tpuwatch.alerting.notifiers import Notifier, build_notifiers
-from tpuwatch.alerting.rules import CompiledRule, Rule, load_rules, tracked_windows
+from tpuwatch.alerting.rules import THRESHOLD_SETTINGS, CompiledRule, Rule, load_rules, tracked_windows
 from tpuwatch.alerting.state import AlertBook
 from tpuwatch.alerting.tracker import Tracker
 from tpuwatch.config import Config
@@ -28,8 +29,8 @@ def rules_and_notifiers(config: Config) -> tuple[list[Rule], list[Notifier]]:
     section = config.alerting
     if not section.enabled:
         return [], []
-    thresholds = {"AcceleratorMemoryExhaustionSoon": config.trend.critical_eta}
-    return (load_rules(section.default_rules, section.rule_files, thresholds),
+    settings = {name: float(operator.attrgetter(name)(config)) for name in THRESHOLD_SETTINGS}
+    return (load_rules(section.default_rules, section.rule_files, settings),
             build_notifiers(config.notify, section.send_timeout))
 
 

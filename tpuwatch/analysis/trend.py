@@ -144,6 +144,7 @@ class TrendAnalyzer:
             raise ValueError(f"snapshot version {snapshot.get('version')!r}, not {SNAPSHOT_VERSION}")
         if float(snapshot["saved_at"]) > now + CLOCK_TOLERANCE_S:
             raise ValueError(f"saved {float(snapshot['saved_at']) - now:.0f} s in the future (clock set back?)")
+
         def fresh(entries: list[dict[str, Any]], room: int) -> list[dict[str, Any]]:
             return [entry for entry in entries if now - float(entry["last_seen"]) <= self.forget_after][:room]
 
