@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tpuwatch.analysis import analyze
-from tpuwatch.analysis.inputs import parse_csv
+from tpuwatch.analysis.inputs import Series, parse_csv
 from tpuwatch.analysis.leak import LeakDetector, LeakParams, mann_kendall_p, theil_sen
 
 GIB = float(1 << 30)
@@ -93,12 +93,40 @@ def test_leaks_are_found_after_they_start_and_within_three_hours(kind: str) -> N
     assert detector.state.firing and detector.state.slope > 0 and detector.state.confidence > 0.99
 
 
-def test_a_load_that_has_turned_back_down_is_not_a_leak() -> None:
+def _fixture(name: str) -> Series:
+    return parse_csv((Path(__file__).parent / "testdata" / "trend" / name).read_text(), name)
+
+
+def test_an_allocator_climb_that_has_dropped_back_is_not_a_leak() -> None:
     # A captured trace (see testdata/trend/make_fixtures.py): without the check that the newest floor has not fallen
-    # back below its segment, the detector fired on the way down from the cycle's top.
-    series = parse_csv((Path(__file__).parent / "testdata" / "trend" / "periodic_turning.csv").read_text(), "fixture")
+    # back below its segment, the detector fired just after a long allocator climb was released.
+    series = _fixture("sawtooth_turning.csv")
     assert analyze.replay(series, LeakParams(), None)["first_alert_at"] is None
     assert analyze.replay(series, LeakParams(end_slack=math.inf), None)["first_alert_at"] is not None
+
+
+def test_a_load_cycle_near_its_top_is_not_a_leak() -> None:
+    # A captured trace: a load cycle of over 2 h whose rise slows near its top; without the check that the newest
+    # segment rises at least half as much as the steepest, the detector fired there.
+    series = _fixture("periodic_turning.csv")
+    assert analyze.replay(series, LeakParams(), None)["first_alert_at"] is None
+    assert analyze.replay(series, LeakParams(newest_ratio=0.0), None)["first_alert_at"] is not None
+
+
+def test_a_warm_up_that_is_levelling_off_is_not_a_leak() -> None:
+    # A captured trace: a 23 GiB warm-up that rose for 40 min, its rise slowing; without the same check, it fired.
+    series = _fixture("warmup_levelling.csv")
+    assert analyze.replay(series, LeakParams(), None)["first_alert_at"] is None
+    assert analyze.replay(series, LeakParams(newest_ratio=0.0), None)["first_alert_at"] is not None
+
+
+def test_a_staircase_with_three_steps_in_an_hour_is_found_without_waiting_for_a_fourth() -> None:
+    steps = 1 * GIB / HOUR * 1200 * np.floor(np.clip(T - LEAK_START, 0, None) / 1200)  # a step every 20 min
+    values = 5 * GIB + steps + _noise(3)
+    fast = replay(values).first_alert_at
+    assert fast is not None and LEAK_START < fast <= LEAK_START + 80 * 60
+    slow = replay(values, params=LeakParams(max_jump_fast=0.3)).first_alert_at
+    assert slow is not None and slow > LEAK_START + 90 * 60
 
 
 def test_a_slow_leak_under_a_large_load_cycle_is_seen_through_the_hour_floor() -> None:

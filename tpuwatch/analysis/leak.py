@@ -19,14 +19,20 @@ growth on a floor when
 
 * the medians of its ``segments`` consecutive segments all rise, the smallest
   rise at least ``min_ratio`` of the largest (a step rises in one segment, a
-  warm-up that levels off in the first ones only);
+  warm-up that levels off in the first ones only) and the newest at least
+  ``newest_ratio`` of the largest (a warm-up slows down as it levels off, a
+  leak does not);
 * the rise is at least ``min_rise`` of the capacity (or of the level);
 * the newest floor is within ``end_slack`` of the rise of the newest
   segment's median (periodic load has turned back down by then);
 * the newest segment tops the segments of the ``lookback`` before the window
   by ``new_high`` of the rise (periodic load returns to levels already seen);
 * no single one-minute jump of the floor carries more than ``max_jump`` of
-  the rise (model swaps are a few big steps; a leaking staircase has more);
+  the rise (model swaps are a few big steps; a leaking staircase has more),
+  ``max_jump_fast`` on the scales up to ``fast_scale`` tested on floors up to
+  ``fast_floor``: those floors follow each step within minutes, and such a
+  window rarely holds three swaps upward, where a staircase leaking every
+  10-25 min shows three steps;
 * the Theil-Sen slope is positive and its rise exceeds ``noise_factor`` times
   the robust scatter around it;
 * against a known capacity, the time until the high reaches it at that slope
@@ -71,7 +77,7 @@ class LeakParams:
     floor_scales: tuple[float, float] = (3.0, 20.0)
     high_window: float = 900.0
     analyze_every: float = 120.0
-    scales: tuple[float, ...] = (2700.0, 3600.0, 4500.0, 5400.0, 7200.0, 10800.0, 21600.0)
+    scales: tuple[float, ...] = (2700.0, 3150.0, 3600.0, 4500.0, 5400.0, 7200.0, 10800.0, 21600.0)
     points_per_scale: int = 45
     lookback: float = 14400.0
     min_history: float = 7200.0
@@ -80,9 +86,13 @@ class LeakParams:
     min_rise: float = 0.005
     new_high: float = 0.25
     max_jump: float = 0.3
+    max_jump_fast: float = 0.4
+    fast_scale: float = 5400.0
+    fast_floor: float = 480.0
     end_slack: float = 0.1
     alpha: float = 0.001
     min_ratio: float = 0.35
+    newest_ratio: float = 0.5
     noise_factor: float = 4.0
     persistence: int = 2
     persistence_of: int = 3
@@ -218,11 +228,13 @@ class LeakDetector:
         self._recent: deque[bool] = deque(maxlen=self.params.persistence_of)
         self._quiet = 0
         self._high = math.nan
-        # What each analysis tests, shortest scale first: (history needed, buckets in the scale, floor history).
-        # It holds the floor arrays themselves: trimming and restore() change them in place, never replace them.
+        # What each analysis tests, shortest scale first: (history needed, buckets in the scale, floor history,
+        # largest jump as a share of the rise).  It holds the floor arrays themselves: trimming and restore()
+        # change them in place, never replace them.
         p = self.params
-        self._plan = [(count + max(count // p.segments, int(p.min_prior / p.bucket)), count, floors)
-                      for count in (int(scale / p.bucket) for scale in p.scales)
+        self._plan = [(count + max(count // p.segments, int(p.min_prior / p.bucket)), count, floors,
+                       p.max_jump_fast if scale <= p.fast_scale and window <= p.fast_floor else p.max_jump)
+                      for scale, count in ((scale, int(scale / p.bucket)) for scale in p.scales)
                       for window, floors in zip(p.floor_windows, self._floors)
                       if p.floor_scales[0] * window <= count * p.bucket <= p.floor_scales[1] * window]
 
@@ -269,10 +281,10 @@ class LeakDetector:
         history = len(self._floor_times)
         if history < self.params.min_history / self.params.bucket:
             return None
-        for needed, count, floors in self._plan:
+        for needed, count, floors, max_jump in self._plan:
             if history < needed:
                 return None
-            growth = self._growth_at(count, floors)
+            growth = self._growth_at(count, floors, max_jump)
             if growth is not None:
                 return growth
         return None
@@ -287,7 +299,7 @@ class LeakDetector:
         values = np.fromiter((floors[k] for k in reversed(index)), float)
         return times, values
 
-    def _growth_at(self, count: int, floors: array[float]) -> Growth | None:
+    def _growth_at(self, count: int, floors: array[float], max_jump: float) -> Growth | None:
         p = self.params
         length = count // p.segments
         end = len(floors)
@@ -304,7 +316,7 @@ class LeakDetector:
             if levels[-1] >= levels[-2]:
                 return None
         rises = [levels[k] - levels[k + 1] for k in range(p.segments - 1)]
-        if min(rises) < p.min_ratio * max(rises):
+        if min(rises) < p.min_ratio * max(rises) or rises[0] < p.newest_ratio * max(rises):
             return None
         rise = levels[0] - levels[-1]
         if floors[-1] < levels[0] - p.end_slack * rise:
@@ -316,7 +328,7 @@ class LeakDetector:
         if levels[0] - max(_median(floors[a:a + length]) for a in older) < p.new_high * rise:
             return None
         window = floors[-count:]
-        if max(b - a for a, b in pairwise(window)) > p.max_jump * rise:
+        if max(b - a for a, b in pairwise(window)) > max_jump * rise:
             return None
         times, values = self._window(count, floors)
         times = times - times[-1]

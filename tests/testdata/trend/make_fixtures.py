@@ -6,9 +6,16 @@ HBM of a 16 GiB chip under an allocator sawtooth (period 3 min), sampled every
 column); ``query_range.json`` holds both as two series of a Prometheus
 query_range answer at a 60 s step.
 
-``periodic_turning.csv`` is not made here: it is the first 3 h of a leak-free
-trace of ``benchmarks/trend.py`` (seed 12, kind ``periodic``, 16 GiB), a load
-cycle of over 2 h that had only been rising when the detector's learning ended.
+Three captured leak-free traces of ``benchmarks/trend.py`` are not made here:
+
+- ``periodic_turning.csv``: the first 3 h of seed 12, kind ``periodic``, 16
+  GiB, a load cycle of over 2 h that had only been rising when the detector's
+  learning ended;
+- ``sawtooth_turning.csv``: 4 h of seed 4, trace 85 (``irregular_sawtooth``,
+  95 GiB), up to 10 min after the detector without its ``end_slack`` check
+  fired;
+- ``warmup_levelling.csv``: seed 66, trace 176 (``warmup``, 95 GiB), up to
+  30 min after the detector without its ``newest_ratio`` check fired.
 """
 
 from __future__ import annotations
