@@ -41,6 +41,7 @@ def config_with(tmp_path: Path, notify: list[dict[str, Any]], **extra: Any) -> C
 
 def test_test_alert_prints_each_answer(receivers: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     hook, broken, pd = receivers(), receivers("error"), receivers()
+    (tmp_path / "state").mkdir()  # the daemon's, which has run
     config = config_with(tmp_path, [{"name": "hook", "type": "webhook", "url": hook.url()},
                                     {"name": "broken", "type": "slack", "url": broken.url()},
                                     {"name": "pd", "type": "pagerduty", "url": pd.url("/v2/enqueue"),
@@ -55,6 +56,16 @@ def test_test_alert_prints_each_answer(receivers: Any, tmp_path: Path, capsys: p
     assert pd.json()[0]["event_action"] == "trigger"
     with sqlite3.connect(tmp_path / "state" / DB_NAME) as conn:
         assert conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 0  # passed through, nothing left
+
+
+def test_test_alert_before_the_daemon_ever_ran_leaves_no_state_directory(receivers: Any, tmp_path: Path) -> None:
+    hook = receivers()
+    config = config_with(tmp_path, [{"name": "hook", "type": "webhook", "url": hook.url()}])
+    scratch_before = set(Path(tempfile.gettempdir()).glob("tpuwatch-test-alert-*"))
+    assert testalert.run(parse_args(testalert), config) == 0
+    assert len(hook.requests) == 1
+    assert not (tmp_path / "state").exists()
+    assert set(Path(tempfile.gettempdir()).glob("tpuwatch-test-alert-*")) == scratch_before
 
 
 @pytest.fixture

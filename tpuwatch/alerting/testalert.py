@@ -5,7 +5,10 @@ The test alert is built by the same body builders, queued in the same outbox
 the same notifier; the message is removed whatever the answer, so a failed
 test is reported here and never retried later.  Run as root against a state
 directory that belongs to another user (the daemon's), it first becomes that
-user, so that the outbox files stay writable by the daemon.
+user, so that the outbox files stay writable by the daemon.  Where the state
+directory does not exist (the daemon has never run, so none can race), the
+outbox is a scratch directory removed afterwards: a test never creates the
+daemon's state directory, as root or as anyone.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import os
 import pwd
 import socket
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 from tpuwatch.alerting.db import open_db
 from tpuwatch.alerting.notifiers import Sent, bodies_for, build_notifiers
@@ -60,6 +66,16 @@ def become_state_owner(state_dir: str) -> str | None:
     return user.pw_name
 
 
+@contextmanager
+def outbox_dir(state_dir: str) -> Iterator[str]:
+    """``state_dir`` when it exists, else a scratch directory removed on exit."""
+    if os.path.isdir(state_dir):
+        yield state_dir
+        return
+    with tempfile.TemporaryDirectory(prefix="tpuwatch-test-alert-") as scratch:
+        yield scratch
+
+
 def run(args: argparse.Namespace, config: Config) -> int:
     """Send the test alert to the chosen receivers; 0 if every one accepted it, 1 if not, 2 on usage errors."""
     receivers = [r for r in config.notify if args.receiver in (None, r.name)]
@@ -68,25 +84,28 @@ def run(args: argparse.Namespace, config: Config) -> int:
         print(f"tpuwatch: no receiver {args.receiver!r} (known: {known})" if args.receiver
               else "tpuwatch: no receivers configured in notify", file=sys.stderr)
         return 2
-    try:
-        user = become_state_owner(config.state_dir)
-        if user is not None:
-            print(f"tpuwatch: running as {user}, the owner of {config.state_dir}", file=sys.stderr)
-        notifiers = build_notifiers(receivers, config.alerting.send_timeout)
-        db = open_db(config.state_dir, config.alerting.outbox_max_bytes)
-    except ConfigError as exc:
-        print(f"tpuwatch: config error: {exc}", file=sys.stderr)
-        return 2
-    now = time.time()
-    alert = test_alert(socket.gethostname(), now)
-    ok = True
-    for notifier in notifiers:
-        ends_at = now + 300.0 if notifier.type == "alertmanager" else None
-        for body in bodies_for(notifier, (TEST_ALERTNAME, ""), [Sent(alert, True, ends_at)], "tpuwatch test-alert"):
-            message = db.insert_claimed(notifier.name, body, now, config.alerting.send_timeout + 5.0)
-            answer = notifier.send(message.body, message.key)
-            db.delete(message.id)
-            ok = ok and answer.ok
-            print(f"{notifier.name} ({notifier.type}): {'delivered' if answer.ok else 'FAILED'}: {answer.detail}")
-    db.close()
+    with ExitStack() as stack:
+        try:
+            user = become_state_owner(config.state_dir)
+            if user is not None:
+                print(f"tpuwatch: running as {user}, the owner of {config.state_dir}", file=sys.stderr)
+            notifiers = build_notifiers(receivers, config.alerting.send_timeout)
+            db = open_db(stack.enter_context(outbox_dir(config.state_dir)), config.alerting.outbox_max_bytes)
+        except ConfigError as exc:
+            print(f"tpuwatch: config error: {exc}", file=sys.stderr)
+            return 2
+        stack.callback(db.close)
+        now = time.time()
+        alert = test_alert(socket.gethostname(), now)
+        ok = True
+        for notifier in notifiers:
+            ends_at = now + 300.0 if notifier.type == "alertmanager" else None
+            for body in bodies_for(notifier, (TEST_ALERTNAME, ""), [Sent(alert, True, ends_at)],
+                                   "tpuwatch test-alert"):
+                message = db.insert_claimed(notifier.name, body, now, config.alerting.send_timeout + 5.0)
+                answer = notifier.send(message.body, message.key)
+                db.delete(message.id)
+                ok = ok and answer.ok
+                print(f"{notifier.name} ({notifier.type}): {'delivered' if answer.ok else 'FAILED'}: "
+                      f"{answer.detail}")
     return 0 if ok else 1
