@@ -58,14 +58,33 @@ def test_test_alert_prints_each_answer(receivers: Any, tmp_path: Path, capsys: p
         assert conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 0  # passed through, nothing left
 
 
-def test_test_alert_before_the_daemon_ever_ran_leaves_no_state_directory(receivers: Any, tmp_path: Path) -> None:
+def test_test_alert_before_the_daemon_ever_ran_leaves_no_state_directory(
+        receivers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     hook = receivers()
     config = config_with(tmp_path, [{"name": "hook", "type": "webhook", "url": hook.url()}])
-    scratch_before = set(Path(tempfile.gettempdir()).glob("tpuwatch-test-alert-*"))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    closed_in: list[list[Path]] = []
+
+    def open_watched_db(state_dir: str, max_bytes: int) -> Any:
+        db = open_db(state_dir, max_bytes)
+        close = db.close
+        db.close = lambda: (closed_in.append(list(Path(state_dir).iterdir())), close())  # type: ignore[method-assign]
+        return db
+
+    monkeypatch.setattr(testalert, "open_db", open_watched_db)
     assert testalert.run(parse_args(testalert), config) == 0
     assert len(hook.requests) == 1
     assert not (tmp_path / "state").exists()
-    assert set(Path(tempfile.gettempdir()).glob("tpuwatch-test-alert-*")) == scratch_before
+    assert closed_in and DB_NAME in {p.name for p in closed_in[0]}  # closed before its scratch directory went
+    assert list(scratch.iterdir()) == []
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "missing"))  # no scratch outbox can be made: one line
+    assert testalert.run(parse_args(testalert), config) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tpuwatch: config error: state_dir: {tmp_path / 'state'} does not exist, and no scratch")
+    assert len(err.splitlines()) == 1
 
 
 @pytest.fixture

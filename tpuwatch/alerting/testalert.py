@@ -68,12 +68,17 @@ def become_state_owner(state_dir: str) -> str | None:
 
 @contextmanager
 def outbox_dir(state_dir: str) -> Iterator[str]:
-    """``state_dir`` when it exists, else a scratch directory removed on exit."""
-    if os.path.isdir(state_dir):
+    """``state_dir`` when it exists, else a scratch directory removed on exit; ConfigError if none can be made."""
+    if os.path.exists(state_dir):
         yield state_dir
         return
-    with tempfile.TemporaryDirectory(prefix="tpuwatch-test-alert-") as scratch:
-        yield scratch
+    try:
+        scratch = tempfile.TemporaryDirectory(prefix="tpuwatch-test-alert-")
+    except OSError as exc:
+        raise ConfigError("state_dir", f"{state_dir} does not exist, and no scratch outbox can be made in "
+                                       f"{tempfile.gettempdir()}: {exc.strerror or exc}") from None
+    with scratch as path:
+        yield path
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
