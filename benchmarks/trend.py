@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -314,17 +315,20 @@ def evaluate(per_kind: int, seeds: list[int]) -> tuple[dict[str, Score], dict[in
 
 
 def leak_free_alarms(per_kind: int, seed: int) -> tuple[int, list[str]]:
-    """The leak-free traces of ``seed`` and the kinds of those on which tpuwatch fired."""
-    free = [trace for trace in traces(per_kind, seed) if trace.leak_start is None]
+    """The number of leak-free traces of ``seed`` and the kinds of those on which tpuwatch fired."""
+    free = list(islice(traces(per_kind, seed), len(LEAK_FREE) * len(CAPACITIES_GIB) * per_kind))  # they come first
     return len(free), [trace.kind for trace in free if tpuwatch_rule(trace) is not None]
 
 
 def seed_range(text: str) -> list[int]:
-    """``A-B`` (inclusive) or ``S,S,...``; empty for no seeds."""
-    if "-" in text:
-        first, last = text.split("-")
-        return list(range(int(first), int(last) + 1))
-    return [int(seed) for seed in text.split(",") if seed]
+    """Seeds given as ``A-B`` (inclusive) or ``S,S,...``; an argparse type."""
+    try:
+        if "-" in text:
+            first, last = text.split("-")
+            return list(range(int(first), int(last) + 1))
+        return [int(seed) for seed in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected A-B or S,S,... (whole numbers)") from None
 
 
 def report(scores: dict[str, Score], per_seed: dict[int, Score], replayed: int, replay_s: float, count: int,
@@ -365,8 +369,8 @@ def report(scores: dict[str, Score], per_seed: dict[int, Score], replayed: int, 
         lines += ["", f"tpuwatch false alarms by kind: {_counts(ours.false_kinds)}; "
                       f"missed by kind: {_counts(ours.missed_kinds)}."]
     if free is not None:
-        seeds, count, kinds = free
-        lines += ["", f"tpuwatch on the leak-free traces of seeds {seeds} alone ({count:,} traces): "
+        seeds, free_count, kinds = free
+        lines += ["", f"tpuwatch on the leak-free traces of seeds {seeds} alone ({free_count:,} traces): "
                       f"**{len(kinds)} false alarms**{f' ({_counts(kinds)})' if kinds else ''}."]
     return "\n".join(lines)
 
@@ -381,7 +385,7 @@ def main() -> int:
     parser.add_argument("--traces", type=int, default=10, help="traces per kind and capacity (default 10)")
     parser.add_argument("--seeds", default="2,3,4,5,6",
                         help="generator seeds, comma-separated (default 2,3,4,5,6: not used in tuning)")
-    parser.add_argument("--leak-free-seeds", default="", metavar="A-B",
+    parser.add_argument("--leak-free-seeds", type=seed_range, default=[], metavar="A-B",
                         help="also count tpuwatch's false alarms on the leak-free traces of these seeds (A-B or "
                              "S,S,...), on every core")
     parser.add_argument("--quick", action="store_true", help="2 traces per kind and capacity: a smoke run")
@@ -390,10 +394,12 @@ def main() -> int:
     per_kind = 2 if args.quick else args.traces
     scores, per_seed, replayed, replay_s, count = evaluate(per_kind, [int(s) for s in args.seeds.split(",")])
     free = None
-    if free_seeds := seed_range(args.leak_free_seeds):
+    if free_seeds := args.leak_free_seeds:
         with ProcessPoolExecutor() as pool:
             results = list(pool.map(leak_free_alarms, [per_kind] * len(free_seeds), free_seeds))
-        free = (args.leak_free_seeds, sum(n for n, _ in results), [kind for _, kinds in results for kind in kinds])
+        named = f"{free_seeds[0]}-{free_seeds[-1]}" if free_seeds == list(range(free_seeds[0], free_seeds[-1] + 1)) \
+            else ", ".join(map(str, free_seeds))
+        free = (named, sum(n for n, _ in results), [kind for _, kinds in results for kind in kinds])
     command = shlex.join(["python", "benchmarks/trend.py", *sys.argv[1:]])
     text = report(scores, per_seed, replayed, replay_s, count, command, args.quick, free)
     write_section("trend", text, args.output)
