@@ -77,7 +77,7 @@ class LeakParams:
     floor_scales: tuple[float, float] = (3.0, 20.0)
     high_window: float = 900.0
     analyze_every: float = 120.0
-    scales: tuple[float, ...] = (2700.0, 3150.0, 3600.0, 4500.0, 5400.0, 7200.0, 10800.0, 21600.0)
+    scales: tuple[float, ...] = (2700.0, 3120.0, 3600.0, 4500.0, 5400.0, 7200.0, 10800.0, 21600.0)
     points_per_scale: int = 45
     lookback: float = 14400.0
     min_history: float = 7200.0
@@ -234,7 +234,7 @@ class LeakDetector:
         p = self.params
         self._plan = [(count + max(count // p.segments, int(p.min_prior / p.bucket)), count, floors,
                        p.max_jump_fast if scale <= p.fast_scale and window <= p.fast_floor else p.max_jump)
-                      for scale, count in ((scale, int(scale / p.bucket)) for scale in p.scales)
+                      for scale in p.scales for count in (int(scale / p.bucket),)
                       for window, floors in zip(p.floor_windows, self._floors)
                       if p.floor_scales[0] * window <= count * p.bucket <= p.floor_scales[1] * window]
 
