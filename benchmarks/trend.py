@@ -3,7 +3,7 @@
 
 Usage::
 
-    python benchmarks/trend.py [--traces N] [--seeds S,S,...] [--leak-free-seeds A-B] [--quick]
+    python benchmarks/trend.py [--traces N] [--seeds S,S,...|A-B] [--leak-free-seeds A-B] [--quick]
                                [--output BENCHMARKS.md]
 
 Generates, for each seed, ``N`` traces of each kind and capacity (16, 32, 95 GiB): 12 h at 10 s
@@ -383,8 +383,8 @@ def main() -> int:
     """Run the evaluation and write the section."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--traces", type=int, default=10, help="traces per kind and capacity (default 10)")
-    parser.add_argument("--seeds", default="2,3,4,5,6",
-                        help="generator seeds, comma-separated (default 2,3,4,5,6: not used in tuning)")
+    parser.add_argument("--seeds", type=seed_range, default="2,3,4,5,6",
+                        help="generator seeds, A-B or S,S,... (default 2,3,4,5,6: not used in tuning)")
     parser.add_argument("--leak-free-seeds", type=seed_range, default=[], metavar="A-B",
                         help="also count tpuwatch's false alarms on the leak-free traces of these seeds (A-B or "
                              "S,S,...), on every core")
@@ -392,7 +392,7 @@ def main() -> int:
     parser.add_argument("--output", type=Path, default=BENCHMARKS_MD, help="markdown file to update")
     args = parser.parse_args()
     per_kind = 2 if args.quick else args.traces
-    scores, per_seed, replayed, replay_s, count = evaluate(per_kind, [int(s) for s in args.seeds.split(",")])
+    scores, per_seed, replayed, replay_s, count = evaluate(per_kind, args.seeds)
     free = None
     if free_seeds := args.leak_free_seeds:
         with ProcessPoolExecutor() as pool:
