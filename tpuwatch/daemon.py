@@ -30,7 +30,7 @@ from tpuwatch.config import Config, Scenario
 from tpuwatch.devices import DeviceCollector, sim
 from tpuwatch.devices.base import reading_samples
 from tpuwatch.exporter import build_registry
-from tpuwatch.health import collector_problems, device_problems
+from tpuwatch.health import collector_problems, collector_warnings, device_problems
 from tpuwatch.kernel_log.collector import KernelLogCollector, event_problems
 from tpuwatch.sampler import Sampler, Stage
 from tpuwatch.samples import Sample, sample
@@ -336,10 +336,12 @@ class Daemon:
             "config": {"status": "ok" if self.reload_ok else "reload_failed"},
         }
         for guard in self.sampler.guards:
+            status = {True: "ok", False: "failing", None: "pending"}[guard.status.success]
             checks[f"collector:{guard.name}"] = {
-                "status": {True: "ok", False: "failing", None: "pending"}[guard.status.success],
+                "status": "degraded" if status == "ok" and guard.status.degraded else status,
                 "duration_seconds": round(guard.status.duration_seconds, 6),
                 "error": guard.status.last_error,
+                **({"degraded": guard.status.degraded} if guard.status.degraded else {}),
             }
         problems = device_problems(self._device_readings())
         checks["devices"] = {"status": "problems" if problems else "ok", "problems": problems}
@@ -350,7 +352,9 @@ class Daemon:
             checks["kernel_log"] = {"status": "critical_events" if critical else "ok",
                                     "recent_events": [e.to_json() for e in events]}
         healthy = self._sampling_fresh() and all(g.status.success for g in self.sampler.guards)
-        report = {"status": "healthy" if healthy else "unhealthy",
+        warnings = collector_warnings(self.sampler.guards)
+        report = {"status": ("degraded" if warnings else "healthy") if healthy else "unhealthy",
+                  "warnings": warnings,
                   "uptime_seconds": round(time.time() - self.started_at, 3),
                   "version": __version__, "checks": checks}
         return healthy, report

@@ -40,3 +40,9 @@ def device_problems(readings: Iterable[DeviceReading]) -> list[str]:
 def collector_problems(guards: Iterable[GuardedCollector]) -> list[str]:
     """One sentence per collector whose last run failed."""
     return [f"collector {g.name} failed: {g.status.last_error}" for g in guards if g.status.success is False]
+
+
+def collector_warnings(guards: Iterable[GuardedCollector]) -> list[str]:
+    """One sentence per collector that runs but cannot see everything it should (degraded)."""
+    return [f"collector {g.name} degraded: {g.status.degraded}" for g in guards
+            if g.status.degraded and g.status.success is not False]

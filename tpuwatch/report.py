@@ -9,7 +9,7 @@ from tpuwatch.collectors import build_collectors
 from tpuwatch.config import Config
 from tpuwatch.devices import DeviceCollector
 from tpuwatch.devices.base import sources_line
-from tpuwatch.health import collector_problems, device_problems
+from tpuwatch.health import collector_problems, collector_warnings, device_problems
 from tpuwatch.kernel_log.collector import KernelLogCollector, event_problems
 from tpuwatch.sampler import Sampler
 from tpuwatch.store import SeriesStore
@@ -46,6 +46,7 @@ def check_once(config: Config) -> dict[str, Any]:
         ],
         "kernel_events": [e.to_json() for e in events],
         "problems": problems,
+        "warnings": collector_warnings(sampler.guards),
     }
 
 
@@ -90,6 +91,7 @@ def render_check(result: dict[str, Any]) -> str:
         f"{c['collector']} {'ok' if c['success'] else 'FAILED'} {c['duration_seconds'] * 1000:.1f}ms"
         for c in result["collectors"]))
     lines.append("")
+    lines += [f"warning: {w}" for w in result["warnings"]]
     if result["problems"]:
         lines.append(f"UNHEALTHY: {len(result['problems'])} problem(s)")
         lines += [f"  - {p}" for p in result["problems"]]

@@ -26,6 +26,8 @@ class Collector(Protocol):
 
     A collector that holds resources (a file descriptor, a channel) may also
     define ``close()``; it is called when the collector is replaced on reload.
+    One that works but cannot see everything it should (a log file that does
+    not exist yet) says why in a ``degraded`` attribute (None when all is well).
     """
 
     name: str
@@ -44,6 +46,7 @@ class CollectorStatus:
     duration_seconds: float = 0.0
     samples: int = 0
     last_error: str | None = None
+    degraded: str | None = None
     # Every reason at 0 from the start, so that the counters exist before the first failure.
     errors: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(ERROR_REASONS, 0)))
     dropped: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(INVALID_REASONS, 0)))
@@ -94,6 +97,7 @@ class GuardedCollector:
         call = self._call
         if call is None:
             return None
+        self.status.degraded = getattr(self.collector, "degraded", None)
         if not call.done.wait(max(0.0, deadline - time.monotonic())):
             hung_for = time.monotonic() - call.started
             self._fail("still_running" if self._hung else "timeout", f"no answer after {hung_for:.1f}s", hung_for)

@@ -49,7 +49,7 @@ class KernelLogCollector:
     def __init__(self, source: Source, rules: RuleSet, device_for_pci: DeviceLookup, storm_window: float,
                  max_records: int = MAX_RECORDS_PER_CYCLE, clock: Callable[[], float] = time.monotonic) -> None:
         self.source = source
-        self._rules = rules
+        self._matcher = rules.stream()
         self._device_for_pci = device_for_pci
         self._max_records = max_records
         self._storms = StormFilter(storm_window, clock=clock)
@@ -68,7 +68,7 @@ class KernelLogCollector:
         now = time.time()
         passed: list[KernelEvent] = []
         for record in records:
-            for match in self._rules.match(record.message):
+            for match in self._matcher.feed(record):
                 event = make_event(match, record, self._device, when=now)
                 self._counts[(event.rule, event.severity, event.device or "")] += 1
                 passed.extend(self._storms.offer(event))

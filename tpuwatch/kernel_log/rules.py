@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from tpuwatch.kernel_log.records import normalise_pci
+from tpuwatch.kernel_log.records import Record, normalise_pci
 from tpuwatch.schema import ConfigError
 
 SHIPPED_DIR = Path(__file__).parent / "rules"
@@ -114,6 +114,25 @@ class RuleSet:
             found.extend(m.start() for m in rule.regex.finditer(text))
         found.sort()
         return found
+
+    def stream(self) -> StreamMatcher:
+        """A matcher for one stream of records in order (one log source, one scanned file)."""
+        return StreamMatcher(self)
+
+
+class StreamMatcher:
+    """Matches the records of one stream in order; may keep a little state between records.
+
+    ``feed(record)`` gives the matches the record completes.  One stream, one
+    matcher: records of different sources must not share one.
+    """
+
+    def __init__(self, rules: RuleSet) -> None:
+        self.rules = rules
+
+    def feed(self, record: Record) -> list[Match]:
+        """The matches for the next record of the stream."""
+        return self.rules.match(record.message)
 
 
 def load_rules(paths: list[str], required: list[str] | None = None) -> RuleSet:
