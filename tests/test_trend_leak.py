@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tpuwatch.analysis import analyze
-from tpuwatch.analysis.inputs import Series, parse_csv
+from tpuwatch.analysis.inputs import csv_points
 from tpuwatch.analysis.leak import LeakDetector, LeakParams, mann_kendall_p, theil_sen
 
 GIB = float(1 << 30)
@@ -93,31 +93,31 @@ def test_leaks_are_found_after_they_start_and_within_three_hours(kind: str) -> N
     assert detector.state.firing and detector.state.slope > 0 and detector.state.confidence > 0.99
 
 
-def _fixture(name: str) -> Series:
-    return parse_csv((Path(__file__).parent / "testdata" / "trend" / name).read_text(), name)
+def _first_alert(name: str, params: LeakParams) -> float | None:
+    """When the daemon's detector first fires on a captured trace (``tpuwatch analyze``'s replay)."""
+    replay = analyze.Replay({"source": name}, params, None)
+    replay.feed(csv_points((Path(__file__).parent / "testdata" / "trend" / name).read_text().splitlines(), name))
+    return replay.result()["first_alert_at"]
 
 
 def test_an_allocator_climb_that_has_dropped_back_is_not_a_leak() -> None:
     # A captured trace (see testdata/trend/make_fixtures.py): without the check that the newest floor has not fallen
     # back below its segment, the detector fired just after a long allocator climb was released.
-    series = _fixture("sawtooth_turning.csv")
-    assert analyze.replay(series, LeakParams(), None)["first_alert_at"] is None
-    assert analyze.replay(series, LeakParams(end_slack=math.inf), None)["first_alert_at"] is not None
+    assert _first_alert("sawtooth_turning.csv", LeakParams()) is None
+    assert _first_alert("sawtooth_turning.csv", LeakParams(end_slack=math.inf)) is not None
 
 
 def test_a_load_cycle_near_its_top_is_not_a_leak() -> None:
     # A captured trace: a load cycle of over 2 h whose rise slows near its top; without the check that the newest
     # segment rises at least half as much as the steepest, the detector fired there.
-    series = _fixture("periodic_turning.csv")
-    assert analyze.replay(series, LeakParams(), None)["first_alert_at"] is None
-    assert analyze.replay(series, LeakParams(newest_ratio=0.0), None)["first_alert_at"] is not None
+    assert _first_alert("periodic_turning.csv", LeakParams()) is None
+    assert _first_alert("periodic_turning.csv", LeakParams(newest_ratio=0.0)) is not None
 
 
 def test_a_warm_up_that_is_levelling_off_is_not_a_leak() -> None:
     # A captured trace: a 23 GiB warm-up that rose for 40 min, its rise slowing; without the same check, it fired.
-    series = _fixture("warmup_levelling.csv")
-    assert analyze.replay(series, LeakParams(), None)["first_alert_at"] is None
-    assert analyze.replay(series, LeakParams(newest_ratio=0.0), None)["first_alert_at"] is not None
+    assert _first_alert("warmup_levelling.csv", LeakParams()) is None
+    assert _first_alert("warmup_levelling.csv", LeakParams(newest_ratio=0.0)) is not None
 
 
 def test_a_staircase_with_three_steps_in_an_hour_is_found_without_waiting_for_a_fourth() -> None:

@@ -1,35 +1,42 @@
-"""Recorded series for ``tpuwatch analyze``: parse CSV and Prometheus query_range JSON (pure, no I/O).
+"""Recorded series for ``tpuwatch analyze``: CSV rows and Prometheus query_range JSON (pure, no I/O).
 
-Every problem raises ``InputError`` with a one-line message naming where it is.
+Points are produced one at a time, so a file of any length is replayed in
+constant memory.  Every problem raises ``InputError`` with a one-line message
+naming where it is.
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-CSV_HEADER = ["timestamp", "value", "capacity"]
+# A reading: unix time, value, capacity where known.
+Point = tuple[float, float, float | None]
+
+CSV_COLUMNS = "timestamp,value[,capacity]"
 
 
 class InputError(ValueError):
     """Recorded data that cannot be analysed; ``str()`` is one line."""
 
 
-@dataclass
-class Series:
-    """One series: its labels, strictly increasing unix times, values, and capacities where known."""
+class PointChecker:
+    """Checks the points of one series in order: finite numbers, values not negative, times strictly rising."""
 
-    labels: dict[str, str]
-    times: list[float] = field(default_factory=list)
-    values: list[float] = field(default_factory=list)
-    capacities: list[float | None] = field(default_factory=list)
+    __slots__ = ("last",)
 
-    def append(self, timestamp: float, value: float, capacity: float | None, where: str) -> None:
-        """Add a point; raise InputError unless the time is after the previous one and the value usable."""
+    def __init__(self) -> None:
+        self.last = -math.inf  # the previous point's time
+
+    def check(self, timestamp: float, value: float, capacity: float | None, where: str) -> Point:
+        """The point if it is usable; InputError naming ``where`` if not."""
+        if self.last < timestamp < math.inf and 0 <= value < math.inf and (
+                capacity is None or 0 < capacity < math.inf):
+            self.last = timestamp
+            return timestamp, value, capacity
         for name, number in (("timestamp", timestamp), ("value", value), ("capacity", capacity)):
             if number is not None and not math.isfinite(number):
                 raise InputError(f"{where}: {name} is {number}, not a finite number")
@@ -37,13 +44,12 @@ class Series:
             raise InputError(f"{where}: value {value:g} is negative")
         if capacity is not None and capacity <= 0:
             raise InputError(f"{where}: capacity {capacity:g} is not positive")
-        if self.times and timestamp <= self.times[-1]:
-            kind = "duplicate" if timestamp == self.times[-1] else "unsorted"
-            raise InputError(f"{where}: {kind} timestamp {timestamp:g} (previous {self.times[-1]:g}); "
+        if timestamp <= self.last:
+            kind = "duplicate" if timestamp == self.last else "unsorted"
+            raise InputError(f"{where}: {kind} timestamp {timestamp:g} (previous {self.last:g}); "
                              "timestamps must strictly increase")
-        self.times.append(timestamp)
-        self.values.append(value)
-        self.capacities.append(capacity)
+        self.last = timestamp
+        return timestamp, value, capacity
 
 
 def _number(text: str, what: str, where: str) -> float:
@@ -53,39 +59,70 @@ def _number(text: str, what: str, where: str) -> float:
         raise InputError(f"{where}: {what} {text.strip()!r} is not a number") from None
 
 
-def parse_csv(text: str, source: str) -> Series:
-    """``timestamp,value[,capacity]`` rows (unix seconds, bytes); an optional header row of those names."""
-    series = Series(labels={"source": source})
-    for number, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def csv_points(lines: Iterable[str], source: str) -> Iterator[Point]:
+    """The points of ``timestamp,value[,capacity]`` rows (unix seconds, bytes), lazily.
+
+    A first row whose cells are not numbers is a header, whatever its names
+    (``timestamp,value``, ``time,bytes``, ...).  Blank lines are skipped.
+    """
+    checker = PointChecker()
+    rows = 0
+    inf = math.inf
+    for number, line in enumerate(lines, start=1):
+        cells = next(csv.reader([line])) if '"' in line else line.split(",")
+        try:  # the common case, checked inline: everything else takes the slow path below
+            timestamp, value = float(cells[0]), float(cells[1])
+            capacity = float(cells[2]) if len(cells) == 3 and cells[2].strip() else None
+        except (ValueError, IndexError):
+            pass
+        else:
+            if len(cells) <= 3 and checker.last < timestamp < inf and 0 <= value < inf and (
+                    capacity is None or 0 < capacity < inf):
+                checker.last = timestamp
+                rows += 1
+                yield timestamp, value, capacity
+                continue
+        if len(cells) == 1 and not cells[0].strip():
+            continue
         where = f"{source}: line {number}"
-        cells = [cell.strip() for cell in row]
-        if not cells or cells == [""]:
-            continue
-        if number == 1 and cells == CSV_HEADER[:len(cells)] and len(cells) >= 2:
-            continue
         if len(cells) not in (2, 3):
-            raise InputError(f"{where}: expected timestamp,value[,capacity], got {len(cells)} column(s)")
-        capacity = _number(cells[2], "capacity", where) if len(cells) == 3 and cells[2] else None
-        series.append(_number(cells[0], "timestamp", where), _number(cells[1], "value", where), capacity, where)
-    if not series.times:
-        raise InputError(f"{source}: no data rows (expected timestamp,value[,capacity])")
-    return series
+            raise InputError(f"{where}: expected {CSV_COLUMNS}, got {len(cells)} column(s)")
+        if rows == 0 and not any(_is_number(cell) for cell in cells):
+            rows = -1  # the header: the next row is the first data row
+            continue
+        rows = max(rows, 0) + 1
+        capacity = _number(cells[2], "capacity", where) if len(cells) == 3 and cells[2].strip() else None
+        yield checker.check(_number(cells[0], "timestamp", where), _number(cells[1], "value", where), capacity,
+                            where)
+    if rows <= 0:
+        raise InputError(f"{source}: no data rows (expected {CSV_COLUMNS})")
 
 
-def parse_prometheus(text: str, source: str) -> list[Series]:
-    """A Prometheus ``/api/v1/query_range`` response: one Series per result, labelled as Prometheus does."""
+def parse_prometheus(text: str, source: str) -> list[tuple[dict[str, str], Iterator[Point]]]:
+    """A Prometheus ``/api/v1/query_range`` response: (labels, points) per result, labelled as Prometheus does."""
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"{source}: not JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
-    series = series_from_response(document, source)
+    except RecursionError:
+        raise InputError(f"{source}: not a Prometheus API response (nested too deep)") from None
+    series = results(document, source)
     if not series:
         raise InputError(f"{source}: the query result holds no samples")
     return series
 
 
-def series_from_response(document: Any, source: str) -> list[Series]:
-    """Series of a decoded query_range response; raise InputError on an error status or a bad shape."""
+def results(document: Any, source: str) -> list[tuple[dict[str, str], Iterator[Point]]]:
+    """(labels, points) of each non-empty series of a decoded query_range response; InputError on an error
+    status or a bad shape.  The points are checked as they are read."""
     if not isinstance(document, dict) or "status" not in document:
         raise InputError(f"{source}: not a Prometheus API response (no \"status\")")
     if document["status"] != "success":
@@ -101,17 +138,19 @@ def series_from_response(document: Any, source: str) -> list[Series]:
         points = result.get("values") if isinstance(result, dict) else None
         if not isinstance(labels, dict) or not isinstance(points, list):
             raise InputError(f"{source}: a result lacks \"metric\" or \"values\"")
-        series = Series(labels={str(k): str(v) for k, v in labels.items()})
-        name = _selector(series.labels)
-        for index, point in enumerate(points):
-            where = f"{source}: series {name} point {index + 1}"
-            if not isinstance(point, list) or len(point) != 2:
-                raise InputError(f"{where}: expected [time, \"value\"]")
-            series.append(_number(str(point[0]), "time", where), _number(str(point[1]), "value", where), None,
-                          where)
-        if series.times:
-            out.append(series)
+        if points:
+            named = {str(k): str(v) for k, v in labels.items()}
+            out.append((named, _matrix_points(points, f"{source}: series {_selector(named)}")))
     return out
+
+
+def _matrix_points(points: list[Any], where: str) -> Iterator[Point]:
+    checker = PointChecker()
+    for index, point in enumerate(points, start=1):
+        at = f"{where} point {index}"
+        if not isinstance(point, list) or len(point) != 2:
+            raise InputError(f"{at}: expected [time, \"value\"]")
+        yield checker.check(_number(str(point[0]), "time", at), _number(str(point[1]), "value", at), None, at)
 
 
 def _selector(labels: dict[str, str]) -> str:
