@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import pwd
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -88,6 +90,17 @@ def test_lintian_clean(deb: Path) -> None:
     lintian = require_tool("lintian")
     result = _run(lintian, "--info", "--pedantic", "--fail-on", "error,warning,info,pedantic", str(deb))
     assert result.returncode == 0 and result.stdout == "", result.stdout
+
+
+def test_ships_the_generated_man_page_and_completions(unpacked: Path, tmp_path: Path) -> None:
+    # Generated at build time from the parser (tpuwatch.clidoc), as a fresh generation here makes them.
+    from tpuwatch import clidoc
+
+    clidoc.main(["--bash", str(tmp_path / "bash"), "--zsh", str(tmp_path / "zsh")])
+    assert (unpacked / "usr/share/bash-completion/completions/tpuwatch").read_text() == (tmp_path / "bash").read_text()
+    assert (unpacked / "usr/share/zsh/vendor-completions/_tpuwatch").read_text() == (tmp_path / "zsh").read_text()
+    page = gzip.decompress((unpacked / "usr/share/man/man1/tpuwatch.1.gz").read_bytes()).decode()
+    assert page == clidoc.man_page(date.fromisoformat(page.split('"')[1]))
 
 
 def test_ships_unit_config_sysusers_and_tmpfiles_verbatim(unpacked: Path) -> None:

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from tpuwatch import __version__, logsetup
@@ -19,18 +20,48 @@ log = logging.getLogger("tpuwatch")
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
 
-# Subcommands implemented in their subsystem's package: module with add_arguments(parser) and run(args, config).
-_EXTENSIONS = {
-    "canary": ("tpuwatch.canary.cli", "Run the reference inference once on every idle chip; exit 0 pass, "
-                                      "1 wrong results, 3 could not run."),
-    "logscan": ("tpuwatch.kernel_log.logscan", "Run the kernel-log rules over a file (kmsg, dmesg or journalctl "
-                                               "-o json); exit 1 if a critical event is found."),
-    "analyze": ("tpuwatch.analysis.analyze", "Replay recorded memory series through the daemon's leak detector; "
-                                             "exit 1 if a leak is found."),
-    "test-alert": ("tpuwatch.alerting.testalert", "Send a test alert down the real delivery path and print what "
-                                                  "each receiver answered."),
-    "alerts": ("tpuwatch.alerting.listing", "List the running daemon's pending and firing alerts."),
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its help, its exit statuses, and the module that implements it (None: here)."""
+
+    help: str
+    exits: dict[int, str]
+    module: str | None = None
+
+
+USAGE_EXIT = "usage or config error (one line on stderr)"
+
+# Every subcommand, in the order --help lists them.  The man page and the shell completions are generated
+# from this table and the parser (tpuwatch.clidoc), so what they say cannot drift from what the code does.
+# A subcommand with a module has it imported only when chosen: `tpuwatch run` must not load what others use.
+COMMANDS: dict[str, Command] = {
+    "run": Command("Run the monitoring daemon.",
+                   {0: "stopped by SIGTERM or SIGINT", 2: "cannot start: " + USAGE_EXIT}),
+    "check": Command("Run every collector once and report.",
+                     {0: "healthy", 1: "unhealthy: the problems are listed", 2: USAGE_EXIT}),
+    "canary": Command("Run the reference inference once on every idle chip, exactly as the daemon runs it.",
+                      {0: "every chip passed", 1: "wrong results on a chip", 2: USAGE_EXIT,
+                       3: "could not run (error, timeout, crash, every chip skipped)", 130: "interrupted"},
+                      "tpuwatch.canary.cli"),
+    "logscan": Command("Run the kernel-log rules over a file (kmsg, dmesg or journalctl -o json).",
+                       {0: "no critical event", 1: "a critical event was found", 2: USAGE_EXIT + " or rule error"},
+                       "tpuwatch.kernel_log.logscan"),
+    "analyze": Command("Replay recorded memory series through the daemon's leak detector.",
+                       {0: "no leak (or a series too short to tell: insufficient)", 1: "a leak in a series",
+                        2: USAGE_EXIT + " or bad input"}, "tpuwatch.analysis.analyze"),
+    "test-alert": Command("Send a test alert down the real delivery path and print what each receiver answered.",
+                          {0: "every receiver accepted it", 1: "a receiver did not",
+                           2: "no such receiver, none configured, a secret unreadable, no outbox, or " + USAGE_EXIT},
+                          "tpuwatch.alerting.testalert"),
+    "alerts": Command("List the running daemon's pending and firing alerts.",
+                      {0: "listed", 1: "the daemon cannot be asked", 2: USAGE_EXIT}, "tpuwatch.alerting.listing"),
+    "config": Command("Validate or show the configuration.",
+                      {0: "valid (check) or printed (show)", 2: "invalid: path.to.key: reason"}),
 }
+CONFIG_COMMANDS = {"check": "Validate the config and every file it names; exit 2 naming the bad key.",
+                   "show": "Print the effective config, secrets redacted."}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,38 +69,39 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see --help)\n")
 
 
-def _parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = _Parser(prog="tpuwatch", description="Health monitor and alerting agent for ML accelerator hosts.")
-    parser.add_argument("--version", action="version", version=f"tpuwatch {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def _epilog(exits: dict[int, str]) -> str:
+    return "exit status:\n" + "\n".join(f"  {code:<3} {text}" for code, text in sorted(exits.items()))
 
-    def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--config", metavar="PATH",
-                         help=f"config file (default {config_module.DEFAULT_PATH} if it exists, else built-in "
-                              "defaults)")
-        return sub
 
-    run = command("run", "Run the monitoring daemon.")
-    run.add_argument("--simulate", metavar="SCENARIO", choices=SCENARIOS,
-                     help=f"use simulated chips running a scenario: {', '.join(SCENARIOS)}")
-    check = command("check", "Run every collector once and report; exit 0 healthy, 1 unhealthy.")
-    check.add_argument("--json", action="store_true", help="machine-readable output")
+def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The command line parser; with ``argv`` only the chosen subcommand's module is imported, with None all."""
+    top = _Parser(prog="tpuwatch", description="Health monitor and alerting agent for ML accelerator hosts.")
+    top.add_argument("-V", "--version", action="version", version=f"tpuwatch {__version__}")
+    commands = top.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
+    chosen = None if argv is None else next((arg for arg in argv if not arg.startswith("-")), None)
+    for name, command in COMMANDS.items():
+        sub = commands.add_parser(name, help=command.help, description=command.help, epilog=_epilog(command.exits),
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        if name == "config":
+            config_sub = sub.add_subparsers(dest="config_command", required=True, parser_class=_Parser,
+                                            metavar="ACTION")
+            for action, text in CONFIG_COMMANDS.items():
+                _config_option(config_sub.add_parser(action, help=text, description=text))
+            continue
+        _config_option(sub)
+        if name == "run":
+            sub.add_argument("--simulate", metavar="SCENARIO", choices=SCENARIOS,
+                             help=f"use simulated chips running a scenario: {', '.join(SCENARIOS)}")
+        elif name == "check":
+            sub.add_argument("--json", action="store_true", help="machine-readable output")
+        elif command.module is not None and chosen in (None, name):
+            importlib.import_module(command.module).add_arguments(sub)
+    return top
 
-    # Only the chosen subcommand's module is imported: `tpuwatch run` must not load what the others use.
-    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
-    for name, (module, help_text) in _EXTENSIONS.items():
-        sub = command(name, help_text)
-        if name == chosen:
-            importlib.import_module(module).add_arguments(sub)
 
-    config_cmd = commands.add_parser("config", help="Validate or show the configuration.")
-    config_sub = config_cmd.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
-    for name, text in (("check", "Validate the config; exit 2 naming the bad key."),
-                       ("show", "Print the effective config, secrets redacted.")):
-        sub = config_sub.add_parser(name, help=text, description=text)
-        sub.add_argument("--config", metavar="PATH", help="config file")
-    return parser
+def _config_option(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--config", metavar="PATH",
+                     help=f"config file (default {config_module.DEFAULT_PATH} if it exists, else built-in defaults)")
 
 
 def _load(args: argparse.Namespace) -> Config:
@@ -129,22 +161,23 @@ def _check_referenced_files(config: Config) -> None:
     load_rules(config.kernel_log.rules_dirs)
 
 
-_COMMANDS: dict[str, Any] = {"run": _cmd_run, "check": _cmd_check, "config": _cmd_config}
+_BUILTIN: dict[str, Any] = {"run": _cmd_run, "check": _cmd_check, "config": _cmd_config}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tpuwatch`` console script."""
     argv = sys.argv[1:] if argv is None else argv
-    args = _parser(argv).parse_args(argv)
+    args = parser(argv).parse_args(argv)
     try:
         config = _load(args)
     except ConfigError as exc:
         print(f"tpuwatch: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        if args.command in _EXTENSIONS:
-            return importlib.import_module(_EXTENSIONS[args.command][0]).run(args, config)
-        return _COMMANDS[args.command](args, config)
+        module = COMMANDS[args.command].module
+        if module is not None:
+            return importlib.import_module(module).run(args, config)
+        return _BUILTIN[args.command](args, config)
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, no traceback
