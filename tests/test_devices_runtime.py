@@ -269,3 +269,13 @@ def test_listening_sockets_are_read_from_proc_net_tcp() -> None:
              "   2: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1000 1 "
              "0000000000000000 100 0 0 10 0\n")
     assert listening_inodes(table, {8431, 8432}) == {"31337": 8431}, "8432 is a connection, not a listener"
+
+
+def test_addresses_without_a_known_process_share_the_chips_the_others_do_not_hold(tmp_path: Path, serve: Any,
+                                                                                   workloads: Any) -> None:
+    paths = make_host(tmp_path, "v6e", 4)
+    unknown = serve(Runtime("v6e", "busy", ids={12, 13}))  # served from this process, which holds no chip
+    known = workloads("v6e", "8,9", f"{paths.dev}/vfio/10", f"{paths.dev}/vfio/11")
+    readings = TpuBackend(make_config(paths, [unknown, known])).read()
+    assert [r.sources["memory_used_bytes"] for r in readings] == [f"libtpu:{known}"] * 2 + [f"libtpu:{unknown}"] * 2
+    assert readings[2].sources["runtime_chip"].startswith(f"chip 0 of libtpu:{unknown}, numbered after")

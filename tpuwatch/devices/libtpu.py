@@ -132,8 +132,8 @@ class RuntimeClient:
             except MalformedMetric as exc:
                 failures.append("malformed")
                 self._log_once(address, name, f"malformed answer: {exc}")
-        if failures and not answer.has_data:
-            del self._offered[address]  # the runtime went away: list its metrics again when it is back
+        if not answer.has_data:  # the runtime went away, or offers nothing yet: list its metrics again next read
+            del self._offered[address]
         if not offered:
             answer.status = "no data (the runtime offers none of the metrics tpuwatch reads)"
         elif not answer.has_data:

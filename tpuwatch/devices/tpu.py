@@ -103,34 +103,45 @@ class TpuBackend:
 
     def _place(self, answers: list[AddressAnswer], folded: dict[str, Folded],
                chips: dict[int, set[str]]) -> dict[int, _Placed]:
-        """Chip index -> runtime fields: by the chips the listening process holds, else by address order."""
-        order = list(chips)
-        placed: dict[int, _Placed] = {}
-        offset = 0
+        """Chip index -> runtime fields: the chips the listening process holds, else the chips left, in order.
+
+        Addresses whose process was found take its chips first; the others share the
+        remaining chips in configured order, each as many as it answered for (when it
+        last answered, if it does not now).
+        """
+        targets: dict[str, tuple[list[int], str | None]] = {}
         for answer in answers:
             found = folded.get(answer.address)
-            served = found.served if found is not None else self._served.get(answer.address, 0)
             if found is not None:
-                self._served[answer.address] = served
+                self._served[answer.address] = found.served
                 port = _port(answer.address)
                 pid = self._port_pids.get(port) if port is not None else None
                 held_files = self._held.get(pid, set()) if pid is not None else set()
-                held = [index for index in order if chips[index] & held_files]
-                if held and served <= len(held):
-                    targets, matched = held, f"process {pid} listens on libtpu:{answer.address} and holds this chip"
-                else:
-                    targets, matched = order[offset:offset + served], None
-                    if len(answers) > 1:
-                        matched = (f"chip {{slot}} of libtpu:{answer.address}, numbered after those of the addresses"
-                                   " configured before it (the process listening on it was not found)")
-                for slot, fields in sorted(found.fields.items()):
-                    if slot >= len(targets):
-                        self.runtime.log_problem(answer.address, "chips", f"answers for {served} chip(s), "
-                                                 f"{len(targets)} left for it under sysfs")
-                        continue
-                    note = matched.format(slot=slot) if matched else None
-                    placed.setdefault(targets[slot], _Placed(fields, f"libtpu:{answer.address}", note))
+                held = [index for index in chips if chips[index] & held_files]
+                if held and found.served <= len(held):
+                    targets[answer.address] = (held, f"process {pid} listens on libtpu:{answer.address} and "
+                                                     "holds this chip")
+        left = [index for index in chips if not any(index in held for held, _ in targets.values())]
+        offset = 0
+        for answer in answers:
+            if answer.address in targets:
+                continue
+            served = self._served.get(answer.address, 0)
+            note = None if len(answers) == 1 else (
+                f"chip {{slot}} of libtpu:{answer.address}, numbered after those of the addresses configured "
+                "before it (the process listening on it was not found)")
+            targets[answer.address] = (left[offset:offset + served], note)
             offset += served
+        placed: dict[int, _Placed] = {}
+        for address, found in folded.items():
+            indices, note = targets[address]
+            for slot, fields in sorted(found.fields.items()):
+                if slot >= len(indices):
+                    self.runtime.log_problem(address, "chips", f"answers for {found.served} chip(s), "
+                                             f"{len(indices)} left for it under sysfs")
+                    continue
+                placed.setdefault(indices[slot], _Placed(fields, f"libtpu:{address}",
+                                                         note.format(slot=slot) if note else None))
         return placed
 
     def _sysfs_reading(self, device: str, chip: TpuChip, owners: dict[str, list[str]]) -> DeviceReading:
