@@ -5,12 +5,14 @@ Usage::
 
     python benchmarks/devices.py [--reads N] [--quick]
 
-TPU: an 8-chip v6e host (sysfs tree in a temp dir) and a real
-RuntimeMetricService on localhost answering the test fixture; tpuwatch's
-``TpuBackend.read()`` (sysfs, owners, seven runtime metrics asked at once)
-against the anchor, tpu-info 0.14's own client functions fetching the same
-runtime data (usage, HBM bandwidth, idle time, HLO queue, HLO timing), once
-with an instant runtime and once with one that takes 20 ms per call.
+TPU: 4-chip v6e and v5p hosts (sysfs trees in a temp dir) and a real
+RuntimeMetricService on localhost answering the recorded busy fixtures;
+tpuwatch's ``TpuBackend.read()`` (sysfs, owners, the metrics the runtime
+lists in ListSupportedMetrics, asked once and kept, all asked at once)
+against the anchor, tpu-info's own client functions fetching the same
+runtime data (usage, HBM bandwidth, idle time, HLO queue, HLO timing; on v5p
+also the three megascale latencies), with an instant runtime and with one
+that takes 20 ms per call.
 NVIDIA: 8 GPUs of the test stand-in ``pynvml``; ``NvidiaBackend.read()`` (one
 deadline lane per GPU) against the same NVML calls made one GPU after the
 other on the calling thread, which is what the lanes cost.  Rewrites the
@@ -20,6 +22,7 @@ other on the calling thread, which is what the lanes cost.  Rewrites the
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -40,8 +43,11 @@ from tpu_info import device as tpu_device
 from tpu_info import metrics as tpu_metrics
 from tpu_info.proto import tpu_metric_service_pb2_grpc as pb2_grpc
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent / "tests")]
-from test_devices_tpu import Runtime, make_config, make_host  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# The tpuwatch of this checkout, whatever else is installed; the test doubles from tests/.
+sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "benchmarks"), str(REPO_ROOT / "tests")]
+from fakelibtpu import Runtime  # noqa: E402
+from test_devices_tpu import make_config, make_host  # noqa: E402
 
 from tpuwatch.config import Config, DevicesConfig  # noqa: E402
 from tpuwatch.devices.nvidia import NvidiaBackend  # noqa: E402
@@ -55,8 +61,8 @@ STANDIN = Path(__file__).resolve().parent.parent / "tests" / "testdata" / "devic
 class DelayedRuntime(Runtime):
     """The test runtime, taking ``delay`` seconds per call like a busy libtpu."""
 
-    def __init__(self, host: str, delay: float) -> None:
-        super().__init__(host)
+    def __init__(self, generation: str, delay: float) -> None:
+        super().__init__(generation, "busy")
         self.delay = delay
 
     def GetRuntimeMetric(self, request: Any, context: Any) -> Any:  # noqa: N802 - the gRPC method name
@@ -82,30 +88,39 @@ def median_ms(fn: Callable[[], Any], reads: int) -> float:
     return statistics.median(times) * 1000
 
 
-def tpu_info_read(address: str) -> None:
+MEGASCALE = ("buffer_transfer_latency", "collective_e2e_latency", "grpc_tcp_min_rtt")
+
+
+def tpu_info_read(address: str, generation: str) -> None:
     """What tpu-info's CLI asks for the same runtime data, with its own client functions."""
-    chip = tpu_device.TpuChip.V6E
+    chip = {"v6e": tpu_device.TpuChip.V6E, "v5p": tpu_device.TpuChip.V5P}[generation]
     tpu_metrics.get_chip_usage(chip, address)
     tpu_metrics.get_runtime_hbm_utilization(address)
     tpu_metrics.get_tensorcore_idle_duration(address)
     tpu_metrics.get_hlo_queue_size(chip, address)
     tpu_metrics.get_hlo_exec_timing(chip, address)
+    if generation == "v5p":
+        for metric in MEGASCALE:
+            tpu_metrics.get_transfer_latency(metric, address)
 
 
 def tpu_rows(root: Path, reads: int) -> list[tuple[str, float, float]]:
-    paths = make_host(root, "v6e", chips=8)
     rows = []
-    for label, runtime in (("instant runtime", Runtime("v6e")), ("runtime taking 20 ms per call",
-                                                                  DelayedRuntime("v6e", 0.02))):
+    for generation, label, runtime in (
+            ("v6e", "instant runtime", Runtime("v6e", "busy")),
+            ("v6e", "runtime taking 20 ms per call", DelayedRuntime("v6e", 0.02)),
+            ("v5p", "instant runtime, multislice (3 megascale latencies more)", Runtime("v5p", "busy"))):
+        paths = make_host(root / f"{generation}-{len(rows)}", generation, chips=4)
         server, address = serve(runtime)
         try:
             backend = TpuBackend(make_config(paths, [address], timeout=2.0))
-            assert len(backend.read()) == 8 and backend.read()[7].runtime_metrics
+            first = backend.read()
+            assert len(first) == 4 and first[3].runtime_metrics, first[3].sources
             ours = median_ms(backend.read, reads)
-            anchor = median_ms(lambda a=address: tpu_info_read(a), reads)
+            anchor = median_ms(lambda a=address, g=generation: tpu_info_read(a, g), reads)
         finally:
             server.stop(grace=None)
-        rows.append((label, anchor, ours))
+        rows.append((f"{generation} × 4, {label}", anchor, ours))
     return rows
 
 
@@ -142,6 +157,7 @@ def main() -> int:
         nvidia_anchor, nvidia_ours = nvidia_row(root / "nvidia", reads)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    tpu_version = importlib.metadata.version("tpu-info")
     command = "python benchmarks/devices.py" + (" " + shlex.join(sys.argv[1:]) if sys.argv[1:] else "")
     lines = [
         "## Device backends",
@@ -154,17 +170,20 @@ def main() -> int:
         "|---|---|---|---|---|",
     ]
     for label, anchor, ours in tpu:
-        lines.append(f"| TPU v6e × 8, {label}: sysfs, owners (rescanned every 1 s), 7 runtime metrics | tpu-info 0.14 client, same "
-                     f"runtime data | {anchor:.1f} | {ours:.1f} | {ours / anchor:.2f} |")
+        lines.append(f"| TPU {label}: sysfs, owners (rescanned every 1 s), the runtime metrics it lists | "
+                     f"tpu-info {tpu_version} client, same runtime data | {anchor:.1f} | {ours:.1f} | "
+                     f"{ours / anchor:.2f} |")
     lines.append(f"| NVIDIA × 8 (test stand-in pynvml): every field, one deadline lane per GPU | same NVML calls "
                  f"in sequence, no deadline | {nvidia_anchor:.1f} | {nvidia_ours:.1f} | "
                  f"{nvidia_ours / nvidia_anchor:.2f} |")
     lines += [
         "",
-        "tpuwatch asks the seven runtime metrics of every address at once on a kept channel, so a slow",
-        "runtime costs one call's latency, not seven; tpu-info opens a channel per function and asks in turn.",
-        "The NVIDIA row measures the lanes' thread cost against the stand-in module (which reads a JSON file",
-        "per call), not real NVML latency.",
+        "tpuwatch lists an address's metrics once (ListSupportedMetrics, asked again only after the runtime",
+        "went away) and then asks all of them at once on a kept channel, so a slow runtime costs one call's",
+        "latency, not one per metric; tpu-info opens a channel per function and asks in turn. tpuwatch also",
+        "folds per-core answers per chip and turns distributions into summaries, which tpu-info does not for",
+        "every row. The NVIDIA row measures the lanes' thread cost against the stand-in module (which reads a",
+        "JSON file per call), not real NVML latency.",
     ]
     write_section("devices", "\n".join(lines))
     print("\n".join(lines))

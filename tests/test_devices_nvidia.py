@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -67,6 +68,33 @@ def test_pci_bus_id_is_written_as_sysfs_writes_it() -> None:
 def test_throttle_reasons_lists_only_supported_ones() -> None:
     assert throttle_reasons(supported=0x1 | 0x4 | 0x40, active=0x4 | 0x8) == {
         "gpu_idle": False, "sw_power_cap": True, "hw_thermal_slowdown": False}
+    assert throttle_reasons(supported=0x600, active=0x400) == {"board_limit": False, "reliability": True}
+
+
+def test_clock_event_reasons_and_reserved_memory_come_from_the_current_calls(nvml: FakeNvml,
+                                                                              caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        first, second, _, old_driver = NvidiaBackend(config()).read()
+    assert first.throttle_reasons is not None
+    assert [name for name, active in first.throttle_reasons.items() if active] == ["sw_power_cap", "board_limit"]
+    assert first.throttle_reasons["reliability"] is False
+    assert (first.memory_reserved_bytes, first.sources["memory_reserved_bytes"]) == (566231040, "nvml")
+    assert first.memory_used_bytes == 42949672960, "used stays what nvmlDeviceGetMemoryInfo (v1) says"
+    # An older driver lacks the event-reason and v2 functions: the deprecated calls answer, reserved is absent.
+    assert old_driver.throttle_reasons is not None and "board_limit" not in old_driver.throttle_reasons
+    assert old_driver.throttle_reasons["gpu_idle"] is True
+    assert old_driver.memory_reserved_bytes is None and "memory_reserved_bytes" not in old_driver.sources
+    assert caplog.records == [], "a function the driver lacks is not a failure"
+
+
+def test_an_older_nvidia_ml_py_without_the_new_calls_falls_back(nvml: FakeNvml,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetCurrentClocksEventReasons",
+                 "nvmlMemory_v2"):
+        monkeypatch.delattr(nvml.module, name)
+    first = NvidiaBackend(config()).read()[0]
+    assert first.throttle_reasons is not None and first.throttle_reasons["board_limit"] is True
+    assert first.memory_reserved_bytes is None
 
 
 def test_every_reading_comes_from_nvml(nvml: FakeNvml) -> None:
@@ -81,7 +109,7 @@ def test_every_reading_comes_from_nvml(nvml: FakeNvml) -> None:
     assert first.memory_repair_pending is False
     assert first.pcie_replays_total == 5
     assert first.throttle_reasons is not None and first.throttle_reasons["sw_power_cap"] is True
-    assert [name for name, active in first.throttle_reasons.items() if active] == ["sw_power_cap"]
+    assert [name for name, active in first.throttle_reasons.items() if active] == ["sw_power_cap", "board_limit"]
     assert first.sources["memory_used_bytes"] == "nvml" and "retired_pages_single_bit" not in first.sources
     assert (second.ecc_uncorrected_total, second.memory_repair_pending) == (1, True)
     assert (lost.up, lost.problem) == (False, "GPU is lost (nvmlDeviceGetHandleByIndex: GPU is lost)")
@@ -115,6 +143,7 @@ def test_samples_carry_the_nvidia_families(nvml: FakeNvml) -> None:
     assert values[("tpuwatch_device_remapped_rows", (("device", "1"), ("kind", "uncorrected")))] == 1
     assert values[("tpuwatch_device_memory_repair_pending", (("device", "1"),))] == 1
     assert values[("tpuwatch_device_pcie_replays_total", (("device", "0"),))] == 5
+    assert values[("tpuwatch_device_memory_reserved_bytes", (("device", "1"),))] == 566231040
     assert values[("tpuwatch_device_throttle_active", (("device", "0"), ("reason", "sw_power_cap")))] == 1
     assert values[("tpuwatch_device_throttle_active", (("device", "0"), ("reason", "gpu_idle")))] == 0
     assert values[("tpuwatch_device_up", (("device", "2"),))] == 0

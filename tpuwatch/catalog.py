@@ -1,7 +1,9 @@
 """The metric catalogue: every tpuwatch_* family, its type, help and labels.
 
 /metrics emits exactly these families (tests compare the two), so a new metric
-is added here first.
+is added here first.  A ``summary`` family is carried as samples named after
+the family with a ``quantile`` label, plus ``NAME_count`` and ``NAME_sum``
+samples; ``spec_of`` finds the family of any sample name.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ class MetricSpec:
     """What one metric family is."""
 
     name: str
-    kind: Literal["gauge", "counter"]
+    kind: Literal["gauge", "counter", "summary"]
     help: str
-    labels: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()  # a summary's samples also carry "quantile", its _count and _sum do not
     allow_negative: bool = False
 
 
@@ -61,8 +63,14 @@ _SPECS = [
                "How long the chip's TensorCores have been idle (libtpu runtime).", ("device",)),
     MetricSpec("tpuwatch_device_hlo_queue_size", "gauge", "HLO programs queued for execution (libtpu runtime).",
                ("device",)),
-    MetricSpec("tpuwatch_device_hlo_execution_mean_seconds", "gauge",
-               "Mean HLO program execution time (libtpu runtime).", ("device",)),
+    MetricSpec("tpuwatch_device_hlo_execution_seconds", "summary",
+               "HLO program execution time, quantiles estimated from libtpu's buckets (libtpu runtime).",
+               ("device",)),
+    MetricSpec("tpuwatch_device_megascale_latency_seconds", "summary",
+               "Megascale (multislice DCN) latency by metric and buffer size; device \"\" when the runtime "
+               "names no chip (libtpu runtime).", ("device", "metric", "buffer_size")),
+    MetricSpec("tpuwatch_device_memory_reserved_bytes", "gauge",
+               "Device memory reserved by the driver or firmware (NVML v2 memory info).", ("device",)),
     MetricSpec("tpuwatch_device_ecc_errors_aggregate_total", "counter",
                "Device memory ECC errors over the GPU's lifetime by kind (corrected, uncorrected).",
                ("device", "kind")),
@@ -154,3 +162,16 @@ _SPECS = [
 ]
 
 CATALOG: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
+SUMMARY_SUFFIXES = ("_count", "_sum")
+
+
+def spec_of(sample_name: str) -> MetricSpec:
+    """The family a sample belongs to: its own name, or a summary's for NAME_count and NAME_sum."""
+    spec = CATALOG.get(sample_name)
+    if spec is None:
+        for suffix in SUMMARY_SUFFIXES:
+            family = CATALOG.get(sample_name.removesuffix(suffix))
+            if sample_name.endswith(suffix) and family is not None and family.kind == "summary":
+                return family
+        raise KeyError(sample_name)
+    return spec

@@ -35,6 +35,7 @@ FIELDS = [
     ("pci", "pci.bus_id", str, True),
     ("memory_total_bytes", "memory.total", lambda v: round(v / MIB), True),
     ("memory_used_bytes", "memory.used", lambda v: round(v / MIB), False),
+    ("memory_reserved_bytes", "memory.reserved", lambda v: round(v / MIB), False),
     ("utilization_ratio", "utilization.gpu", lambda v: round(v * 100), False),
     ("temperature_celsius", "temperature.gpu", round, False),
     ("power_watts", "power.draw", lambda v: round(v, 1), False),

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tpuwatch.catalog import CATALOG
+from tpuwatch.catalog import spec_of
 from tpuwatch.samples import INVALID_REASONS, Sample, invalid_reason
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ class GuardedCollector:
     def _valid(self, readings: list[Sample]) -> list[Sample]:
         kept = []
         for reading in readings:
-            spec = CATALOG[reading.name]
+            spec = spec_of(reading.name)
             reason = invalid_reason(reading.value, spec.allow_negative)
             if reason is None:
                 kept.append(reading)

@@ -14,6 +14,21 @@ MAX_REMEMBERED_DEVICES = 1024
 
 
 @dataclass(frozen=True)
+class Summary:
+    """A Prometheus summary in base units: observation count, their sum, and (quantile, value) pairs."""
+
+    count: float
+    total: float
+    quantiles: tuple[tuple[float, float], ...] = ()
+
+
+def summary_samples(name: str, summary: Summary, **labels: str) -> list[Sample]:
+    """NAME{quantile=...} for each quantile, then NAME_count and NAME_sum."""
+    out = [sample(name, value, quantile=f"{q:g}", **labels) for q, value in summary.quantiles]
+    return [*out, sample(f"{name}_count", summary.count, **labels), sample(f"{name}_sum", summary.total, **labels)]
+
+
+@dataclass(frozen=True)
 class DeviceReading:
     """What a backend read from one chip.  None means "not exposed by this hardware"."""
 
@@ -38,7 +53,11 @@ class DeviceReading:
     memory_bandwidth_utilization_ratio: float | None = None
     tensorcore_idle_seconds: float | None = None
     hlo_queue_size: float | None = None
-    hlo_execution_mean_seconds: float | None = None
+    hlo_execution_seconds: Summary | None = None
+    # Megascale latencies the runtime attributes to this chip: (metric, buffer size, summary).
+    megascale: tuple[tuple[str, str, Summary], ...] | None = None
+    # NVIDIA: memory the driver or firmware reserves (NVML v2 memory info, drivers that have it).
+    memory_reserved_bytes: float | None = None
     # NVIDIA: lifetime ECC counts (the two fields above are since the driver loaded).
     ecc_corrected_aggregate_total: float | None = None
     ecc_uncorrected_aggregate_total: float | None = None
@@ -66,7 +85,11 @@ def sources_line(sources: dict[str, str]) -> str:
 
 
 class DeviceBackend(Protocol):
-    """One kind of accelerator.  ``read()`` returns a reading per chip it can see."""
+    """One kind of accelerator.  ``read()`` returns a reading per chip it can see.
+
+    A backend may also have ``host_samples()``: samples of its last read that
+    belong to no chip (e.g. megascale latencies the runtime gives per host).
+    """
 
     name: str
 
@@ -84,7 +107,7 @@ _GAUGES = (
     ("memory_bandwidth_utilization_ratio", "tpuwatch_device_memory_bandwidth_utilization_ratio"),
     ("tensorcore_idle_seconds", "tpuwatch_device_tensorcore_idle_seconds"),
     ("hlo_queue_size", "tpuwatch_device_hlo_queue_size"),
-    ("hlo_execution_mean_seconds", "tpuwatch_device_hlo_execution_mean_seconds"),
+    ("memory_reserved_bytes", "tpuwatch_device_memory_reserved_bytes"),
     ("memory_repair_pending", "tpuwatch_device_memory_repair_pending"),
     ("row_remap_failed", "tpuwatch_device_row_remap_failed"),
     ("pcie_replays_total", "tpuwatch_device_pcie_replays_total"),
@@ -103,6 +126,8 @@ _LABELLED = (
 )
 
 DRIVER_STATUSES = ("ALIVE", "LAMED", "DEAD", "DRIVER_EXITING")
+HLO_EXECUTION = "tpuwatch_device_hlo_execution_seconds"
+MEGASCALE = "tpuwatch_device_megascale_latency_seconds"
 
 # The fields the simulator fills; families of every other field only real backends emit, so checks that
 # every catalogue family appears on a simulated host exempt HARDWARE_ONLY_FAMILIES.
@@ -111,7 +136,7 @@ _SIMULATED = {"memory_used_bytes", "memory_total_bytes", "utilization_ratio", "t
 HARDWARE_ONLY_FAMILIES = frozenset(
     {metric for attribute, metric in _GAUGES if attribute not in _SIMULATED}
     | {metric for attribute, metric, _, _ in _LABELLED if attribute not in _SIMULATED}
-    | {"tpuwatch_device_driver_status", "tpuwatch_device_throttle_active"}
+    | {"tpuwatch_device_driver_status", "tpuwatch_device_throttle_active", HLO_EXECUTION, MEGASCALE}
 )
 
 
@@ -137,6 +162,10 @@ def reading_samples(reading: DeviceReading, backend: str) -> list[Sample]:
                 for s in statuses]
     for reason, active in (reading.throttle_reasons or {}).items():
         out.append(sample("tpuwatch_device_throttle_active", 1 if active else 0, device=device, reason=reason))
+    if reading.hlo_execution_seconds is not None:
+        out += summary_samples(HLO_EXECUTION, reading.hlo_execution_seconds, device=device)
+    for metric, buffer_size, latency in reading.megascale or ():
+        out += summary_samples(MEGASCALE, latency, device=device, metric=metric, buffer_size=buffer_size)
     return out
 
 
@@ -174,7 +203,9 @@ class DeviceCollector:
             if device in self._known or len(self._known) < MAX_REMEMBERED_DEVICES:
                 self._known[device] = reading
         self.last_readings = sorted(readings.values(), key=lambda r: _device_order(r.device))
-        return [s for r in self.last_readings for s in reading_samples(r, self.backend.name)]
+        out = [s for r in self.last_readings for s in reading_samples(r, self.backend.name)]
+        host_samples = getattr(self.backend, "host_samples", None)  # readings the backend ties to no chip
+        return out + list(host_samples()) if host_samples is not None else out
 
 
 def _device_order(device: str) -> tuple[int, str]:

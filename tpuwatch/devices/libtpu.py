@@ -1,116 +1,41 @@
-"""libtpu's runtime metric service (gRPC ``tpu.monitoring.runtime.RuntimeMetricService``).
+"""libtpu's runtime metric service (gRPC ``tpu.monitoring.runtime.RuntimeMetricService``): the calls.
 
-libtpu serves it at localhost:8431 (one port per process, 8431-8434) while a
-workload runs; with none, calls answer UNAVAILABLE, which means "no data".
-The generated stubs come from PyPI's tpu-info (the ``tpu`` extra).  Parsing
-(``parse_metric``) is pure and separate from the calls (``RuntimeClient``).
+libtpu serves it at localhost:8431 while a workload runs (a workload set up
+with TPU_RUNTIME_METRICS_PORTS serves one port per process); with none,
+calls answer UNAVAILABLE, which means "no data".  Each address is asked
+``ListSupportedMetrics`` once (again after an error) and then only for the
+metrics it offers: older libtpu has no HLO metrics (tpu-info: they need
+libtpu >= 0.0.17) and a single-slice workload no megascale ones.  The
+generated stubs come from PyPI's tpu-info (the ``tpu`` extra); parsing is in
+``tpuwatch.devices.runtime``.
 """
 
 from __future__ import annotations
 
 import logging
-import statistics
-from collections.abc import Callable
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tpuwatch.devices.runtime import KNOWN_METRICS, Entry, MalformedMetric, parse_response
+
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class RuntimeMetric:
-    """How one libtpu metric becomes one DeviceReading field."""
-
-    name: str
-    attribute: str
-    scale: float                       # multiply the raw value by this: percent -> ratio, us -> s
-    per_core: bool                     # ordinals are TensorCores (else chips)
-    combine: Callable[[list[float]], float]  # the cores of one chip -> one value
-
-
-RUNTIME_METRICS = (
-    RuntimeMetric("tpu.runtime.hbm.memory.usage.bytes", "memory_used_bytes", 1.0, True, sum),
-    RuntimeMetric("tpu.runtime.hbm.memory.total.bytes", "memory_total_bytes", 1.0, True, sum),
-    RuntimeMetric("tpu.runtime.tensorcore.dutycycle.percent", "utilization_ratio", 0.01, False, statistics.fmean),
-    RuntimeMetric("tpu.runtime.hbm.utilization.percent", "memory_bandwidth_utilization_ratio", 0.01, True,
-                  statistics.fmean),
-    RuntimeMetric("tpu.runtime.tensorcore.idle_duration.seconds", "tensorcore_idle_seconds", 1.0, True, min),
-    RuntimeMetric("hlo.queue.size.gauge", "hlo_queue_size", 1.0, True, sum),
-    RuntimeMetric("hlo.execution.timing.distribution.microseconds", "hlo_execution_mean_seconds", 1e-6, True,
-                  statistics.fmean),
-)
-
-
-class MalformedMetric(ValueError):
-    """An answer that does not have the shape libtpu gives."""
-
-
-def _ordinal(metric: Any) -> int:
-    """The device ordinal of one per-device entry: an int attribute, or device_ordinal in a key-value list."""
-    value = metric.attribute.value
-    kind = value.WhichOneof("attr")
-    if kind == "int_attr":
-        return int(value.int_attr)
-    if kind == "kvlist_attr":
-        for attr in value.kvlist_attr.attributes:
-            if attr.key == "device_ordinal":
-                inner = attr.value.WhichOneof("attr")
-                if inner == "int_attr":
-                    return int(attr.value.int_attr)
-                if inner == "string_attr" and attr.value.string_attr.isdigit():
-                    return int(attr.value.string_attr)
-                raise MalformedMetric(f"device_ordinal is {inner} {getattr(attr.value, inner or 'string_attr')!r}")
-        raise MalformedMetric("no device_ordinal attribute")
-    raise MalformedMetric(f"device attribute is {kind or 'missing'}")
-
-
-def _value(metric: Any) -> float:
-    measure = metric.WhichOneof("measure")
-    if measure == "gauge":
-        kind = metric.gauge.WhichOneof("value")
-        if kind in ("as_int", "as_double"):
-            return float(getattr(metric.gauge, kind))
-        raise MalformedMetric(f"gauge holds {kind or 'nothing'}")
-    if measure == "distribution":
-        if metric.distribution.count == 0:
-            raise MalformedMetric("empty distribution")
-        return float(metric.distribution.mean)
-    raise MalformedMetric(f"measure is {measure or 'missing'}")
-
-
-def parse_metric(response: Any, spec: RuntimeMetric) -> dict[int, float]:
-    """Scaled values by device ordinal from one MetricResponse; MalformedMetric if it is not libtpu's shape."""
-    if response.metric.name and response.metric.name != spec.name:
-        raise MalformedMetric(f"answer is for {response.metric.name!r}")
-    values: dict[int, float] = {}
-    for metric in response.metric.metrics:
-        ordinal = _ordinal(metric)
-        if ordinal in values:
-            raise MalformedMetric(f"device ordinal {ordinal} appears twice")
-        values[ordinal] = _value(metric) * spec.scale
-    return values
-
-
-def values_by_chip(values: dict[int, float], spec: RuntimeMetric, cores_per_chip: int) -> dict[int, float]:
-    """Per-ordinal values folded into per-chip values (chip = core ordinal // cores per chip)."""
-    per_chip: dict[int, list[float]] = {}
-    for ordinal, value in sorted(values.items()):
-        per_chip.setdefault(ordinal // cores_per_chip if spec.per_core else ordinal, []).append(value)
-    return {chip: spec.combine(found) for chip, found in per_chip.items()}
+MAX_LOGGED = 256  # distinct (address, metric, problem) warnings remembered, so that each is logged once
 
 
 @dataclass
 class AddressAnswer:
-    """What one runtime address said: values per metric (by ordinal), and a status sentence."""
+    """What one runtime address said: entries per metric, and a status sentence."""
 
     address: str
     status: str
-    values: dict[str, dict[int, float]] = field(default_factory=dict)
+    entries: dict[str, list[Entry]] = field(default_factory=dict)
 
     @property
     def has_data(self) -> bool:
         """True when at least one metric answered."""
-        return bool(self.values)
+        return bool(self.entries)
 
 
 _CHANNEL_OPTIONS = [  # reconnect soon after a workload starts, not after gRPC's 2-minute backoff
@@ -118,10 +43,12 @@ _CHANNEL_OPTIONS = [  # reconnect soon after a workload starts, not after gRPC's
     ("grpc.min_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", 5000),
 ]
+_NO_RUNTIME = ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+_QUIET = (*_NO_RUNTIME, "NOT_FOUND")  # a metric this runtime does not have now: not worth a warning
 
 
 class RuntimeClient:
-    """Asks every configured address for every runtime metric, each call with a deadline."""
+    """Asks every configured address for the metrics it offers, all calls of a read under one deadline."""
 
     def __init__(self, addresses: list[str], timeout: float) -> None:
         self.addresses = addresses
@@ -129,6 +56,7 @@ class RuntimeClient:
         self._stubs: dict[str, Any] = {}
         self._channels: list[Any] = []
         self._logged: set[tuple[str, str, str]] = set()
+        self._offered: dict[str, frozenset[str]] = {}  # address -> known metrics it lists
         try:
             import grpc
             from tpu_info.proto import tpu_metric_service_pb2, tpu_metric_service_pb2_grpc
@@ -139,13 +67,41 @@ class RuntimeClient:
         self._grpc, self._pb2, self._pb2_grpc = grpc, tpu_metric_service_pb2, tpu_metric_service_pb2_grpc
 
     def fetch(self) -> list[AddressAnswer]:
-        """One answer per address; every metric of every address is asked at once and waited for together."""
+        """One answer per address, in configured order."""
         if self.missing is not None:
             return [AddressAnswer(address, self.missing) for address in self.addresses]
-        pending = {(address, spec.name): self._stub(address).GetRuntimeMetric.future(
-            self._pb2.MetricRequest(metric_name=spec.name), timeout=self.timeout)
-            for address in self.addresses for spec in RUNTIME_METRICS}
-        return [self._answer(address, pending) for address in self.addresses]
+        deadline = time.monotonic() + self.timeout
+        answers = self._list_unknown()
+        pending = {(address, name): self._stub(address).GetRuntimeMetric.future(
+            self._pb2.MetricRequest(metric_name=name), timeout=max(0.05, deadline - time.monotonic()))
+            for address in self.addresses if address not in answers for name in sorted(self._offered[address])}
+        for address in self.addresses:
+            if address not in answers:
+                answers[address] = self._answer(address, pending)
+        return [answers[address] for address in self.addresses]
+
+    def _list_unknown(self) -> dict[str, AddressAnswer]:
+        """Ask ListSupportedMetrics where it is not known; the no-data answers of addresses that fail it."""
+        listing = {address: self._stub(address).ListSupportedMetrics.future(
+            self._pb2.ListSupportedMetricsRequest(), timeout=self.timeout)
+            for address in self.addresses if address not in self._offered}
+        failed: dict[str, AddressAnswer] = {}
+        for address, future in listing.items():
+            try:
+                names = {m.metric_name for m in future.result().supported_metric}
+            except self._grpc.RpcError as exc:
+                if exc.code() == self._grpc.StatusCode.UNIMPLEMENTED:  # a runtime that cannot list: ask all
+                    self._offered[address] = frozenset(KNOWN_METRICS)
+                    continue
+                if exc.code().name not in _NO_RUNTIME:
+                    self._log_once(address, "ListSupportedMetrics", f"{exc.code().name}: {exc.details()}")
+                failed[address] = AddressAnswer(address, _no_data_status([exc.code().name], self.timeout))
+                continue
+            self._offered[address] = frozenset(names & set(KNOWN_METRICS))
+            log.info("libtpu runtime at %s offers %d of the %d metrics tpuwatch reads%s", address,
+                     len(self._offered[address]), len(KNOWN_METRICS),
+                     "" if self._offered[address] else " (none)")
+        return failed
 
     def _stub(self, address: str) -> Any:
         if address not in self._stubs:
@@ -165,25 +121,35 @@ class RuntimeClient:
     def _answer(self, address: str, pending: dict[tuple[str, str], Any]) -> AddressAnswer:
         answer = AddressAnswer(address, "ok")
         failures: list[str] = []
-        for spec in RUNTIME_METRICS:
+        offered = sorted(self._offered[address])
+        for name in offered:
             try:
-                answer.values[spec.name] = parse_metric(pending[(address, spec.name)].result(), spec)
+                answer.entries[name] = parse_response(pending[(address, name)].result(), name)
             except self._grpc.RpcError as exc:
                 failures.append(exc.code().name)
-                if exc.code() not in (self._grpc.StatusCode.UNAVAILABLE, self._grpc.StatusCode.DEADLINE_EXCEEDED):
-                    self._log_once(address, spec.name, f"{exc.code().name}: {exc.details()}")
+                if exc.code().name not in _QUIET:
+                    self._log_once(address, name, f"{exc.code().name}: {exc.details()}")
             except MalformedMetric as exc:
                 failures.append("malformed")
-                self._log_once(address, spec.name, f"malformed answer: {exc}")
-        if not answer.has_data:
+                self._log_once(address, name, f"malformed answer: {exc}")
+        if not answer.has_data:  # the runtime went away, or offers nothing yet: list its metrics again next read
+            del self._offered[address]
+        if not offered:
+            answer.status = "no data (the runtime offers none of the metrics tpuwatch reads)"
+        elif not answer.has_data:
             answer.status = _no_data_status(failures, self.timeout)
         elif failures:
-            answer.status = f"ok, {len(failures)} of {len(RUNTIME_METRICS)} metrics missing"
+            answer.status = f"ok, {len(failures)} of {len(offered)} offered metrics missing"
         return answer
 
+    def log_problem(self, address: str, metric: str, problem: str) -> None:
+        """Log a problem found in an answer once (folding errors found by the caller)."""
+        self._log_once(address, metric, problem)
+
     def _log_once(self, address: str, metric: str, problem: str) -> None:
-        if (address, metric, problem) not in self._logged:
-            self._logged.add((address, metric, problem))
+        key = (address, metric, problem)
+        if key not in self._logged and len(self._logged) < MAX_LOGGED:
+            self._logged.add(key)
             log.warning("libtpu runtime at %s: %s: %s (logged once)", address, metric, problem)
 
 

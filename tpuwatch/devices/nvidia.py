@@ -23,7 +23,8 @@ from tpuwatch.devices.deadline import CallTimeout, Lanes
 
 log = logging.getLogger(__name__)
 
-# nvmlClocksThrottleReason* bits (the NVML ABI; newer headers call them nvmlClocksEventReason*).
+# nvmlClocksEventReason* bits (older headers: nvmlClocksThrottleReason*); pynvml.py of nvidia-ml-py 13.615
+# defines 0x200 and 0x400 only under the deprecated throttle names.
 THROTTLE_REASONS = {
     0x1: "gpu_idle",
     0x2: "applications_clocks_setting",
@@ -34,7 +35,12 @@ THROTTLE_REASONS = {
     0x40: "hw_thermal_slowdown",
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
+    0x200: "board_limit",
+    0x400: "reliability",
 }
+# The current calls first, the deprecated ones for drivers (or nvidia-ml-py releases) without them.
+SUPPORTED_REASONS = ("nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetSupportedClocksThrottleReasons")
+CURRENT_REASONS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
 NVML_FEATURE_ENABLED = 1
 
 
@@ -113,27 +119,40 @@ class NvidiaBackend:
         return DeviceReading(device=str(index), chip=name, pci=pci, up=False, problem=problem,
                              sources={"presence": "nvml"})
 
-    def _call(self, nvml: Any, index: int, function: str, *args: Any) -> Any:
+    def _call(self, nvml: Any, index: int, function: str, *args: Any, **kwargs: Any) -> Any:
         """A required NVML call; GpuLost on NVML_ERROR_GPU_IS_LOST."""
         self._in_call[index] = function
         try:
-            return getattr(nvml, function)(*args)
+            return getattr(nvml, function)(*args, **kwargs)
         except nvml.NVMLError as exc:
             if exc.value == nvml.NVML_ERROR_GPU_IS_LOST:
                 raise GpuLost(f"{function}: {exc}") from None
             raise
 
-    def _optional(self, nvml: Any, index: int, function: str, *args: Any) -> Any:
+    def _optional(self, nvml: Any, index: int, function: str, *args: Any, **kwargs: Any) -> Any:
         """An NVML call whose failure makes its value absent (logged once unless NOT_SUPPORTED)."""
-        if not hasattr(nvml, function):
-            return None
-        try:
-            return self._call(nvml, index, function, *args)
-        except nvml.NVMLError as exc:
-            if exc.value != nvml.NVML_ERROR_NOT_SUPPORTED and (index, function, str(exc)) not in self._logged:
-                self._logged.add((index, function, str(exc)))
-                log.warning("GPU %d: NVML %s failed: %s (logged once)", index, function, exc)
-            return None
+        return self._first(nvml, index, (function,), *args, **kwargs)
+
+    def _first(self, nvml: Any, index: int, functions: tuple[str, ...], *args: Any, **kwargs: Any) -> Any:
+        """The first of ``functions`` that this nvidia-ml-py and driver have; None if none answers.
+
+        A function the module lacks, or the driver library lacks (NVML_ERROR_FUNCTION_NOT_FOUND),
+        passes on to the next; other failures make the value absent, logged once unless NOT_SUPPORTED.
+        """
+        quiet = {nvml.NVML_ERROR_NOT_SUPPORTED, getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", None)}
+        for function in functions:
+            if not hasattr(nvml, function):
+                continue
+            try:
+                return self._call(nvml, index, function, *args, **kwargs)
+            except nvml.NVMLError as exc:
+                if exc.value == getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", None):
+                    continue
+                if exc.value not in quiet and (index, function, str(exc)) not in self._logged:
+                    self._logged.add((index, function, str(exc)))
+                    log.warning("GPU %d: NVML %s failed: %s (logged once)", index, function, exc)
+                return None
+        return None
 
     def _read_gpu(self, nvml: Any, index: int) -> DeviceReading:
         """Everything NVML tells about one GPU (runs in the GPU's lane)."""
@@ -145,6 +164,9 @@ class NvidiaBackend:
         memory = self._optional(nvml, index, "nvmlDeviceGetMemoryInfo", handle)
         if memory is not None:
             fields.update(memory_used_bytes=float(memory.used), memory_total_bytes=float(memory.total))
+        if hasattr(nvml, "nvmlMemory_v2"):  # used stays v1's: NVML's docs disagree on whether v2's includes reserved
+            memory_v2 = self._first(nvml, index, ("nvmlDeviceGetMemoryInfo",), handle, version=nvml.nvmlMemory_v2)
+            fields["memory_reserved_bytes"] = float(memory_v2.reserved) if memory_v2 is not None else None
         utilization = self._optional(nvml, index, "nvmlDeviceGetUtilizationRates", handle)
         if utilization is not None:
             fields["utilization_ratio"] = utilization.gpu / 100.0
@@ -173,8 +195,8 @@ class NvidiaBackend:
                                      rows_pending) if p is not None]
         fields["memory_repair_pending"] = any(pending) if pending else None
         fields["pcie_replays_total"] = self._optional(nvml, index, "nvmlDeviceGetPcieReplayCounter", handle)
-        supported = self._optional(nvml, index, "nvmlDeviceGetSupportedClocksThrottleReasons", handle)
-        active = self._optional(nvml, index, "nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+        supported = self._first(nvml, index, SUPPORTED_REASONS, handle)
+        active = self._first(nvml, index, CURRENT_REASONS, handle)
         if supported is not None and active is not None:
             fields["throttle_reasons"] = throttle_reasons(supported, active)
         self._in_call.pop(index, None)

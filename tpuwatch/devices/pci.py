@@ -47,19 +47,21 @@ def scan_pci(sysfs: str) -> list[PciDevice]:
 
 @dataclass(frozen=True)
 class TpuGeneration:
-    """Published facts of one TPU generation (tpu-info's table)."""
+    """Published facts of one TPU generation (tpu-info's ``device.TpuChip`` table)."""
 
     name: str
     hbm_gib: int | None
-    devices_per_chip: int
+    devices_per_chip: int  # TensorCores the runtime reports as separate devices
     vfio: bool  # device file is /dev/vfio/GROUP (else /dev/accelN, the gasket/accel driver)
+    duty_cycle_per_chip: bool = False  # v2/v3 runtimes answer duty cycle once per chip, 7x once per core
 
 
-_V2 = TpuGeneration("v2", 8, 2, vfio=False)
-_V3 = TpuGeneration("v3", 16, 2, vfio=False)
+_V2 = TpuGeneration("v2", 8, 2, vfio=False, duty_cycle_per_chip=True)
+_V3 = TpuGeneration("v3", 16, 2, vfio=False, duty_cycle_per_chip=True)
 TPU_GENERATIONS: dict[str, TpuGeneration] = {
     "0x005e": TpuGeneration("v4", 32, 1, vfio=False),
-    "0x0056": TpuGeneration("v4-lite", None, 1, vfio=False),
+    # No public name: jax's hardware_utils.py lists it as "plc"; capacity and layout unpublished.
+    "0x0056": TpuGeneration("plc", None, 1, vfio=False),
     "0x0063": TpuGeneration("v5e", 16, 1, vfio=True),
     "0x0062": TpuGeneration("v5p", 95, 1, vfio=True),
     "0x006f": TpuGeneration("v6e", 32, 1, vfio=True),

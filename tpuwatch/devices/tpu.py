@@ -7,8 +7,11 @@ What each chip reports, and where it comes from:
   directory; status DEAD marks the chip down;
 - owners: processes holding its device file (/proc/*/fd);
 - HBM used/total, duty cycle, HBM bandwidth, TensorCore idle time, HLO queue
-  and execution time: libtpu's runtime metric service, only while a workload
-  runs; without it the HBM capacity is the published figure for the chip;
+  and execution time, megascale latencies: libtpu's runtime metric service,
+  only while a workload runs; without it the HBM capacity is the published
+  figure for the chip.  Which chips an address describes: those held open by
+  the process listening on its port, else (that process not found) the
+  address's chips numbered after those of the addresses configured before it;
 - temperature and power: only from a hwmon device bound to the chip's PCI
   function.  TPUs expose no ECC counters.
 """
@@ -22,11 +25,25 @@ from collections.abc import Callable
 from typing import Any
 
 from tpuwatch.config import Config
-from tpuwatch.devices.base import DeviceReading
-from tpuwatch.devices.libtpu import RUNTIME_METRICS, AddressAnswer, RuntimeClient, values_by_chip
+from tpuwatch.devices.base import MEGASCALE, DeviceReading, summary_samples
+from tpuwatch.devices.libtpu import AddressAnswer, RuntimeClient
 from tpuwatch.devices.pci import TpuChip, discover_tpus, read_driver_state, read_hwmon
+from tpuwatch.devices.procnet import port_owners
+from tpuwatch.devices.runtime import US, Distribution, Folded, fold, merge, summary
+from tpuwatch.samples import Sample
 
 log = logging.getLogger(__name__)
+
+FORCED_RESCAN_S = 10.0  # an answering port whose process is unknown rescans owners at most this often
+
+
+@dataclasses.dataclass(frozen=True)
+class _Placed:
+    """Runtime fields for one chip, where they came from, and how the chip was matched to the address."""
+
+    fields: dict[str, Any]
+    source: str
+    matched: str | None
 
 
 class TpuBackend:
@@ -40,33 +57,92 @@ class TpuBackend:
         self.holder_scan_interval = config.host.holder_scan_interval
         self._clock = clock
         self._indices: dict[str, int] = {}  # PCI address -> chip index, kept for the life of the backend
-        self._owners: dict[str, list[str]] = {}
+        self._owners: dict[str, list[str]] = {}  # device file -> "PID (command)"
+        self._held: dict[int, set[str]] = {}  # PID -> device files it holds
+        self._port_pids: dict[int, int] = {}  # metrics port -> PID listening on it
         self._owners_at: float | None = None
+        self._served: dict[str, int] = {}  # address -> chips it answered for when it last answered
+        self._host_samples: list[Sample] = []
 
     def close(self) -> None:
         """Release the runtime client's channels."""
         self.runtime.close()
+
+    def host_samples(self) -> list[Sample]:
+        """Megascale latencies of the last read that the runtime gave for no chip (device "")."""
+        return self._host_samples
 
     def read(self) -> list[DeviceReading]:
         """One reading per chip present under sysfs."""
         chips = discover_tpus(self.paths.sysfs)
         for chip in chips:  # first come, first numbered: a vanished chip keeps its number
             self._indices.setdefault(chip.pci, len(self._indices))
-        owners = self._scan_owners(chips)
         runtime = self.runtime.fetch()
-        per_chip = _runtime_by_chip(runtime, chips[0].generation.devices_per_chip if chips else 1)
+        generation = chips[0].generation if chips else None
+        folded = {}
+        for answer in runtime:
+            if answer.has_data:
+                folded[answer.address] = fold(answer.entries, generation.devices_per_chip if generation else 1,
+                                              generation.duty_cycle_per_chip if generation else False)
+                for metric, problem in folded[answer.address].problems:
+                    self.runtime.log_problem(answer.address, metric, problem)
+        owners = self._scan_owners(chips, unresolved=any(_port(a) not in self._port_pids for a in folded))
+        placed = self._place(runtime, folded, {self._indices[c.pci]: set(c.device_files) for c in chips})
+        self._host_samples = _host_megascale(folded.values())
         readings = []
         for chip in chips:
             index = self._indices[chip.pci]
             reading = self._sysfs_reading(str(index), chip, owners)
-            fields, source = per_chip.get(index, ({}, _runtime_status(runtime)))
-            reading = _with_runtime(reading, fields, source, bool(fields))
+            reading = _with_runtime(reading, placed.get(index), _runtime_status(runtime))
             if reading.memory_total_bytes is None and chip.hbm_bytes is not None:
                 published = f"published capacity of {chip.generation.name}"
                 reading = dataclasses.replace(reading, memory_total_bytes=float(chip.hbm_bytes),
                                               sources={**reading.sources, "memory_total_bytes": published})
             readings.append(reading)
         return readings
+
+    def _place(self, answers: list[AddressAnswer], folded: dict[str, Folded],
+               chips: dict[int, set[str]]) -> dict[int, _Placed]:
+        """Chip index -> runtime fields: the chips the listening process holds, else the chips left, in order.
+
+        Addresses whose process was found take its chips first; the others share the
+        remaining chips in configured order, each as many as it answered for (when it
+        last answered, if it does not now).
+        """
+        targets: dict[str, tuple[list[int], str | None]] = {}
+        for answer in answers:
+            found = folded.get(answer.address)
+            if found is not None:
+                self._served[answer.address] = found.served
+                port = _port(answer.address)
+                pid = self._port_pids.get(port) if port is not None else None
+                held_files = self._held.get(pid, set()) if pid is not None else set()
+                held = [index for index in chips if chips[index] & held_files]
+                if held and found.served <= len(held):
+                    targets[answer.address] = (held, f"process {pid} listens on libtpu:{answer.address} and "
+                                                     "holds this chip")
+        left = [index for index in chips if not any(index in held for held, _ in targets.values())]
+        offset = 0
+        for answer in answers:
+            if answer.address in targets:
+                continue
+            served = self._served.get(answer.address, 0)
+            note = None if len(answers) == 1 else (
+                f"chip {{slot}} of libtpu:{answer.address}, numbered after those of the addresses configured "
+                "before it (the process listening on it was not found)")
+            targets[answer.address] = (left[offset:offset + served], note)
+            offset += served
+        placed: dict[int, _Placed] = {}
+        for address, found in folded.items():
+            indices, note = targets[address]
+            for slot, fields in sorted(found.fields.items()):
+                if slot >= len(indices):
+                    self.runtime.log_problem(address, "chips", f"answers for {found.served} chip(s), "
+                                             f"{len(indices)} left for it under sysfs")
+                    continue
+                placed.setdefault(indices[slot], _Placed(fields, f"libtpu:{address}",
+                                                         note.format(slot=slot) if note else None))
+        return placed
 
     def _sysfs_reading(self, device: str, chip: TpuChip, owners: dict[str, list[str]]) -> DeviceReading:
         sources = {"presence": f"sysfs:{self.paths.sysfs}/bus/pci/devices/{chip.pci}"}
@@ -92,48 +168,60 @@ class TpuBackend:
             owners=tuple(o for f in chip.device_files for o in owners.get(f, [])), sources=sources,
         )
 
-    def _scan_owners(self, chips: list[TpuChip]) -> dict[str, list[str]]:
-        """Device file -> "PID (command)" of its holders, rescanned every holder_scan_interval."""
+    def _scan_owners(self, chips: list[TpuChip], unresolved: bool) -> dict[str, list[str]]:
+        """Device file -> "PID (command)" of its holders, and metrics port -> listening holder.
+
+        Rescanned every holder_scan_interval, and sooner (at most every
+        FORCED_RESCAN_S) while an answering port's process is unknown.
+        """
         from tpuwatch.collectors.host import scan_holders  # here: tpuwatch.collectors imports this package
 
         now = self._clock()
-        if self._owners_at is None or now - self._owners_at >= self.holder_scan_interval:
+        age = None if self._owners_at is None else now - self._owners_at
+        if age is None or age >= self.holder_scan_interval or (unresolved and age >= min(
+                self.holder_scan_interval, FORCED_RESCAN_S)):
             files = [f for chip in chips for f in chip.device_files]
             holders = scan_holders(self.paths.procfs, self.paths.dev, files) if files else {}
             self._owners = {}
+            self._held = {pid: set(holder.device_files) for pid, holder in holders.items()}
             for pid, holder in sorted(holders.items()):
                 for device_file in holder.device_files:
                     self._owners.setdefault(device_file, []).append(f"{pid} ({holder.command})")
+            ports = {port for port in map(_port, self.runtime.addresses) if port is not None}
+            self._port_pids = port_owners(self.paths.procfs, ports, holders) if holders and ports else {}
             self._owners_at = now
         return self._owners
+
+
+def _port(address: str) -> int | None:
+    port = address.rsplit(":", 1)[-1]
+    return int(port) if port.isdigit() else None
 
 
 def _runtime_status(answers: list[AddressAnswer]) -> str:
     return "; ".join(f"libtpu:{a.address}: {a.status}" for a in answers)
 
 
-def _runtime_by_chip(answers: list[AddressAnswer], cores_per_chip: int) -> dict[int, tuple[dict[str, float], str]]:
-    """Runtime fields per chip index, and the address they came from.
-
-    Each address serves the chips of one process, numbered from 0; addresses
-    are taken in configured order, each one's chips after the previous one's.
-    """
-    per_chip: dict[int, tuple[dict[str, float], str]] = {}
-    offset = 0
-    for answer in answers:
-        if not answer.has_data:
-            continue
-        served = 0
-        for spec in RUNTIME_METRICS:
-            for chip, value in values_by_chip(answer.values.get(spec.name, {}), spec, cores_per_chip).items():
-                per_chip.setdefault(offset + chip, ({}, f"libtpu:{answer.address}"))[0][spec.attribute] = value
-                served = max(served, chip + 1)
-        offset += served
-    return per_chip
+def _host_megascale(folded: Any) -> list[Sample]:
+    """Megascale latencies the runtime gave for no chip, merged over the addresses that gave them."""
+    found: dict[tuple[str, str], list[Distribution]] = {}
+    for one in folded:
+        for key, dist in one.host_megascale.items():
+            found.setdefault(key, []).append(dist)
+    out = []
+    for (metric, buffer_size), dists in sorted(found.items()):
+        try:
+            latency = summary(merge(dists), US)
+        except ValueError:  # different buckets at different addresses: keep the first
+            latency = summary(dists[0], US)
+        out += summary_samples(MEGASCALE, latency, device="", metric=metric, buffer_size=buffer_size)
+    return out
 
 
-def _with_runtime(reading: DeviceReading, fields: dict[str, Any], source: str, available: bool) -> DeviceReading:
-    sources = {**reading.sources, **{name: source for name in fields}}
-    if not available:
-        sources["runtime"] = source
-    return dataclasses.replace(reading, runtime_metrics=available, sources=sources, **fields)
+def _with_runtime(reading: DeviceReading, placed: _Placed | None, status: str) -> DeviceReading:
+    if placed is None:
+        return dataclasses.replace(reading, runtime_metrics=False, sources={**reading.sources, "runtime": status})
+    sources = {**reading.sources, **{name: placed.source for name in placed.fields}}
+    if placed.matched:
+        sources["runtime_chip"] = placed.matched
+    return dataclasses.replace(reading, runtime_metrics=True, sources=sources, **placed.fields)

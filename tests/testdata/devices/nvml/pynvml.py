@@ -1,12 +1,20 @@
 """A stand-in for nvidia-ml-py's ``pynvml`` at the NVML boundary, for tests on hosts without a GPU.
 
+Shaped after pynvml.py of nvidia-ml-py 13.615.71: the clocks "event reason"
+calls beside the deprecated "throttle reason" ones, nvmlDeviceGetMemoryInfo
+with ``version=nvmlMemory_v2`` calling nvmlDeviceGetMemoryInfo_v2 and
+answering (version, total, reserved, free, used), and NVML_ERROR_FUNCTION_NOT_FOUND
+when the loaded driver library lacks a C function (``_nvmlGetFunctionPointer``).
+
 The GPUs are described by the JSON file named in $FAKE_NVML_STATE, read again
 on every call so a test can change a GPU while the backend runs.  Per GPU:
 name, bus_id, memory_used, memory_total, utilization_gpu, temperature,
 power_mw, ecc {"corrected"|"uncorrected": [volatile, aggregate]}, retired_pages
 {"single_bit"|"double_bit": N}, retired_pending, remapped_rows [corr, unc,
-pending, failed], pcie_replays, throttle [supported, active]; "unsupported":
-[function names] answer NVML_ERROR_NOT_SUPPORTED; "lost": true makes every call
+pending, failed], pcie_replays, throttle [supported, active], memory_reserved;
+"unsupported": [function names] answer NVML_ERROR_NOT_SUPPORTED; "driver_lacks":
+[NVML C function names] answer NVML_ERROR_FUNCTION_NOT_FOUND, like an older
+driver; "lost": true makes every call
 answer NVML_ERROR_GPU_IS_LOST; "hang": a function name that never returns
 (until RELEASE is set), like NVML on a GPU that fell off the bus.
 """
@@ -20,7 +28,9 @@ from collections import namedtuple
 from typing import Any
 
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
 NVML_ERROR_GPU_IS_LOST = 15
+nvmlMemory_v2 = 0x02000028
 NVML_TEMPERATURE_GPU = 0
 NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
@@ -28,10 +38,12 @@ NVML_VOLATILE_ECC = 0
 NVML_AGGREGATE_ECC = 1
 NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = 0
 NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = 1
-_MESSAGES = {NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_GPU_IS_LOST: "GPU is lost"}
+_MESSAGES = {NVML_ERROR_NOT_SUPPORTED: "Not Supported", NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+             NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found"}
 
 RELEASE = threading.Event()
 Memory = namedtuple("Memory", "total free used")
+MemoryV2 = namedtuple("MemoryV2", "version total reserved free used")
 Utilization = namedtuple("Utilization", "gpu memory")
 PciInfo = namedtuple("PciInfo", "busId")
 
@@ -54,6 +66,8 @@ def _gpus() -> list[dict[str, Any]]:
 
 def _gpu(handle: int, function: str) -> dict[str, Any]:
     gpu = _gpus()[handle]
+    if function in gpu.get("driver_lacks", []):
+        raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
     if gpu.get("lost"):
         raise NVMLError(NVML_ERROR_GPU_IS_LOST)
     if gpu.get("hang") == function:
@@ -84,9 +98,14 @@ def nvmlDeviceGetPciInfo(handle: int) -> PciInfo:
     return PciInfo(_gpu(handle, "nvmlDeviceGetPciInfo")["bus_id"])
 
 
-def nvmlDeviceGetMemoryInfo(handle: int) -> Memory:
-    gpu = _gpu(handle, "nvmlDeviceGetMemoryInfo")
-    return Memory(gpu["memory_total"], gpu["memory_total"] - gpu["memory_used"], gpu["memory_used"])
+def nvmlDeviceGetMemoryInfo(handle: int, version: int | None = None) -> Memory | MemoryV2:
+    if not version:
+        gpu = _gpu(handle, "nvmlDeviceGetMemoryInfo")
+        return Memory(gpu["memory_total"], gpu["memory_total"] - gpu["memory_used"], gpu["memory_used"])
+    gpu = _gpu(handle, "nvmlDeviceGetMemoryInfo_v2")
+    reserved = gpu.get("memory_reserved", 0)
+    return MemoryV2(version, gpu["memory_total"], reserved, gpu["memory_total"] - gpu["memory_used"],
+                    gpu["memory_used"])
 
 
 def nvmlDeviceGetUtilizationRates(handle: int) -> Utilization:
@@ -130,3 +149,11 @@ def nvmlDeviceGetSupportedClocksThrottleReasons(handle: int) -> int:
 
 def nvmlDeviceGetCurrentClocksThrottleReasons(handle: int) -> int:
     return _gpu(handle, "nvmlDeviceGetCurrentClocksThrottleReasons")["throttle"][1]
+
+
+def nvmlDeviceGetSupportedClocksEventReasons(handle: int) -> int:
+    return _gpu(handle, "nvmlDeviceGetSupportedClocksEventReasons")["throttle"][0]
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle: int) -> int:
+    return _gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons")["throttle"][1]
