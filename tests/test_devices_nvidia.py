@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 
+from tpuwatch.collectors import GuardedCollector
 from tpuwatch.config import Config, DevicesConfig, NvidiaConfig, Paths
 from tpuwatch.devices import DeviceCollector, select_backend
 from tpuwatch.devices.base import DeviceReading
 from tpuwatch.devices.nvidia import NvidiaBackend, pci_bus_id, throttle_reasons
-from tpuwatch.health import device_problems
+from tpuwatch.health import collector_problems, device_problems
 
 from conftest import run_cli, wait_until
 
@@ -178,10 +179,14 @@ def test_a_call_that_never_returns_marks_only_that_gpu_unresponsive(nvml: FakeNv
     assert wait_until(answering, timeout=5, what="GPU 3 to answer again").power_watts == 68.0
 
 
-def test_without_nvidia_ml_py_the_collector_fails_with_a_clear_reason() -> None:
+def test_without_nvidia_ml_py_the_collector_fails_naming_the_extra() -> None:
     backend = NvidiaBackend(config(), module="tpuwatch_no_such_pynvml")
-    with pytest.raises(RuntimeError, match=r"^nvidia-ml-py is not installed: pip install tpuwatch\[nvidia\]$"):
-        backend.read()
+    guard = GuardedCollector(DeviceCollector(backend))
+    guard.start()
+    assert guard.finish(time.monotonic() + 5) is None
+    assert guard.status.last_error == ("RuntimeError: NVML cannot be read: nvidia-ml-py is not installed "
+                                       "(pip install 'tpuwatch[nvidia]')")
+    assert collector_problems([guard]) == [f"collector devices failed: {guard.status.last_error}"]
 
 
 def gpu_sysfs(root: Path) -> str:

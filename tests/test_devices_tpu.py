@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import subprocess
 import sys
@@ -331,3 +332,27 @@ def test_check_shows_each_chip_and_where_its_readings_came_from(tmp_path: Path, 
     assert device["sources"]["device_file"] == f"{paths.dev}/vfio/13"
     assert device["temperature_celsius"] is None
     assert report["problems"] == []
+
+
+def test_a_tpu_host_without_the_tpu_extra_says_which_extra_to_install(tmp_path: Path, start_daemon: Any) -> None:
+    # The tpu extra's gRPC client made unimportable, as on a host where only `pip install tpuwatch` ran.
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "grpc.py").write_text("raise ImportError('no grpc here', name='grpc')\n")
+    paths = make_host(tmp_path, "v5e", chips=2)
+    config = tmp_path / "config.yaml"
+    config.write_text(json.dumps({"devices": {"backend": "tpu"}, "kernel_log": {"source": "none"},
+                                  "canary": {"enabled": False}, "state_dir": str(tmp_path / "state"),
+                                  "paths": {"sysfs": paths.sysfs, "dev": paths.dev}}))
+    env = {"PYTHONPATH": f"{blocker}:{Path(__file__).resolve().parent.parent}"}
+    result = subprocess.run([sys.executable, "-m", "tpuwatch", "check", "--config", str(config), "--json"],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+    report = json.loads(result.stdout)
+    wanted = ("device backend tpu: libtpu's runtime metrics cannot be read: grpc is not installed "
+              "(pip install 'tpuwatch[tpu]')")
+    assert result.returncode == 1 and wanted in report["problems"], result.stdout + result.stderr
+    assert [d["up"] for d in report["devices"]] == [True, True]
+    daemon = start_daemon(json.loads(config.read_text()), env=env)
+    daemon.wait_ready()
+    assert "WARNING tpuwatch.devices.tpu: libtpu's runtime metrics cannot be read: grpc is not installed " \
+           "(pip install 'tpuwatch[tpu]')" in daemon.log()

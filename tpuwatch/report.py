@@ -28,6 +28,8 @@ def check_once(config: Config) -> dict[str, Any]:
     kernel_log = next((c for c in collectors if isinstance(c, KernelLogCollector)), None)
     events = kernel_log.recent_events() if kernel_log else []
     problems = device_problems(readings) + event_problems(events) + collector_problems(sampler.guards)
+    if devices is not None and devices.degraded:
+        problems.append(f"device backend {devices.backend.name}: {devices.degraded}")
     current = store.current()
     host = {s.name.removeprefix("tpuwatch_host_"): s.value for s in current if s.name.startswith("tpuwatch_host_")}
     holders = [{**dict(s.labels), "resident_memory_bytes": s.value} for s in current

@@ -88,7 +88,9 @@ class DeviceBackend(Protocol):
     """One kind of accelerator.  ``read()`` returns a reading per chip it can see.
 
     A backend may also have ``host_samples()``: samples of its last read that
-    belong to no chip (e.g. megascale latencies the runtime gives per host).
+    belong to no chip (e.g. megascale latencies the runtime gives per host),
+    and ``missing``: a sentence naming what to install to read everything it
+    could (the ``tpu`` extra's gRPC client), None when nothing is missing.
     """
 
     name: str
@@ -178,6 +180,11 @@ class DeviceCollector:
         self.backend = backend
         self.last_readings: list[DeviceReading] = []
         self._known: dict[str, DeviceReading] = {}
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the backend cannot read everything it could (an extra not installed), or None."""
+        return getattr(self.backend, "missing", None)
 
     def close(self) -> None:
         """Release what the backend holds (channels), if anything."""

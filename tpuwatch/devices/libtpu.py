@@ -61,7 +61,8 @@ class RuntimeClient:
             import grpc
             from tpu_info.proto import tpu_metric_service_pb2, tpu_metric_service_pb2_grpc
         except ImportError as exc:
-            self.missing: str | None = f"runtime metrics client not installed ({exc.name}): pip install tpuwatch[tpu]"
+            self.missing: str | None = (f"libtpu's runtime metrics cannot be read: {exc.name} is not installed "
+                                        "(pip install 'tpuwatch[tpu]')")
             return
         self.missing = None
         self._grpc, self._pb2, self._pb2_grpc = grpc, tpu_metric_service_pb2, tpu_metric_service_pb2_grpc

@@ -106,7 +106,8 @@ class NvidiaBackend:
             try:
                 nvml = importlib.import_module(self._module)
             except ImportError:
-                raise RuntimeError("nvidia-ml-py is not installed: pip install tpuwatch[nvidia]") from None
+                raise RuntimeError("NVML cannot be read: nvidia-ml-py is not installed "
+                                   "(pip install 'tpuwatch[nvidia]')") from None
             try:
                 self.lanes.call("nvml", nvml.nvmlInit, self.timeout)
             except nvml.NVMLError as exc:

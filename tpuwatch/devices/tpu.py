@@ -63,6 +63,13 @@ class TpuBackend:
         self._owners_at: float | None = None
         self._served: dict[str, int] = {}  # address -> chips it answered for when it last answered
         self._host_samples: list[Sample] = []
+        if self.runtime.missing is not None:
+            log.warning("%s: HBM use, duty cycle and runtime metrics stay absent", self.runtime.missing)
+
+    @property
+    def missing(self) -> str | None:
+        """What must be installed to read everything this backend can read, or None."""
+        return self.runtime.missing
 
     def close(self) -> None:
         """Release the runtime client's channels."""
