@@ -1,12 +1,9 @@
-"""Start the canary worker in its own process group under a hard deadline, and judge its answers.
+"""Start the canary worker in its own process group under a hard deadline, and record what it found.
 
-``run_canary()`` does the I/O (subprocess, fingerprint history in state_dir);
-``judge()`` is pure: worker protocol lines plus how the worker ended plus the
-stored fingerprints in, a verdict per chip and the fingerprints to store out.
-Three checks per chip: (a) max abs error against the float64 reference within
-``spec.tolerance``, (b) the same fingerprint as the majority of this host's
-chips, (c) the same fingerprint as this chip's last passing run on the same
-software stack and chip kind.
+``run_worker()`` runs the worker subprocess and kills its whole group on
+timeout and after every run; ``run_canary()`` then judges its lines
+(``judge.judge``) and updates the fingerprint history (``history``), except
+for fire drills, which never write it.
 """
 
 from __future__ import annotations
@@ -18,135 +15,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import tpuwatch
-from tpuwatch.canary import spec
+from tpuwatch.canary.history import FingerprintHistory, history_path
+from tpuwatch.canary.judge import CanaryResult, Drill, judge
 from tpuwatch.config import Config
 
-History = dict[str, dict[str, str]]
 _STDERR_TAIL = 300
-
-
-@dataclass(frozen=True)
-class DeviceOutcome:
-    """One chip's verdict; ``check`` names the first check that failed (reference, peers, history)."""
-
-    device: str
-    status: str
-    max_abs_error: float | None = None
-    fingerprint: str | None = None
-    duration_seconds: float | None = None
-    reason: str | None = None
-    check: str | None = None
-
-
-@dataclass(frozen=True)
-class CanaryResult:
-    """One canary run: overall status (pass, fail, skipped, error), why, and every chip."""
-
-    status: str
-    reason: str | None
-    devices: tuple[DeviceOutcome, ...]
-    platform: str | None = None
-    chip: str | None = None
-    stack: str | None = None
-    tolerance: float | None = None
-    finished_at: float = 0.0
-    wall_seconds: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``tpuwatch canary --json`` object."""
-        out = asdict(self)
-        out["devices"] = [asdict(d) for d in self.devices]
-        return out
-
-
-def history_key(stack: str, chip: str, dtype: str) -> str:
-    """Fingerprints are comparable only for the same model, dtype, software stack and chip kind."""
-    return f"{spec.MODEL_VERSION}|{dtype}|{chip}|{stack}"
-
-
-def judge(lines: list[dict[str, Any]], ended: str | None, history: History) -> tuple[CanaryResult, History]:
-    """The verdict of one run from the worker's protocol lines; ``ended`` says why it stopped early, if so."""
-    start = next((line for line in lines if line["event"] == "start"), None)
-    failure = next((line["reason"] for line in lines if line["event"] == "error"), None) or ended
-    if start is None:
-        return _overall([], failure or "the worker said nothing"), history
-    results = {line["device"]: line for line in lines if line["event"] == "result"}
-    tolerance = spec.tolerance(start["platform"], start["dtype"], start["scale"]) if start["scale"] else None
-    majority = _majority([r["fingerprint"] for r in results.values()])
-    key = history_key(start["stack"], start["chip"], start["dtype"]) if start["stack"] else ""
-    previous = history.get(key, {})
-    running = [line["device"] for line in lines if line["event"] == "running"]
-    died_on = running[-1] if ended and running and running[-1] not in results else None
-    outcomes = []
-    for line in lines:
-        if line["event"] == "skipped":
-            outcomes.append(DeviceOutcome(line["device"], "skipped", reason=line["reason"]))
-        elif line["event"] == "result":
-            outcomes.append(_checked(line, tolerance, majority, len(results), previous.get(line["device"])))
-        elif line["event"] == "running" and line["device"] == died_on:
-            outcomes.append(DeviceOutcome(died_on, "error", reason=ended))
-    seen = {o.device for o in outcomes}
-    outcomes += [DeviceOutcome(d, "skipped", reason=f"not run: the worker ended on device {died_on}")
-                 for d in start.get("devices", []) if d not in seen and died_on is not None]
-    stored = {**previous, **{o.device: o.fingerprint for o in outcomes if o.status == "pass" and o.fingerprint}}
-    result = _overall(outcomes, failure, start, tolerance)
-    return result, ({**history, key: stored} if key else history)
-
-
-def _checked(line: dict[str, Any], tolerance: float | None, majority: tuple[str | None, int], ran: int,
-             previous: str | None) -> DeviceOutcome:
-    error, fp = line["max_abs_error"], line["fingerprint"]
-    problems = []
-    if not line["finite"]:
-        problems.append(("reference", "output has NaN or Inf"))
-    elif tolerance is not None and error > tolerance:
-        problems.append(("reference", f"max abs error {error:.3g} > tolerance {tolerance:.3g}"))
-    common, count = majority
-    if common is None and ran > 1:
-        problems.append(("peers", f"fingerprint {fp}: no majority among {ran} chips"))
-    elif common is not None and fp != common:
-        problems.append(("peers", f"fingerprint {fp} differs from {common} on {count} of {ran} chips"))
-    if previous is not None and fp != previous:
-        problems.append(("history", f"fingerprint {fp} changed since the last pass ({previous}) on this stack"))
-    return DeviceOutcome(line["device"], "fail" if problems else "pass", error, fp, line["duration_seconds"],
-                         "; ".join(text for _, text in problems) or None, problems[0][0] if problems else None)
-
-
-def _majority(fingerprints: list[str]) -> tuple[str | None, int]:
-    """The fingerprint more than half the chips share, with its count; (None, 0) if none does."""
-    if not fingerprints:
-        return None, 0
-    common, count = Counter(fingerprints).most_common(1)[0]
-    return (common, count) if count * 2 > len(fingerprints) else (None, 0)
-
-
-def _overall(outcomes: list[DeviceOutcome], failure: str | None, start: dict[str, Any] | None = None,
-             tolerance: float | None = None) -> CanaryResult:
-    counts = Counter(o.status for o in outcomes)
-    if counts["fail"]:
-        status = "fail"
-    elif failure or counts["error"]:
-        status = "error"
-    else:
-        status = "pass" if counts["pass"] else "skipped"
-    reason: str | None
-    if failure:
-        reason = failure
-    elif status == "skipped":
-        reason = "; ".join(sorted({o.reason or "" for o in outcomes})) or "no device to run on"
-    else:
-        reason = "; ".join(f"device {o.device}: {o.reason}" for o in outcomes
-                           if o.status in ("fail", "error")) or None
-    start = start or {}
-    return CanaryResult(status, reason, tuple(outcomes), start.get("platform"), start.get("chip"),
-                        start.get("stack"), tolerance, time.time())
 
 
 def worker_command(config: Config, inject: str | None, inject_device: int) -> list[str]:
@@ -182,7 +60,11 @@ def _ending(returncode: int, stderr: str, timed_out: float | None) -> str | None
     if timed_out is not None:
         return f"timed out after {timed_out:g}s (worker process group killed)"
     if returncode < 0:
-        return f"worker crashed with {signal.Signals(-returncode).name}"
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:  # a real-time signal has no name
+            name = f"signal {-returncode}"
+        return f"worker crashed with {name}"
     if returncode != 0:
         tail = (stderr.strip().splitlines() or ["no output"])[-1][:_STDERR_TAIL]
         return f"worker exited with status {returncode}: {tail}"
@@ -237,34 +119,20 @@ def run_worker(config: Config, inject: str | None = None, inject_device: int = 0
     return _parse(stdout), _ending(proc.returncode, stderr, timed_out)
 
 
-def history_path(config: Config) -> Path:
-    """Where the fingerprint history of this host lives."""
-    return Path(config.state_dir) / "canary" / "fingerprints.json"
-
-
-def load_history(path: Path) -> History:
-    """The stored fingerprints; an unreadable or foreign file counts as none."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def run_canary(config: Config, inject: str | None = None, inject_device: int = 0,
                timeout: float | None = None, env: Mapping[str, str] | None = None) -> CanaryResult:
-    """One canary run exactly as the daemon runs it: worker, checks, fingerprint history updated."""
+    """One canary run exactly as the daemon runs it: worker, checks, fingerprint history updated.
+
+    A fire drill (``inject``) is judged against the history but never writes it.
+    """
     started = time.monotonic()
-    path = history_path(config)
+    store = FingerprintHistory(history_path(config.state_dir))
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        store.path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        return _overall([], f"cannot create {path.parent}: {exc.strerror or exc}")
+        return CanaryResult("error", f"cannot create {store.path.parent}: {exc.strerror or exc}", (),
+                            finished_at=time.time())
     lines, ended = run_worker(config, inject, inject_device, timeout, env)
-    history = load_history(path)
-    result, updated = judge(lines, ended, history)
-    if updated != history:
-        scratch = path.with_suffix(".tmp")
-        scratch.write_text(json.dumps(updated, indent=1, sort_keys=True), encoding="utf-8")
-        scratch.replace(path)
+    drill = Drill(inject, str(inject_device)) if inject is not None else None
+    result = store.update(lambda history: judge(lines, ended, history, drill))
     return CanaryResult(**{**result.__dict__, "wall_seconds": time.monotonic() - started})
