@@ -1,9 +1,10 @@
 """The canary's pure parts: the verdict and the drills' from captured worker output, tolerances, holds, the collector,
-the CLI's report."""
+the CLI's report and progress line."""
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import subprocess
 import sys
@@ -13,9 +14,10 @@ import numpy as np
 import pytest
 
 from tpuwatch.canary import holds, model, spec, worker
-from tpuwatch.canary.cli import render
+from tpuwatch.canary.cli import ProgressLine, render
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.canary.judge import KEPT_STACKS, Drill, judge
+from tpuwatch.canary.runner import Progress
 from tpuwatch.catalog import CATALOG
 from tpuwatch.config import Config
 
@@ -235,6 +237,19 @@ def test_the_report_says_what_the_drill_did() -> None:
     assert "PASS" not in render(undetected)
     assert json.loads(json.dumps(undetected.to_json()))["drill"] == {
         "kind": "bitflip", "device": "0", "caught": False, "checks": [], "reason": undetected.reason}
+
+
+def test_the_progress_line_is_rewritten_in_place_once_a_second() -> None:
+    stream = io.StringIO()
+    line = ProgressLine(stream)
+    line(Progress(None, 0.0, 0.4, 120.0))
+    assert stream.getvalue() == ""  # a quick run shows nothing
+    line(Progress(None, 0.0, 1.2, 120.0))
+    line(Progress("1", 2.2, 3.4, 120.0))
+    line(Progress("1", 2.4, 3.6, 120.0))  # the same text: not written again
+    line.clear()
+    assert stream.getvalue() == ("\rcanary: starting the worker (1 s of the 120 s timeout)\x1b[K"
+                                 "\rcanary: device 1 running for 2 s (3 s of the 120 s timeout)\x1b[K\r\x1b[K")
 
 
 def test_tolerance_is_derived_from_the_dot_chain_not_from_jax() -> None:

@@ -2,24 +2,29 @@
 
 Exit 0 pass, 1 wrong results (a caught wrong-numbers drill included), 3 could
 not run (error, timeout, crash, every chip skipped) or a fire drill no check
-caught (``undetected``), 2 usage or config error.
+caught (``undetected``), 2 usage or config error, 130 interrupted (SIGINT or
+SIGTERM: the worker's process group is killed first).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+from types import FrameType
+from typing import TextIO
 
 from tpuwatch.canary.history import FingerprintHistory, HistoryBusy, Removed, history_path
 from tpuwatch.canary.judge import CanaryResult
-from tpuwatch.canary.runner import run_canary
+from tpuwatch.canary.runner import Progress, run_canary
 from tpuwatch.canary.spec import INJECTIONS
 from tpuwatch.config import Config
 from tpuwatch.schema import parse_duration
 
 EXIT_CODES = {"pass": 0, "fail": 1, "skipped": 3, "error": 3, "undetected": 3}
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 ALL = "all"
 
 
@@ -94,6 +99,37 @@ def render_removed(removed: Removed) -> str:
     return "\n".join(lines)
 
 
+class ProgressLine:
+    """``canary: device 0 running for 12 s (...)`` on a terminal, rewritten in place about once a second."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.shown = ""
+
+    def __call__(self, progress: Progress) -> None:
+        """Show where the run is, once it has taken a second."""
+        if progress.run_seconds < 1:
+            return
+        where = "starting the worker" if progress.device is None else \
+            f"device {progress.device} running for {int(progress.device_seconds)} s"
+        text = f"canary: {where} ({int(progress.run_seconds)} s of the {progress.timeout:g} s timeout)"
+        if text != self.shown:
+            self.stream.write(f"\r{text}\x1b[K")
+            self.stream.flush()
+            self.shown = text
+
+    def clear(self) -> None:
+        """Erase the line, if one was shown."""
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.shown = ""
+
+
+def _interrupted(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def _reset(args: argparse.Namespace, config: Config) -> int:
     device = None if args.reset_history == ALL else args.reset_history
     try:
@@ -111,7 +147,7 @@ def _reset(args: argparse.Namespace, config: Config) -> int:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    """Run the canary once and report; the exit code says pass, wrong results or could not run."""
+    """Run the canary once and report; the exit code says pass, wrong results, could not run, or interrupted."""
     if args.inject_device is not None and args.inject is None:
         print("tpuwatch canary: --inject-device needs --inject KIND", file=sys.stderr)
         return EXIT_USAGE
@@ -120,6 +156,19 @@ def run(args: argparse.Namespace, config: Config) -> int:
             print("tpuwatch canary: --reset-history runs nothing: no --inject or --timeout with it", file=sys.stderr)
             return EXIT_USAGE
         return _reset(args, config)
-    result = run_canary(config, args.inject, args.inject_device or 0, args.timeout)
+    line = ProgressLine(sys.stderr) if sys.stderr.isatty() and not args.json else None
+    previous = {signum: signal.signal(signum, _interrupted) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        result = run_canary(config, args.inject, args.inject_device or 0, args.timeout, progress=line)
+    except KeyboardInterrupt:
+        if line:
+            line.clear()
+        print("tpuwatch canary: interrupted; the worker's process group was killed", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if line:
+        line.clear()
     print(json.dumps(result.to_json(), indent=2) if args.json else render(result))
     return EXIT_CODES[result.status]
