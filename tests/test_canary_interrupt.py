@@ -153,6 +153,23 @@ def test_kill_9_of_a_daemon_started_by_hand_takes_its_worker_group_with_it(
     wait_until(lambda: not living(group), timeout=5, what="the worker group to die with the daemon")
 
 
+def test_the_supervisor_kills_its_group_when_the_pipe_closes_and_never_its_caller_s() -> None:
+    read, write = os.pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "tpuwatch.canary.supervisor", str(read), "--",
+                             "sh", "-c", "sleep 300 & echo $!; wait"], pass_fds=(read,), stdout=subprocess.PIPE)
+    os.close(read)
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline())
+        group = stat(child)[2]
+        assert group == proc.pid != os.getpgrp()  # started without a session of its own, it made one
+        assert proc.poll() is None and living(group)
+    finally:
+        os.close(write)  # what the kernel does when the runner dies
+    assert proc.wait(timeout=10) == -signal.SIGKILL
+    wait_until(lambda: not living(group), timeout=5, what="the supervisor's group to be gone")
+
+
 def read_pty(master: int, proc: subprocess.Popen[bytes]) -> str:
     """All the terminal got until ``proc`` exited."""
     chunks = []

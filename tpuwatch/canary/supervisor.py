@@ -12,7 +12,8 @@ reach a direct child and fire when the thread that forked ends; the pipe
 needs neither, and works even if the worker is stuck in the driver.
 
 The supervisor imports only the standard library and never touches a chip,
-so it cannot hang the way a worker can.  It exits with the worker's status,
+so it cannot hang the way a worker can.  Started without a session of its
+own (by hand), it makes one first, so that it never kills its caller's group.  It exits with the worker's status,
 and dies of the same signal as a worker that was killed by one.
 """
 
@@ -43,6 +44,8 @@ def _watch(fd: int) -> None:
 def main(argv: list[str]) -> int:
     """Run the worker command under the watch of the pipe ``argv[0]``; ``argv[1]`` is ``--``."""
     fd, command = int(argv[0]), argv[2:]
+    if os.getpgrp() != os.getpid():  # started by hand, not by the runner: never take the caller's group down
+        os.setsid()
     threading.Thread(target=_watch, args=(fd,), daemon=True).start()
     try:
         worker = subprocess.Popen(command)
