@@ -7,6 +7,7 @@ child of its own), signals and kill -9 sent to it, a pty for the progress line.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pty
 import signal
@@ -109,6 +110,19 @@ def start_canary(tmp_path: Path, marker: dict[str, str]) -> Iterator[Callable[..
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@needs_jax
+def test_a_hang_ends_as_an_error_at_the_timeout_leaving_no_process(
+        start_canary: Callable[..., subprocess.Popen[bytes]], marker: dict[str, str]) -> None:
+    proc = start_canary("--json", "--timeout", "5s")
+    data = json.loads(proc.communicate(timeout=60)[0])
+    assert proc.returncode == 3
+    assert data["status"] == "error" and data["reason"].startswith("timed out after 5s")
+    assert data["devices"][0]["status"] == "error" and data["drill"]["checks"] == ["timeout"]
+    # The hang waits on a child of the worker: killing the group must take both.
+    wait_until(lambda: not marked("TPUWATCH_TEST_MARKER=" + marker["TPUWATCH_TEST_MARKER"]), timeout=5,
+               what="no canary process left")
 
 
 @needs_jax
