@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import BENCHMARKS_MD, cpu_model, write_section
 
 ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-CANARY = [sys.executable, "-m", "tpuwatch.canary.cli"]
+CANARY = [sys.executable, "-m", "tpuwatch", "canary"]
 DAEMON_CONFIG = {"interval": "10s", "devices": {"backend": "sim", "sim": {"count": 8}}}
 # The daemon with the canary scheduled: the real Daemon, plus run_once() every 2 s in a thread of it.
 WITH_CANARY = """

@@ -1,8 +1,10 @@
-"""The canary's pure parts: the verdict from captured worker output, tolerances, holds, the collector."""
+"""The canary's pure parts: the verdict and the drills' from captured worker output, tolerances, holds, the collector,
+the CLI's report and progress line."""
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import subprocess
 import sys
@@ -12,8 +14,10 @@ import numpy as np
 import pytest
 
 from tpuwatch.canary import holds, model, spec, worker
+from tpuwatch.canary.cli import ProgressLine, render
 from tpuwatch.canary.collector import CanaryCollector
-from tpuwatch.canary.runner import judge
+from tpuwatch.canary.judge import KEPT_STACKS, Drill, judge
+from tpuwatch.canary.runner import Progress
 from tpuwatch.catalog import CATALOG
 from tpuwatch.config import Config
 
@@ -111,6 +115,141 @@ def test_every_chip_held_is_skipped() -> None:
            {"event": "done"}]
     result, history = judge(run, None, {})
     assert (result.status, result.reason, history) == ("skipped", "held by pid 7 (lock on /tmp/libtpu_lockfile)", {})
+
+
+KEY = f"attn-mlp-v1|float32|cpu|{STACK}"
+TIMED_OUT = "timed out after 8s (worker process group killed)"
+
+
+def only(name: str, device: str) -> list[dict]:
+    """A captured four-chip run cut down to one chip, renamed 0, as a one-chip host would see it."""
+    out = []
+    for line in lines(name):
+        if line["event"] == "start":
+            out.append({**line, "devices": ["0"]})
+        elif line.get("device", device) == device:
+            out.append({**line, "device": "0"} if "device" in line else line)
+    return out
+
+
+def test_a_drill_never_changes_the_history_it_is_judged_against() -> None:
+    history = {KEY: {d: CLEAN_FP for d in "0123"}, "attn-mlp-v1|float32|cpu|jax 0.4.0": {"0": "f" * 16}}
+    for name, ended, kind in (("clean", None, "bitflip"), ("bitflip-2", None, "bitflip"), ("nan-1", None, "nan"),
+                              ("crash-1", "worker crashed with SIGSEGV", "crash"), ("hang-1", TIMED_OUT, "hang"),
+                              ("bitflip-0-1chip", None, "bitflip")):
+        for before in ({}, history):
+            _, after = judge(lines(name), ended, before, Drill(kind, "1"))
+            assert after is before, name
+
+
+def test_a_one_chip_drill_with_nothing_to_compare_is_not_detectable_and_not_a_pass() -> None:
+    result, after = judge(lines("bitflip-0-1chip"), None, {}, Drill("bitflip", "0"))
+    assert result.status == "undetected" and statuses(result) == {"0": "pass"}
+    assert result.reason.startswith("not detectable here: bitflip on device 0 stays inside the reference tolerance "
+                                    "(1.4e-06 <= 0.0008), no other chip ran to compare its fingerprint with, and "
+                                    "device 0 has no fingerprint recorded on this stack yet")
+    assert (result.drill.caught, result.drill.checks, result.drill.reason) == (False, (), result.reason)
+    assert after == {}
+
+
+def test_a_one_chip_drill_is_caught_by_the_chip_s_history() -> None:
+    result, after = judge(lines("bitflip-0-1chip"), None, {KEY: {"0": CLEAN_FP}}, Drill("bitflip", "0"))
+    assert result.status == "fail" and result.devices[0].check == "history"
+    assert (result.drill.caught, result.drill.checks, result.drill.reason) == (True, ("history",),
+                                                                               "caught by history")
+    assert after == {KEY: {"0": CLEAN_FP}}
+
+
+def test_the_same_one_chip_run_without_a_drill_is_a_pass_that_records_its_fingerprint() -> None:
+    # Why drills must never write: this is what the corrupted chip would have stored as its last pass.
+    result, after = judge(lines("bitflip-0-1chip"), None, {})
+    assert (result.status, result.drill, after) == ("pass", None, {KEY: {"0": "869a2cde9c64063e"}})
+
+
+def test_a_four_chip_drill_is_caught_by_peers_and_history_together() -> None:
+    result, _ = judge(lines("bitflip-2"), None, {KEY: {d: CLEAN_FP for d in "0123"}}, Drill("bitflip", "2"))
+    assert result.status == "fail" and statuses(result) == {"0": "pass", "1": "pass", "2": "fail", "3": "pass"}
+    assert result.drill.caught and result.drill.checks == ("peers", "history")
+    assert result.reason.startswith("device 2: fingerprint 869a2cde9c64063e differs from")
+
+
+def test_a_two_chip_drill_is_caught_by_peers_with_both_chips_flagged() -> None:
+    run = [line for line in lines("bitflip-2") if line.get("device") in (None, "1", "2")]
+    result, _ = judge(run, None, {}, Drill("bitflip", "2"))
+    assert result.status == "fail" and statuses(result) == {"1": "fail", "2": "fail"}
+    assert result.drill.checks == ("peers",)
+
+
+def test_a_nan_drill_is_caught_by_the_reference_even_on_one_chip() -> None:
+    result, _ = judge(lines("nan-1"), None, {}, Drill("nan", "1"))
+    assert result.drill.checks == ("reference", "peers")
+    result, _ = judge(only("nan-1", "1"), None, {}, Drill("nan", "0"))
+    assert (result.status, statuses(result), result.drill.checks) == ("fail", {"0": "fail"}, ("reference",))
+
+
+@pytest.mark.parametrize("name, kind, ended, check", [("crash-1", "crash", "worker crashed with SIGSEGV", "crash"),
+                                                      ("hang-1", "hang", TIMED_OUT, "timeout")])
+def test_a_hang_or_crash_drill_is_caught_by_the_worker_s_ending(name: str, kind: str, ended: str, check: str) -> None:
+    result, _ = judge(lines(name), ended, {}, Drill(kind, "1"))
+    assert (result.status, result.reason) == ("error", ended)
+    assert statuses(result) == {"0": "pass", "1": "error", "2": "skipped", "3": "skipped"}
+    assert (result.drill.caught, result.drill.checks, result.drill.reason) == (True, (check,), f"caught: {ended}")
+
+
+def test_a_drill_whose_output_did_not_change_is_missed_not_passed() -> None:
+    result, _ = judge(lines("clean"), None, {}, Drill("bitflip", "2"))
+    assert result.status == "undetected"
+    assert result.reason == ("missed: device 2 passed although bitflip was injected: the reference and its peers "
+                             "saw no difference")
+
+
+def test_a_drill_on_a_held_chip_never_ran() -> None:
+    run = [line for line in lines("clean") if line.get("device") != "2"]
+    run.insert(1, {"event": "skipped", "device": "2", "reason": "held by pid 7 (device file open)"})
+    result, _ = judge(run, None, {}, Drill("scale", "2"))
+    assert result.status == "undetected" and result.reason == "not run: device 2: held by pid 7 (device file open)"
+
+
+def test_a_drill_on_a_chip_that_does_not_exist_is_an_error() -> None:
+    run = lines("clean")[:1] + [{"event": "error", "reason": "--inject-device 9: no such device (devices: 0, 1)"}]
+    result, _ = judge(run, "worker exited with status 3: ", {}, Drill("scale", "9"))
+    assert (result.status, result.reason) == ("error", "--inject-device 9: no such device (devices: 0, 1)")
+    assert result.drill.reason == "not run: device 9: --inject-device 9: no such device (devices: 0, 1)"
+    result, _ = judge([], "cannot start the canary supervisor /x: No such file or directory", {}, Drill("nan", "0"))
+    assert result.status == "error" and not result.drill.caught
+
+
+def test_history_keeps_the_most_recently_updated_stacks() -> None:
+    history = {f"attn-mlp-v1|float32|cpu|jax 0.{i}": {"0": CLEAN_FP} for i in range(KEPT_STACKS)}
+    _, after = judge(lines("clean"), None, history)
+    assert len(after) == KEPT_STACKS and list(after)[-1] == KEY and "attn-mlp-v1|float32|cpu|jax 0.0" not in after
+
+
+def test_the_report_says_what_the_drill_did() -> None:
+    caught, _ = judge(lines("bitflip-2"), None, {}, Drill("bitflip", "2"))
+    text = render(caught)
+    assert text.splitlines()[1] == ("drill: bitflip on device 2 caught by peers; the fingerprint history was "
+                                    "left as it was")
+    undetected, _ = judge(lines("bitflip-0-1chip"), None, {}, Drill("bitflip", "0"))
+    head, drill = render(undetected).splitlines()[:2]
+    assert head.startswith("canary: UNDETECTED: not detectable here: bitflip on device 0")
+    assert drill == "drill: bitflip on device 0 not caught; the fingerprint history was left as it was"
+    assert "PASS" not in render(undetected)
+    assert json.loads(json.dumps(undetected.to_json()))["drill"] == {
+        "kind": "bitflip", "device": "0", "caught": False, "checks": [], "reason": undetected.reason}
+
+
+def test_the_progress_line_is_rewritten_in_place_once_a_second() -> None:
+    stream = io.StringIO()
+    line = ProgressLine(stream)
+    line(Progress(None, 0.0, 0.4, 120.0))
+    assert stream.getvalue() == ""  # a quick run shows nothing
+    line(Progress(None, 0.0, 1.2, 120.0))
+    line(Progress("1", 2.2, 3.4, 120.0))
+    line(Progress("1", 2.4, 3.6, 120.0))  # the same text: not written again
+    line.clear()
+    assert stream.getvalue() == ("\rcanary: starting the worker (1 s of the 120 s timeout)\x1b[K"
+                                 "\rcanary: device 1 running for 2 s (3 s of the 120 s timeout)\x1b[K\r\x1b[K")
 
 
 def test_tolerance_is_derived_from_the_dot_chain_not_from_jax() -> None:
@@ -246,6 +385,19 @@ def test_collector_samples_follow_the_last_measured_outcome() -> None:
                     if name == "tpuwatch_canary_last_success_timestamp_seconds"}
     assert last_success == {"0", "1", "2", "3"}  # chip 1 keeps the time of its last pass
     assert len(collector.results()) == 3
+
+
+def test_a_drill_no_check_caught_is_counted_as_undetected_once_one_happened() -> None:
+    collector = CanaryCollector(Config())
+    _recorded(collector, "clean")
+
+    def runs() -> dict[str, float]:
+        return {dict(s.labels)["result"]: s.value for s in collector.collect()
+                if s.name == "tpuwatch_canary_runs_total"}
+
+    assert set(runs()) == {"pass", "fail", "skipped", "error"}
+    collector.record(judge(lines("bitflip-0-1chip"), None, {}, Drill("bitflip", "0"))[0])
+    assert runs() == {"pass": 1, "fail": 0, "skipped": 0, "error": 0, "undetected": 1}
 
 
 def test_fleet_outlier_rule_passes_its_promtool_unit_tests() -> None:

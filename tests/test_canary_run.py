@@ -1,6 +1,7 @@
 """The canary end to end: real worker subprocesses running jax on four CPU devices.
 
-jax is imported only by those subprocesses; without jax installed these tests skip.
+jax is imported only by those subprocesses; without jax installed these tests skip.  Hangs, interrupts and
+parent deaths are in test_canary_interrupt.py.
 """
 
 from __future__ import annotations
@@ -10,15 +11,11 @@ import json
 import os
 import subprocess
 import sys
-import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-
-from conftest import wait_until
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax not installed")
 
@@ -70,42 +67,71 @@ def test_readable_report(tmp_path: Path, state_dir: Path) -> None:
     assert "DEVICE  STATUS  MAX ABS ERR  FINGERPRINT       TIME ms" in proc.stdout
 
 
-@pytest.mark.parametrize("kind, check", [("bitflip", "peers"), ("scale", "peers"), ("nan", "reference")])
-def test_each_wrong_number_injection_fails_only_its_chip(tmp_path: Path, state_dir: Path, kind: str,
-                                                         check: str) -> None:
+@pytest.mark.parametrize("kind, checks", [("bitflip", ["peers", "history"]), ("scale", ["peers", "history"]),
+                                          ("nan", ["reference", "peers", "history"])])
+def test_each_wrong_number_drill_is_caught_on_its_chip_only_and_leaves_the_history(
+        tmp_path: Path, state_dir: Path, kind: str, checks: list[str]) -> None:
+    assert canary(tmp_path, state_dir).returncode == 0  # the chips' honest fingerprints are on record
+    history = (state_dir / "canary" / "fingerprints.json").read_bytes()
     proc = canary(tmp_path, state_dir, "--json", "--inject", kind, "--inject-device", "2")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     data = report(proc)
     assert statuses(data) == {"0": "pass", "1": "pass", "2": "fail", "3": "pass"}
-    assert data["devices"][2]["check"] == check
+    assert data["devices"][2]["check"] == checks[0]
     assert data["reason"].startswith("device 2: ")
+    assert data["drill"] == {"kind": kind, "device": "2", "caught": True, "checks": checks,
+                             "reason": f"caught by {', '.join(checks)}"}
+    assert (state_dir / "canary" / "fingerprints.json").read_bytes() == history
 
 
-def _leftovers(marker: str) -> list[int]:
-    """Pids of processes whose environment carries ``marker``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and marker.encode() in Path(f"/proc/{entry}/environ").read_bytes():
-                found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def test_hang_ends_as_an_error_within_the_timeout_leaving_no_process(tmp_path: Path, state_dir: Path) -> None:
-    marker = f"TPUWATCH_CANARY_TEST={uuid.uuid4()}"
-    key, value = marker.split("=")
-    started = time.monotonic()
-    proc = canary(tmp_path, state_dir, "--json", "--inject", "hang", "--inject-device", "1", "--timeout", "8s",
-                  env={key: value})
-    assert time.monotonic() - started < 8 + 4
-    assert proc.returncode == 3
+def test_a_drill_on_a_lone_fresh_chip_is_undetectable_and_never_poisons_the_next_honest_run(tmp_path: Path) -> None:
+    state = tmp_path / "fresh"
+    one_cpu = {"XLA_FLAGS": ""}
+    proc = canary(tmp_path, state, "--json", "--inject", "bitflip", env=one_cpu)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
     data = report(proc)
-    assert data["status"] == "error" and data["reason"].startswith("timed out after 8s")
-    assert statuses(data) == {"0": "pass", "1": "error", "2": "skipped", "3": "skipped"}
-    # The hang waits on a child of the worker: killing the group must take both.
-    wait_until(lambda: not _leftovers(marker), timeout=2, what="no canary process left")
+    assert (data["status"], statuses(data)) == ("undetected", {"0": "pass"})
+    assert data["reason"].startswith("not detectable here: bitflip on device 0 stays inside the reference tolerance")
+    assert not (state / "canary" / "fingerprints.json").exists()
+    honest = canary(tmp_path, state, "--json", env=one_cpu)
+    assert honest.returncode == 0, honest.stdout
+    clean = report(honest)["devices"][0]["fingerprint"]
+    assert list(json.loads((state / "canary" / "fingerprints.json").read_text()).values()) == [{"0": clean}]
+    # Now the chip's history catches the same drill.
+    drill = canary(tmp_path, state, "--inject", "bitflip", env=one_cpu)
+    assert drill.returncode == 1
+    assert "drill: bitflip on device 0 caught by history; the fingerprint history was left as it was" in drill.stdout
+    assert canary(tmp_path, state, env=one_cpu).returncode == 0
+
+
+def test_reset_history_says_what_it_removed(tmp_path: Path) -> None:
+    state = tmp_path / "reset"
+    assert canary(tmp_path, state).returncode == 0
+    fingerprint = json.loads((state / "canary" / "fingerprints.json").read_text())
+    (key, devices), = fingerprint.items()
+    proc = canary(tmp_path, state, "--reset-history", "2")
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout == (f"canary: removed 1 fingerprint(s) from {state / 'canary' / 'fingerprints.json'}:\n"
+                           f"  device 2: {devices['2']} ({key})\n")
+    assert set(json.loads((state / "canary" / "fingerprints.json").read_text())[key]) == {"0", "1", "3"}
+    proc = canary(tmp_path, state, "--reset-history", "--json")
+    assert proc.returncode == 0
+    assert [r["device"] for r in report(proc)["removed"]] == ["0", "1", "3"]
+    assert not (state / "canary" / "fingerprints.json").exists()
+    assert canary(tmp_path, state, "--reset-history").stdout.startswith("canary: nothing to remove in ")
+
+
+def test_an_unusable_history_is_reported_kept_and_removed_by_reset(tmp_path: Path) -> None:
+    path = tmp_path / "broken" / "canary" / "fingerprints.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("{truncated")
+    proc = canary(tmp_path, tmp_path / "broken", "--json")
+    assert proc.returncode == 0 and report(proc)["status"] == "pass"
+    assert f"canary fingerprint history {path} ignored" in proc.stderr and "Traceback" not in proc.stderr
+    assert path.read_text() == "{truncated"
+    proc = canary(tmp_path, tmp_path / "broken", "--reset-history")
+    assert proc.stdout.startswith(f"canary: removed {path}, which could not be used: not JSON: ")
+    assert not path.exists()
 
 
 def test_crash_names_the_signal(tmp_path: Path, state_dir: Path) -> None:
@@ -186,6 +212,8 @@ def test_a_missing_interpreter_is_an_error(tmp_path: Path, state_dir: Path) -> N
     (("--inject-device", "1"), "tpuwatch canary: --inject-device needs --inject KIND\n"),
     (("--timeout", "soon"), "invalid duration 'soon'"),
     (("--inject", "melt"), "invalid choice: 'melt'"),
+    (("--reset-history", "x1"), "'x1' is not a device index or 'all'"),
+    (("--reset-history", "--inject", "nan"), "--reset-history runs nothing: no --inject or --timeout with it"),
 ])
 def test_usage_errors_exit_2_with_one_line(tmp_path: Path, state_dir: Path, args: tuple[str, ...],
                                            message: str) -> None:
@@ -205,3 +233,13 @@ def test_the_collector_runs_the_canary_without_importing_jax(tmp_path: Path, sta
     assert "jax" not in sys.modules
     names = {s.name for s in collector.collect()}
     assert {"tpuwatch_canary_healthy", "tpuwatch_canary_info", "tpuwatch_canary_duration_seconds"} <= names
+
+
+def test_the_daemon_s_drill_never_writes_the_history(tmp_path: Path) -> None:
+    from tpuwatch.canary.collector import CanaryCollector
+    from tpuwatch.config import Config
+
+    collector = CanaryCollector(Config(state_dir=str(tmp_path / "drill")))
+    result = collector.run_once(inject="scale", inject_device=1, env={"XLA_FLAGS": FOUR_CPUS})  # the sdc scenario
+    assert (result.status, result.drill.caught, result.drill.checks) == ("fail", True, ("peers",))
+    assert not (tmp_path / "drill" / "canary" / "fingerprints.json").exists()

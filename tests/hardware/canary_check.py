@@ -10,7 +10,8 @@ verdict, the max abs error against the float64 numpy reference next to the
 tolerance for that device kind, the fingerprint, the compile time and the
 device time of one inference; then a second (warm cache) run to show the
 fingerprints repeat bit for bit.  With ``--drill`` it also runs each weight
-injection on chip 0 and shows that only chip 0 is flagged.  Exit 0 when every
+injection on chip 0, judged against the first run's fingerprints, and shows
+that the drill is caught and only chip 0 is flagged.  Exit 0 when every
 step behaved as expected.
 """
 
@@ -24,14 +25,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tpuwatch.canary.runner import judge, run_worker
+from tpuwatch.canary.judge import Drill, History, judge
+from tpuwatch.canary.runner import run_worker
 from tpuwatch.config import CanaryConfig, Config
 
 
-def show(title: str, config: Config, inject: str | None = None) -> tuple[str, dict[str, str]]:
-    """One run through the real runner: print every chip, return the status and the fingerprints."""
+def show(title: str, config: Config, inject: str | None = None, history: History | None = None
+         ) -> tuple[str, dict[str, str], History]:
+    """One run through the real runner: print every chip; the status, the fingerprints, the history it leaves."""
     lines, ended = run_worker(config, inject, 0)
-    result, _ = judge(lines, ended, {})
+    result, after = judge(lines, ended, history or {}, Drill(inject, "0") if inject else None)
     compile_times = {line["device"]: line["compile_seconds"] for line in lines if line["event"] == "result"}
     print(f"\n== {title}: {result.status}" + (f" ({result.reason})" if result.reason else ""))
     if result.stack:
@@ -43,7 +46,10 @@ def show(title: str, config: Config, inject: str | None = None) -> tuple[str, di
             f" compile {compile_times[d.device] * 1000:.1f} ms, run {d.duration_seconds * 1000:.3f} ms"
         print(f"  chip {d.device}: {d.status:7} err {error:>10} fp {d.fingerprint or '-':16}{timing}"
               + (f"  [{d.check}: {d.reason}]" if d.reason else ""))
-    return result.status, {d.device: d.fingerprint or "" for d in result.devices}
+    if result.drill:
+        print(f"  drill {'caught' if result.drill.caught else 'NOT caught'}: {result.drill.reason}")
+    caught = result.drill is None or result.drill.caught
+    return result.status if caught else "undetected", {d.device: d.fingerprint or "" for d in result.devices}, after
 
 
 def main() -> int:
@@ -55,13 +61,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         config = Config(state_dir=args.state_dir or tmp,
                         canary=dataclasses.replace(CanaryConfig(), python=args.python, timeout=600.0))
-        first_status, first = show("cold run", config)
-        second_status, second = show("warm run", config)
+        first_status, first, history = show("cold run", config)
+        second_status, second, _ = show("warm run", config)
         ok = first_status == second_status == "pass" and first == second
         print(f"\nfingerprints repeat bit for bit: {first == second}")
         if args.drill:
             for kind in ("bitflip", "scale", "nan"):
-                status, _ = show(f"drill {kind} on chip 0", config, kind)
+                status, _, _ = show(f"drill {kind} on chip 0", config, kind, history)  # judged against run 1
                 ok = ok and status == "fail"
     return 0 if ok else 1
 

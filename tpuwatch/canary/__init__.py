@@ -2,7 +2,9 @@
 
 ``model`` defines the workload (numpy weights from a fixed seed, one forward
 pass written once over an array namespace), ``worker`` runs it under JAX in a
-fresh subprocess, ``runner`` starts that subprocess and judges its answers,
+fresh subprocess, ``supervisor`` keeps that subprocess's process group from
+outliving its parent, ``runner`` starts them, ``judge`` judges the answers
+(and fire drills), ``history`` keeps the fingerprints between runs,
 ``collector`` keeps the results for the daemon, ``cli`` is ``tpuwatch canary``.
 Only ``worker`` imports jax.
 """

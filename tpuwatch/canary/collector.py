@@ -13,7 +13,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from tpuwatch.canary.runner import CanaryResult, DeviceOutcome, run_canary
+from tpuwatch.canary.judge import CanaryResult, DeviceOutcome
+from tpuwatch.canary.runner import run_canary
 from tpuwatch.config import Config
 from tpuwatch.samples import Sample, sample
 
@@ -53,7 +54,8 @@ class CanaryCollector:
                  env: Mapping[str, str] | None = None) -> CanaryResult:
         """One canary run (blocks until the worker ends or times out); the result is kept.
 
-        ``inject``, ``inject_device`` and ``env`` are for fire drills (the simulator's sdc scenario).
+        ``inject``, ``inject_device`` and ``env`` are for fire drills (the simulator's sdc scenario); a drill
+        is judged against the fingerprint history but never writes it.
         """
         result = run_canary(self.config, inject, inject_device, env=env)
         if result.status != "pass":
@@ -86,7 +88,9 @@ class CanaryCollector:
             devices = sorted(known | set(self._chip_runs))
             if not self._results and not devices:
                 return []
-            out = [sample("tpuwatch_canary_runs_total", self._runs[r], result=r) for r in RESULTS]
+            # A fire drill's "undetected" appears once one happened (only the simulator runs drills in the daemon).
+            seen = sorted(set(self._runs) - set(RESULTS))
+            out = [sample("tpuwatch_canary_runs_total", self._runs[r], result=r) for r in (*RESULTS, *seen)]
             out += [sample("tpuwatch_canary_device_runs_total", self._chip_runs.get(device, Counter())[r],
                            device=device, result=r) for device in devices for r in RESULTS]
             for device, state in sorted(self._chips.items()):

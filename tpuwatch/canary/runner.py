@@ -1,152 +1,51 @@
-"""Start the canary worker in its own process group under a hard deadline, and judge its answers.
+"""Start the canary worker in its own process group under a hard deadline, and record what it found.
 
-``run_canary()`` does the I/O (subprocess, fingerprint history in state_dir);
-``judge()`` is pure: worker protocol lines plus how the worker ended plus the
-stored fingerprints in, a verdict per chip and the fingerprints to store out.
-Three checks per chip: (a) max abs error against the float64 reference within
-``spec.tolerance``, (b) the same fingerprint as the majority of this host's
-chips, (c) the same fingerprint as this chip's last passing run on the same
-software stack and chip kind.
+``run_worker()`` starts ``canary.supervisor`` (which starts the worker) in a new
+session, reads the worker's protocol lines as they come, bounded in size and
+time, and reports progress; on timeout, on an interrupt (Ctrl-C, SIGTERM
+turned into KeyboardInterrupt by the CLI) and after every run it kills the
+whole group.  Should this process die without a chance to, the supervisor
+kills the group itself.  ``run_canary()`` then judges the lines
+(``judge.judge``) and updates the fingerprint history (``history``), except
+for fire drills, which never write it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections import Counter
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tpuwatch
-from tpuwatch.canary import spec
+from tpuwatch.canary.history import FingerprintHistory, history_path
+from tpuwatch.canary.judge import CanaryResult, Drill, judge
 from tpuwatch.config import Config
 
-History = dict[str, dict[str, str]]
+STDOUT_LIMIT = 1 << 20  # protocol lines are ~200 bytes a chip; more is not the protocol
+STDERR_KEPT = 8192
+TICK_S = 0.5
+DRAIN_S = 2.0  # after the group is killed, how long to wait for its pipes to close
+_CHUNK = 65536
 _STDERR_TAIL = 300
 
 
 @dataclass(frozen=True)
-class DeviceOutcome:
-    """One chip's verdict; ``check`` names the first check that failed (reference, peers, history)."""
+class Progress:
+    """Where a run is: the chip running now (None while the worker starts) and for how long, the run's age."""
 
-    device: str
-    status: str
-    max_abs_error: float | None = None
-    fingerprint: str | None = None
-    duration_seconds: float | None = None
-    reason: str | None = None
-    check: str | None = None
-
-
-@dataclass(frozen=True)
-class CanaryResult:
-    """One canary run: overall status (pass, fail, skipped, error), why, and every chip."""
-
-    status: str
-    reason: str | None
-    devices: tuple[DeviceOutcome, ...]
-    platform: str | None = None
-    chip: str | None = None
-    stack: str | None = None
-    tolerance: float | None = None
-    finished_at: float = 0.0
-    wall_seconds: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``tpuwatch canary --json`` object."""
-        out = asdict(self)
-        out["devices"] = [asdict(d) for d in self.devices]
-        return out
-
-
-def history_key(stack: str, chip: str, dtype: str) -> str:
-    """Fingerprints are comparable only for the same model, dtype, software stack and chip kind."""
-    return f"{spec.MODEL_VERSION}|{dtype}|{chip}|{stack}"
-
-
-def judge(lines: list[dict[str, Any]], ended: str | None, history: History) -> tuple[CanaryResult, History]:
-    """The verdict of one run from the worker's protocol lines; ``ended`` says why it stopped early, if so."""
-    start = next((line for line in lines if line["event"] == "start"), None)
-    failure = next((line["reason"] for line in lines if line["event"] == "error"), None) or ended
-    if start is None:
-        return _overall([], failure or "the worker said nothing"), history
-    results = {line["device"]: line for line in lines if line["event"] == "result"}
-    tolerance = spec.tolerance(start["platform"], start["dtype"], start["scale"]) if start["scale"] else None
-    majority = _majority([r["fingerprint"] for r in results.values()])
-    key = history_key(start["stack"], start["chip"], start["dtype"]) if start["stack"] else ""
-    previous = history.get(key, {})
-    running = [line["device"] for line in lines if line["event"] == "running"]
-    died_on = running[-1] if ended and running and running[-1] not in results else None
-    outcomes = []
-    for line in lines:
-        if line["event"] == "skipped":
-            outcomes.append(DeviceOutcome(line["device"], "skipped", reason=line["reason"]))
-        elif line["event"] == "result":
-            outcomes.append(_checked(line, tolerance, majority, len(results), previous.get(line["device"])))
-        elif line["event"] == "running" and line["device"] == died_on:
-            outcomes.append(DeviceOutcome(died_on, "error", reason=ended))
-    seen = {o.device for o in outcomes}
-    outcomes += [DeviceOutcome(d, "skipped", reason=f"not run: the worker ended on device {died_on}")
-                 for d in start.get("devices", []) if d not in seen and died_on is not None]
-    stored = {**previous, **{o.device: o.fingerprint for o in outcomes if o.status == "pass" and o.fingerprint}}
-    result = _overall(outcomes, failure, start, tolerance)
-    return result, ({**history, key: stored} if key else history)
-
-
-def _checked(line: dict[str, Any], tolerance: float | None, majority: tuple[str | None, int], ran: int,
-             previous: str | None) -> DeviceOutcome:
-    error, fp = line["max_abs_error"], line["fingerprint"]
-    problems = []
-    if not line["finite"]:
-        problems.append(("reference", "output has NaN or Inf"))
-    elif tolerance is not None and error > tolerance:
-        problems.append(("reference", f"max abs error {error:.3g} > tolerance {tolerance:.3g}"))
-    common, count = majority
-    if common is None and ran > 1:
-        problems.append(("peers", f"fingerprint {fp}: no majority among {ran} chips"))
-    elif common is not None and fp != common:
-        problems.append(("peers", f"fingerprint {fp} differs from {common} on {count} of {ran} chips"))
-    if previous is not None and fp != previous:
-        problems.append(("history", f"fingerprint {fp} changed since the last pass ({previous}) on this stack"))
-    return DeviceOutcome(line["device"], "fail" if problems else "pass", error, fp, line["duration_seconds"],
-                         "; ".join(text for _, text in problems) or None, problems[0][0] if problems else None)
-
-
-def _majority(fingerprints: list[str]) -> tuple[str | None, int]:
-    """The fingerprint more than half the chips share, with its count; (None, 0) if none does."""
-    if not fingerprints:
-        return None, 0
-    common, count = Counter(fingerprints).most_common(1)[0]
-    return (common, count) if count * 2 > len(fingerprints) else (None, 0)
-
-
-def _overall(outcomes: list[DeviceOutcome], failure: str | None, start: dict[str, Any] | None = None,
-             tolerance: float | None = None) -> CanaryResult:
-    counts = Counter(o.status for o in outcomes)
-    if counts["fail"]:
-        status = "fail"
-    elif failure or counts["error"]:
-        status = "error"
-    else:
-        status = "pass" if counts["pass"] else "skipped"
-    reason: str | None
-    if failure:
-        reason = failure
-    elif status == "skipped":
-        reason = "; ".join(sorted({o.reason or "" for o in outcomes})) or "no device to run on"
-    else:
-        reason = "; ".join(f"device {o.device}: {o.reason}" for o in outcomes
-                           if o.status in ("fail", "error")) or None
-    start = start or {}
-    return CanaryResult(status, reason, tuple(outcomes), start.get("platform"), start.get("chip"),
-                        start.get("stack"), tolerance, time.time())
+    device: str | None
+    device_seconds: float
+    run_seconds: float
+    timeout: float
 
 
 def worker_command(config: Config, inject: str | None, inject_device: int) -> list[str]:
@@ -166,25 +65,65 @@ def _worker_env(extra: Mapping[str, str] | None) -> dict[str, str]:
     return {**os.environ, **(extra or {}), "PYTHONPATH": f"{root}{os.pathsep}{path}" if path else root}
 
 
-def _parse(stdout: str) -> list[dict[str, Any]]:
-    lines = []
-    for text in stdout.splitlines():
+class _Output:
+    """The worker's stdout as protocol lines (bounded) and the tail of its stderr, fed as it comes."""
+
+    def __init__(self) -> None:
+        self.lines: list[dict[str, Any]] = []
+        self.stdout_bytes = 0
+        self.overflowed = False
+        self.running: tuple[str, float] | None = None  # the chip running now, since when (monotonic)
+        self._partial = b""
+        self._stderr = b""
+
+    def feed_stdout(self, chunk: bytes) -> None:
+        self.stdout_bytes += len(chunk)
+        if self.stdout_bytes > STDOUT_LIMIT:
+            self.overflowed = True
+            return
+        *complete, self._partial = (self._partial + chunk).split(b"\n")
+        for text in complete:
+            self._line(text)
+
+    def feed_stderr(self, chunk: bytes) -> None:
+        self._stderr = (self._stderr + chunk)[-STDERR_KEPT:]
+
+    def finish(self) -> None:
+        if self._partial and not self.overflowed:
+            self._line(self._partial)
+        self._partial = b""
+
+    @property
+    def stderr(self) -> str:
+        return self._stderr.decode("utf-8", "replace")
+
+    def _line(self, text: bytes) -> None:
         try:
             line = json.loads(text)
         except ValueError:
-            continue
-        if isinstance(line, dict) and "event" in line:
-            lines.append(line)
-    return lines
+            return
+        if not isinstance(line, dict) or "event" not in line:
+            return
+        self.lines.append(line)
+        if line["event"] == "running":
+            self.running = (str(line.get("device")), time.monotonic())
+        elif line["event"] in ("result", "skipped"):
+            self.running = None
 
 
-def _ending(returncode: int, stderr: str, timed_out: float | None) -> str | None:
+def _ending(returncode: int, output: _Output, timed_out: float | None) -> str | None:
     if timed_out is not None:
         return f"timed out after {timed_out:g}s (worker process group killed)"
+    if output.overflowed:
+        return f"the worker wrote over {STDOUT_LIMIT} bytes to stdout, which is not the canary protocol"
     if returncode < 0:
-        return f"worker crashed with {signal.Signals(-returncode).name}"
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:  # a real-time signal has no name
+            name = f"signal {-returncode}"
+        return f"worker crashed with {name}"
     if returncode != 0:
-        tail = (stderr.strip().splitlines() or ["no output"])[-1][:_STDERR_TAIL]
+        tail = (output.stderr.strip().splitlines() or ["no output"])[-1][:_STDERR_TAIL]
         return f"worker exited with status {returncode}: {tail}"
     return None
 
@@ -208,63 +147,94 @@ def _kill_group(pgid: int) -> None:
         pass
 
 
+def _pump(proc: subprocess.Popen[bytes], limit: float, progress: Callable[[Progress], None] | None,
+          output: _Output) -> float | None:
+    """Read the worker's pipes until they close; the timeout that ended it, if one did."""
+    assert proc.stdout is not None and proc.stderr is not None
+    streams = {proc.stdout.fileno(): output.feed_stdout, proc.stderr.fileno(): output.feed_stderr}
+    started = time.monotonic()
+    timed_out, stop_at = None, None
+    with selectors.DefaultSelector() as selector:
+        for fd in streams:
+            selector.register(fd, selectors.EVENT_READ)
+        while selector.get_map():
+            now = time.monotonic()
+            if stop_at is None:
+                exited = proc.poll() is not None
+                if exited or now - started >= limit:
+                    # The supervisor has ended (nothing of its group may keep the pipes open), or time is up.
+                    timed_out = None if exited else limit
+                    _kill_group(proc.pid)
+                    stop_at = now + DRAIN_S
+            if stop_at is not None and now >= stop_at:
+                break  # a process that left the group holds them
+            wait = min(TICK_S, max(0.0, (stop_at or started + limit) - now))
+            for key, _ in selector.select(wait):
+                chunk = os.read(key.fd, _CHUNK)
+                if chunk:
+                    streams[key.fd](chunk)
+                else:
+                    selector.unregister(key.fileobj)
+            if progress is not None and stop_at is None:
+                now = time.monotonic()
+                device, since = output.running or (None, now)
+                progress(Progress(device, now - since, now - started, limit))
+    output.finish()
+    return timed_out
+
+
 def run_worker(config: Config, inject: str | None = None, inject_device: int = 0, timeout: float | None = None,
-               env: Mapping[str, str] | None = None) -> tuple[list[dict[str, Any]], str | None]:
+               env: Mapping[str, str] | None = None, progress: Callable[[Progress], None] | None = None
+               ) -> tuple[list[dict[str, Any]], str | None]:
     """Run the worker in a new process group; its protocol lines and why it ended early (None if it did not).
 
-    On timeout the whole group is killed; after any ending the group is swept.
+    ``progress`` is called about every TICK_S while it runs.  On timeout or any exception (KeyboardInterrupt
+    included) the whole group is killed; after any ending the group is swept.
     """
     limit = timeout if timeout is not None else config.canary.timeout
+    tether, held = os.pipe()  # the supervisor's end, and ours: when this process dies, it closes
+    command = [sys.executable, "-m", "tpuwatch.canary.supervisor", str(tether), "--",
+               *worker_command(config, inject, inject_device)]
     try:
-        proc = subprocess.Popen(worker_command(config, inject, inject_device), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                                env=_worker_env(env), start_new_session=True)
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                env=_worker_env(env), start_new_session=True, pass_fds=(tether,))
     except OSError as exc:
-        return [], f"cannot start canary.python {config.canary.python or sys.executable}: {exc.strerror or exc}"
+        os.close(held)
+        return [], f"cannot start the canary supervisor {sys.executable}: {exc.strerror or exc}"
+    finally:
+        os.close(tether)
     with _running_lock:
         _running.add(proc.pid)
-    timed_out = None
+    output = _Output()
     try:
-        stdout, stderr = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc.pid)
-        stdout, stderr = proc.communicate()
-        timed_out = limit
+        timed_out = _pump(proc, limit, progress, output)
     finally:
+        _kill_group(proc.pid)
+        proc.wait()  # the supervisor dies of SIGKILL at once: it never sits in a driver
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
         with _running_lock:
             _running.discard(proc.pid)
-    _kill_group(proc.pid)
-    return _parse(stdout), _ending(proc.returncode, stderr, timed_out)
-
-
-def history_path(config: Config) -> Path:
-    """Where the fingerprint history of this host lives."""
-    return Path(config.state_dir) / "canary" / "fingerprints.json"
-
-
-def load_history(path: Path) -> History:
-    """The stored fingerprints; an unreadable or foreign file counts as none."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+        os.close(held)
+    return output.lines, _ending(proc.returncode, output, timed_out)
 
 
 def run_canary(config: Config, inject: str | None = None, inject_device: int = 0,
-               timeout: float | None = None, env: Mapping[str, str] | None = None) -> CanaryResult:
-    """One canary run exactly as the daemon runs it: worker, checks, fingerprint history updated."""
+               timeout: float | None = None, env: Mapping[str, str] | None = None,
+               progress: Callable[[Progress], None] | None = None) -> CanaryResult:
+    """One canary run exactly as the daemon runs it: worker, checks, fingerprint history updated.
+
+    A fire drill (``inject``) is judged against the history but never writes it.
+    """
     started = time.monotonic()
-    path = history_path(config)
+    store = FingerprintHistory(history_path(config.state_dir))
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        store.path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        return _overall([], f"cannot create {path.parent}: {exc.strerror or exc}")
-    lines, ended = run_worker(config, inject, inject_device, timeout, env)
-    history = load_history(path)
-    result, updated = judge(lines, ended, history)
-    if updated != history:
-        scratch = path.with_suffix(".tmp")
-        scratch.write_text(json.dumps(updated, indent=1, sort_keys=True), encoding="utf-8")
-        scratch.replace(path)
+        return CanaryResult("error", f"cannot create {store.path.parent}: {exc.strerror or exc}", (),
+                            finished_at=time.time())
+    lines, ended = run_worker(config, inject, inject_device, timeout, env, progress)
+    drill = Drill(inject, str(inject_device)) if inject is not None else None
+    result = store.update(lambda history: judge(lines, ended, history, drill))
     return CanaryResult(**{**result.__dict__, "wall_seconds": time.monotonic() - started})

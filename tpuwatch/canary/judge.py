@@ -1,0 +1,224 @@
+"""The verdict of one canary run, pure: the worker's protocol lines, how it ended and the stored fingerprints in.
+
+Three checks per chip: (a) max abs error against the float64 reference within
+``spec.tolerance``, (b) the same fingerprint as the majority of this host's
+chips, (c) the same fingerprint as this chip's last passing run on the same
+software stack and chip kind.
+
+A fire drill (``Drill``: an injection on one chip) is judged by the same
+checks, then the drill itself: was its chip caught, by which checks, and if
+not, why not.  A drill never changes the history it is judged against, and a
+drill that no check caught is never a pass: the run's status is
+``undetected``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from tpuwatch.canary import spec
+
+History = dict[str, dict[str, str]]
+KEPT_STACKS = 32  # stack keys kept in the history, the most recently updated ones
+_WRONG_NUMBERS = ("bitflip", "scale", "nan")
+_CATCHER = {"hang": "timeout", "crash": "crash"}  # what catches the drills that stop the worker
+
+
+@dataclass(frozen=True)
+class DeviceOutcome:
+    """One chip's verdict; ``check`` names the first check that failed (reference, peers, history)."""
+
+    device: str
+    status: str
+    max_abs_error: float | None = None
+    fingerprint: str | None = None
+    duration_seconds: float | None = None
+    reason: str | None = None
+    check: str | None = None
+
+
+@dataclass(frozen=True)
+class Drill:
+    """A fire drill asked for: the injection ``kind`` (spec.INJECTIONS) on chip ``device``."""
+
+    kind: str
+    device: str
+
+
+@dataclass(frozen=True)
+class DrillVerdict:
+    """Whether a drill was caught, by which checks (reference, peers, history, timeout, crash), and why not."""
+
+    kind: str
+    device: str
+    caught: bool
+    checks: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class CanaryResult:
+    """One canary run: overall status (pass, fail, skipped, error, undetected), why, and every chip."""
+
+    status: str
+    reason: str | None
+    devices: tuple[DeviceOutcome, ...]
+    platform: str | None = None
+    chip: str | None = None
+    stack: str | None = None
+    tolerance: float | None = None
+    finished_at: float = 0.0
+    wall_seconds: float = 0.0
+    drill: DrillVerdict | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``tpuwatch canary --json`` object."""
+        return asdict(self)
+
+
+def history_key(stack: str, chip: str, dtype: str) -> str:
+    """Fingerprints are comparable only for the same model, dtype, software stack and chip kind."""
+    return f"{spec.MODEL_VERSION}|{dtype}|{chip}|{stack}"
+
+
+def judge(lines: list[dict[str, Any]], ended: str | None, history: History,
+          drill: Drill | None = None) -> tuple[CanaryResult, History]:
+    """The verdict of one run and the history to store (``history`` itself for a drill).
+
+    ``ended`` says why the worker stopped early, if it did.
+    """
+    start = next((line for line in lines if line["event"] == "start"), None)
+    failure = next((line["reason"] for line in lines if line["event"] == "error"), None) or ended
+    if start is None:
+        result = _overall([], failure or "the worker said nothing")
+        return (_with_drill(result, _drill_verdict(drill, result, {}, None, 0, None)) if drill else result), history
+    results = {line["device"]: line for line in lines if line["event"] == "result"}
+    tolerance = spec.tolerance(start["platform"], start["dtype"], start["scale"]) if start["scale"] else None
+    majority = _majority([r["fingerprint"] for r in results.values()])
+    key = history_key(start["stack"], start["chip"], start["dtype"]) if start["stack"] else ""
+    previous = history.get(key, {})
+    problems = {device: _problems(line, tolerance, majority, len(results), previous.get(device))
+                for device, line in results.items()}
+    running = [line["device"] for line in lines if line["event"] == "running"]
+    died_on = running[-1] if ended and running and running[-1] not in results else None
+    outcomes = []
+    for line in lines:
+        if line["event"] == "skipped":
+            outcomes.append(DeviceOutcome(line["device"], "skipped", reason=line["reason"]))
+        elif line["event"] == "result":
+            found = problems[line["device"]]
+            outcomes.append(DeviceOutcome(line["device"], "fail" if found else "pass", line["max_abs_error"],
+                                          line["fingerprint"], line["duration_seconds"],
+                                          "; ".join(text for _, text in found) or None,
+                                          found[0][0] if found else None))
+        elif line["event"] == "running" and line["device"] == died_on:
+            outcomes.append(DeviceOutcome(died_on, "error", reason=ended))
+    seen = {o.device for o in outcomes}
+    outcomes += [DeviceOutcome(d, "skipped", reason=f"not run: the worker ended on device {died_on}")
+                 for d in start.get("devices", []) if d not in seen and died_on is not None]
+    result = _overall(outcomes, failure, start, tolerance)
+    if drill is not None:
+        verdict = _drill_verdict(drill, result, problems, tolerance, len(results), previous.get(drill.device))
+        return _with_drill(result, verdict), history
+    stored = {**previous, **{o.device: o.fingerprint for o in outcomes if o.status == "pass" and o.fingerprint}}
+    return result, (_remember(history, key, stored) if key else history)
+
+
+def _problems(line: dict[str, Any], tolerance: float | None, majority: tuple[str | None, int], ran: int,
+              previous: str | None) -> list[tuple[str, str]]:
+    """(check, what it found) for every check this chip's result fails."""
+    error, fp = line["max_abs_error"], line["fingerprint"]
+    problems = []
+    if not line["finite"]:
+        problems.append(("reference", "output has NaN or Inf"))
+    elif tolerance is not None and error > tolerance:
+        problems.append(("reference", f"max abs error {error:.3g} > tolerance {tolerance:.3g}"))
+    common, count = majority
+    if common is None and ran > 1:
+        problems.append(("peers", f"fingerprint {fp}: no majority among {ran} chips"))
+    elif common is not None and fp != common:
+        problems.append(("peers", f"fingerprint {fp} differs from {common} on {count} of {ran} chips"))
+    if previous is not None and fp != previous:
+        problems.append(("history", f"fingerprint {fp} changed since the last pass ({previous}) on this stack"))
+    return problems
+
+
+def _majority(fingerprints: list[str]) -> tuple[str | None, int]:
+    """The fingerprint more than half the chips share, with its count; (None, 0) if none does."""
+    if not fingerprints:
+        return None, 0
+    common, count = Counter(fingerprints).most_common(1)[0]
+    return (common, count) if count * 2 > len(fingerprints) else (None, 0)
+
+
+def _remember(history: History, key: str, stored: dict[str, str]) -> History:
+    """``history`` with ``key`` set to ``stored`` as the most recent entry, keeping the last KEPT_STACKS keys."""
+    ordered = [(k, v) for k, v in history.items() if k != key] + [(key, stored)]
+    return dict(ordered[-KEPT_STACKS:])
+
+
+def _drill_verdict(drill: Drill, result: CanaryResult, problems: dict[str, list[tuple[str, str]]],
+                   tolerance: float | None, ran: int, previous: str | None) -> DrillVerdict:
+    """Was ``drill`` caught in ``result``; ``ran`` chips gave a result, ``previous`` is its chip's history."""
+    device = drill.device
+    outcome = next((o for o in result.devices if o.device == device), None)
+
+    def verdict(caught: bool, checks: tuple[str, ...], reason: str) -> DrillVerdict:
+        return DrillVerdict(drill.kind, device, caught, checks, reason)
+
+    if outcome is None or outcome.status == "skipped":
+        why = outcome.reason if outcome else result.reason or f"no device {device} in this run"
+        return verdict(False, (), f"not run: device {device}: {why}")
+    if drill.kind in _CATCHER:
+        if outcome.status == "error":
+            return verdict(True, (_CATCHER[drill.kind],), f"caught: {outcome.reason}")
+        return verdict(False, (), f"missed: device {device} ended {outcome.status} although {drill.kind} "
+                                  "was injected")
+    if outcome.status == "fail":
+        checks = tuple(dict.fromkeys(check for check, _ in problems.get(device, [])))
+        return verdict(True, checks, f"caught by {', '.join(checks)}")
+    if outcome.status == "error":
+        return verdict(False, (), f"not judged: device {device} ended in error: {outcome.reason}")
+    if drill.kind == "nan" or ran > 1 or previous is not None:
+        seen_by = ["the reference"] + ["its peers"] * (ran > 1) + ["its history"] * (previous is not None)
+        return verdict(False, (), f"missed: device {device} passed although {drill.kind} was injected: "
+                                  f"{' and '.join(seen_by)} saw no difference")
+    inside = "" if outcome.max_abs_error is None or tolerance is None else \
+        f" ({outcome.max_abs_error:.2g} <= {tolerance:.2g})"
+    return verdict(False, (), f"not detectable here: {drill.kind} on device {device} stays inside the reference "
+                              f"tolerance{inside}, no other chip ran to compare its fingerprint with, and device "
+                              f"{device} has no fingerprint recorded on this stack yet (a run without --inject "
+                              "records one)")
+
+
+def _with_drill(result: CanaryResult, verdict: DrillVerdict) -> CanaryResult:
+    """``result`` carrying the drill's verdict; a pass whose drill was not caught is ``undetected``."""
+    if result.status == "pass" and not verdict.caught:
+        return CanaryResult(**{**result.__dict__, "status": "undetected", "reason": verdict.reason,
+                               "drill": verdict})
+    return CanaryResult(**{**result.__dict__, "drill": verdict})
+
+
+def _overall(outcomes: list[DeviceOutcome], failure: str | None, start: dict[str, Any] | None = None,
+             tolerance: float | None = None) -> CanaryResult:
+    counts = Counter(o.status for o in outcomes)
+    if counts["fail"]:
+        status = "fail"
+    elif failure or counts["error"]:
+        status = "error"
+    else:
+        status = "pass" if counts["pass"] else "skipped"
+    reason: str | None
+    if failure:
+        reason = failure
+    elif status == "skipped":
+        reason = "; ".join(sorted({o.reason or "" for o in outcomes})) or "no device to run on"
+    else:
+        reason = "; ".join(f"device {o.device}: {o.reason}" for o in outcomes
+                           if o.status in ("fail", "error")) or None
+    start = start or {}
+    return CanaryResult(status, reason, tuple(outcomes), start.get("platform"), start.get("chip"),
+                        start.get("stack"), tolerance, time.time())
