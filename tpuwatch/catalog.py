@@ -94,7 +94,8 @@ _SPECS = [
     # --- canary ---
     MetricSpec("tpuwatch_canary_healthy", "gauge",
                "1 if the chip's last canary run passed, 0 if it computed wrong numbers or errored.", ("device",)),
-    MetricSpec("tpuwatch_canary_runs_total", "counter", "Canary runs by result (pass, fail, skipped, error).",
+    MetricSpec("tpuwatch_canary_runs_total", "counter",
+               "Canary runs by result (pass, fail, skipped, error; undetected: a fire drill nothing caught).",
                ("result",)),
     MetricSpec("tpuwatch_canary_device_runs_total", "counter",
                "Canary verdicts per chip by result (pass, fail, skipped, error).", ("device", "result")),

@@ -43,7 +43,9 @@ COMMANDS: dict[str, Command] = {
                      {0: "healthy", 1: "unhealthy: the problems are listed", 2: USAGE_EXIT}),
     "canary": Command("Run the reference inference once on every idle chip, exactly as the daemon runs it.",
                       {0: "every chip passed", 1: "wrong results on a chip", 2: USAGE_EXIT,
-                       3: "could not run (error, timeout, crash, every chip skipped)", 130: "interrupted"},
+                       3: "could not run (error, timeout, crash, every chip skipped), or a fire drill that nothing "
+                          "here could catch (undetected)",
+                       130: "interrupted (SIGINT or SIGTERM): the worker's process group is killed"},
                       "tpuwatch.canary.cli"),
     "logscan": Command("Run the kernel-log rules over a file (kmsg, dmesg or journalctl -o json).",
                        {0: "no critical event", 1: "a critical event was found", 2: USAGE_EXIT + " or rule error"},
