@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tpuwatch.kernel_log.collector import KernelLogCollector, device_lookup
 from tpuwatch.kernel_log.filesource import FileSource
 from tpuwatch.kernel_log.position import Position
-from tpuwatch.kernel_log.records import MAX_MESSAGE_CHARS
+from tpuwatch.kernel_log.records import MAX_MESSAGE_CHARS, Record
 from tpuwatch.kernel_log.rules import load_rules
 from tpuwatch.kernel_log.sources import JournalSource, KmsgSource, read_boot_id
 
@@ -204,6 +204,32 @@ def test_journal_backlog_is_passed_over_counted_and_resumed(tmp_path: Path, jour
     assert [r.message for r in source.read(100)] == [f"m{i}" for i in range(40, 50)]
     source.commit()
     assert JournalSource(state, str(journal)).read(100) == []
+
+
+class CountingJournal(JournalSource):
+    """The journal source, counting the records it hands out: the clock of the collector's budget."""
+
+    handed_out = 0
+
+    def read(self, limit: int) -> list[Record]:
+        out = super().read(limit)
+        self.handed_out += len(out)
+        return out
+
+
+def test_journal_storm_is_passed_over_and_the_next_record_counted_in_one_cycle(tmp_path: Path,
+                                                                               journal_module: object) -> None:
+    journal = tmp_path / "k.journal"
+    storm = [journal_entry({"MESSAGE": XID79.replace("79", "13")}, 1000 + i) for i in range(20_000)]
+    write_journal(journal, [*storm, journal_entry({"MESSAGE": XID79}, 30_000)])
+    source = CountingJournal(tmp_path / "journal.json", str(journal))
+    cost = 20e-6  # seconds per record, so that the budget does not depend on this machine's load
+    collector = KernelLogCollector(source, load_rules([]), device_lookup(lambda: []), 60.0, deadline=0.2,
+                                   timer=lambda: source.handed_out * cost)
+    values = _values(collector.collect())
+    read = values[("tpuwatch_kernel_log_records_total", (("source", "journal"),))]
+    passed = values[("tpuwatch_kernel_log_skipped_total", (("reason", "backlog"), ("source", "journal")))]
+    assert values[CRITICAL_XID] == 1 and passed > 0 and read + passed == 20_001
 
 
 def test_journal_without_kernel_messages_is_degraded_until_one_arrives(tmp_path: Path,

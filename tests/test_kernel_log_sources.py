@@ -420,3 +420,20 @@ def test_file_skip_ahead_counts_exactly_the_lines_passed_over(tmp_path: Path) ->
     assert 10 + passed + len(rest) == 10_000 and source.skipped["backlog"] == passed
     assert 90 <= len(rest) <= 110 and rest[-1].message == "line 09999"
     assert source.skip_ahead(100, lambda: True) == 0  # caught up: nothing to pass over
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 7, 64])
+def test_file_skip_ahead_counts_kmsg_records_not_their_continuation_lines(tmp_path: Path, chunk: int,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from tpuwatch.kernel_log import filesource
+    monkeypatch.setattr(filesource, "SKIP_CHUNK_BYTES", chunk)  # chunk borders inside "\n " pairs, too
+    log, state, source = _followed_empty_file(tmp_path)
+    _append(log, "".join(f"2,{i},{i},-;AER: x {i:04d}\n SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n"
+                         for i in range(3000)))
+    assert len(source.read(10)) == 10
+    passed = source.skip_ahead(100, lambda: True)
+    rest = []
+    while batch := source.read(1000):
+        rest.extend(batch)
+    assert 10 + passed + len(rest) == 3000
+    assert all(r.message.startswith("AER: x ") for r in rest) and rest[-1].message == "AER: x 2999"

@@ -110,10 +110,7 @@ class KernelLogCollector:
                 log.info("kernel log (%s): reading again", self.source.name)
             self._read_problem = None
         self._publish(self._storms.flush())
-        try:
-            self.source.commit()
-        except Exception as exc:  # noqa: BLE001 - Position.save never raises; a source bug must not either
-            self._note_error(exc)
+        self.source.commit()  # never raises: a failed save is counted and retried
         return self._samples()
 
     def _read_cycle(self) -> None:

@@ -17,6 +17,7 @@ log = logging.getLogger(__name__)
 
 FILE_READ_BYTES = 1 << 20
 FILE_BUDGET_BYTES = 8 << 20
+SKIP_CHUNK_BYTES = 1 << 20
 _KMSG_HEAD = re.compile(rb"\d{1,20},\d{1,20},\d{1,20},[^;\n]{0,256};")
 _CONTINUATION = re.compile(rb" [A-Z0-9_]{1,64}=")
 _DEFAULT_LINE_BYTES = 128.0
@@ -225,27 +226,36 @@ class FileSource(Source):
             return None
 
     def skip_ahead(self, keep: int, in_time: Callable[[], bool]) -> int:
-        """Move to about ``keep`` lines (at the average line length seen) before the end, counting the lines passed."""
+        """Move to about ``keep`` lines (at the average line length seen) before the end, counting the lines passed.
+
+        Lines that start with a space (kmsg continuation lines) are not counted: they are no records.
+        """
         if self._handle is None:
             return 0
         fd = self._handle.fileno()
         average = self._bytes_seen / self._lines_seen if self._lines_seen else _DEFAULT_LINE_BYTES
         target = os.fstat(fd).st_size - int(keep * average)
         start = position = line_start = self._offset
-        passed = 0
+        lines = continuations = 0  # continuation lines (" KEY=...") of kmsg records are no records
+        previous = b""
         while position < target and in_time():
-            chunk = os.pread(fd, min(FILE_READ_BYTES, target - position), position)
+            chunk = os.pread(fd, min(SKIP_CHUNK_BYTES, target - position), position)
             if not chunk:
                 break
-            passed += chunk.count(b"\n")
+            lines += chunk.count(b"\n")
+            continuations += chunk.count(b"\n ") + (previous == b"\n" and chunk.startswith(b" "))
             last = chunk.rfind(b"\n")
             if last >= 0:
                 line_start = position + last + 1
+            previous = chunk[-1:]
             position += len(chunk)
+        kept_first = os.pread(fd, 1, line_start) if line_start < position else b""
+        passed = lines - continuations + (kept_first == b" ")  # a kept line's own start was counted above
         if line_start == start:
             return 0
         self._offset = line_start
-        self._discarding = self._after_kmsg = False
+        self._discarding = False
+        self._after_kmsg = True  # continuation lines here belong to a record passed over
         self.skip("backlog", "", passed)
         return passed
 
