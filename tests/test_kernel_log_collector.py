@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import tracemalloc
@@ -15,6 +16,8 @@ from tpuwatch.collectors.guard import GuardedCollector
 from tpuwatch.config import parse
 from tpuwatch.devices import DeviceReading
 from tpuwatch.kernel_log.collector import (
+    BATCH_RECORDS,
+    BUDGET_SHARE,
     MAX_PENDING_EVENTS,
     MAX_RECENT_EVENTS,
     KernelLogCollector,
@@ -23,8 +26,11 @@ from tpuwatch.kernel_log.collector import (
     event_problems,
 )
 from tpuwatch.kernel_log.events import KernelEvent, StormFilter
-from tpuwatch.kernel_log.rules import load_rules
-from tpuwatch.kernel_log.sources import FileSource, KmsgSource, read_boot_id
+from tpuwatch.kernel_log.filesource import FileSource
+from tpuwatch.kernel_log.position import Position
+from tpuwatch.kernel_log.records import Record
+from tpuwatch.kernel_log.rules import Match, RuleSet, load_rules
+from tpuwatch.kernel_log.sources import KmsgSource, Source, read_boot_id
 
 from conftest import write_selftest_rule
 
@@ -119,25 +125,119 @@ def test_storm_filter_keys_and_memory_are_bounded() -> None:
     assert storms.flush(force=True) == []  # no repeats, no summaries
 
 
-def test_flood_keeps_pace_with_bounded_work_and_memory(tmp_path: Path) -> None:
+def test_flood_is_caught_up_in_one_cycle_with_bounded_work_and_memory(tmp_path: Path) -> None:
     collector, log = _collector(tmp_path, Clock(), max_records=5000)
     lines = "".join(f"Out of memory: Killed process {i} (python3) total-vm:1kB\n" for i in range(60_000))
-    _append(log, lines)
+    _append(log, lines + XID79)
     tracemalloc.start()
-    durations = []
-    for _ in range(3):
-        started = time.perf_counter()
-        values = _values(collector.collect())
-        durations.append(time.perf_counter() - started)
+    values = _values(collector.collect())
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
-    assert values[("tpuwatch_kernel_log_records_total", (("source", "file"),))] == 15_000  # the cap per cycle
-    assert max(durations) < 2.0, durations  # one cycle's work is bounded by the cap
+    records = values[("tpuwatch_kernel_log_records_total", (("source", "file"),))]
+    passed = values[("tpuwatch_kernel_log_skipped_total", (("reason", "backlog"), ("source", "file")))]
+    assert records <= 5000 and records + passed == 60_001  # the cap per cycle; every line read or counted
+    assert values[("tpuwatch_kernel_events_total", (("device", "1"), ("rule", "nvidia_xid"),
+                                                    ("severity", "critical")))] == 1  # the newest, this cycle
     assert peak < 32 << 20, peak
     assert len(collector.recent_events()) <= MAX_RECENT_EVENTS
-    for _ in range(20):
-        collector.collect()
-    assert values and len(collector.drain_events(10**6)) <= MAX_PENDING_EVENTS
+    again = _values(collector.collect())
+    assert again == values  # caught up: nothing more read or passed over
+    assert len(collector.drain_events(10**6)) <= MAX_PENDING_EVENTS
+
+
+class CountingSource(FileSource):
+    """A followed file that counts the records it hands out: the clock of ``cost_timer``."""
+
+    handed_out = 0
+
+    def read(self, limit: int) -> list[Record]:
+        out = super().read(limit)
+        self.handed_out += len(out)
+        return out
+
+
+def test_a_cycle_stops_on_time_and_still_reaches_the_newest_record(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    source = CountingSource(str(log), None)
+    cost = 20e-6  # seconds per record: the collector's timer runs on the work done, not on this machine's load
+    collector = KernelLogCollector(source, load_rules([]), device_lookup(lambda: READINGS), 60.0, clock=Clock(),
+                                   deadline=1.0, timer=lambda: source.handed_out * cost)
+    _append(log, "".join(f"[{i / 1000:12.6f}] NVRM: Xid (PCI:0000:18:00): 13, pid={i}, name=python3, Graphics "
+                         f"Exception\n" for i in range(200_000)) + XID79)
+    values = _values(collector.collect())
+    budget = 1.0 * BUDGET_SHARE
+    assert source.handed_out * cost <= budget + BATCH_RECORDS * cost  # stopped within a batch of its budget
+    records = values[("tpuwatch_kernel_log_records_total", (("source", "file"),))]
+    passed = values[("tpuwatch_kernel_log_skipped_total", (("reason", "backlog"), ("source", "file")))]
+    assert records == source.handed_out and records + passed == 200_001
+    assert values[("tpuwatch_kernel_events_total", (("device", "1"), ("rule", "nvidia_xid"),
+                                                    ("severity", "critical")))] == 1
+    assert values[("tpuwatch_kernel_events_total", (("device", "0"), ("rule", "nvidia_xid"),
+                                                    ("severity", "info")))] == records - 1  # exact for what is read
+
+
+class FailingMatcher:
+    """A stream matcher with a bug: it raises on records that mention "boom"."""
+
+    def __init__(self, rules: RuleSet) -> None:
+        self.rules = rules
+
+    def feed(self, record: Record) -> list[Match]:
+        if "boom" in record.message:
+            raise ValueError("cannot match this one")
+        return self.rules.match(record.message)
+
+
+class FailingRules(RuleSet):
+    def stream(self) -> FailingMatcher:  # type: ignore[override]
+        return FailingMatcher(self)
+
+
+def test_a_record_the_matcher_fails_on_is_counted_and_passed_over(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    collector = KernelLogCollector(FileSource(str(log), tmp_path / "file.json"), FailingRules(load_rules([]).rules),
+                                   device_lookup(lambda: READINGS), 60.0)
+    _append(log, "boom 1\nboom 2\n" + XID79)
+    values = _values(collector.collect())
+    assert values[("tpuwatch_kernel_log_skipped_total", (("reason", "error"), ("source", "file")))] == 2
+    assert values[("tpuwatch_kernel_events_total", (("device", "1"), ("rule", "nvidia_xid"),
+                                                    ("severity", "critical")))] == 1
+    assert sum("could not be matched" in r.message for r in caplog.records) == 1  # logged once
+    assert json.loads((tmp_path / "file.json").read_text())["offset"] == log.stat().st_size  # the position moved
+
+
+class BrokenSource(Source):
+    """A source whose reads fail until ``fixed``."""
+
+    name = "broken"
+    fixed = False
+
+    def __init__(self) -> None:
+        super().__init__(Position(None, lambda state: None))
+
+    def read(self, limit: int) -> list[Record]:
+        if not self.fixed:
+            raise OSError(5, "Input/output error")
+        self.caught_up = True
+        return [Record(XID79.strip())]
+
+
+def test_a_failing_read_still_returns_the_counters_and_says_why() -> None:
+    source = BrokenSource()
+    collector = KernelLogCollector(source, load_rules([]), device_lookup(lambda: READINGS), 60.0)
+    guard = GuardedCollector(collector)
+    guard.start()
+    samples = guard.finish(time.monotonic() + 5)
+    assert samples and guard.status.success  # the counters flow on, at their last values
+    assert collector.degraded == "reading the kernel log failed: OSError: [Errno 5] Input/output error"
+    source.fixed = True
+    values = _values(collector.collect())
+    assert collector.degraded is None
+    assert values[("tpuwatch_kernel_events_total", (("device", "1"), ("rule", "nvidia_xid"),
+                                                    ("severity", "critical")))] == 1
 
 
 def test_pending_events_are_bounded_and_drops_counted(tmp_path: Path) -> None:

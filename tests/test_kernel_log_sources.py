@@ -13,9 +13,9 @@ import pytest
 
 from tpuwatch.config import parse
 from tpuwatch.kernel_log.collector import open_source
+from tpuwatch.kernel_log.filesource import FileSource
 from tpuwatch.kernel_log.records import parse_kmsg
 from tpuwatch.kernel_log.sources import (
-    FileSource,
     JournalSource,
     KmsgSource,
     SequenceTracker,
@@ -133,7 +133,11 @@ def test_missing_kmsg_is_a_clear_error_when_chosen_and_skipped_by_auto(tmp_path:
     auto = parse(f"state_dir: {tmp_path}\npaths: {{dev: {tmp_path}}}")
     source, note = open_source(auto)
     assert f"kmsg: cannot open {tmp_path}/kmsg" in note
-    if source is not None:
+    assert source is not None
+    if source.name == "none":  # no systemd-python either: a source that reads nothing and says why
+        assert source.degraded == f"no kernel-log source usable (kmsg: cannot open {tmp_path}/kmsg: No such file " \
+            "or directory; journal: systemd-python is not installed (pip install tpuwatch[systemd]))"
+    else:
         assert source.name == "journal"
 
 
@@ -303,7 +307,7 @@ def test_file_skips_binary_and_overlong_lines_and_keeps_kmsg_devices(tmp_path: P
         records.extend(batch)
     assert [(r.message, r.kernel_device) for r in records] == [
         ("AER: Corrected error received: id=0018", "+pci:0000:3b:00.0"), ("last", None)]
-    assert source.skipped == 2
+    assert (source.skipped["not_text"], source.skipped["too_long"]) == (1, 1)
 
 
 def test_position_files_are_replaced_atomically(tmp_path: Path) -> None:
@@ -327,3 +331,109 @@ def test_journal_chosen_in_config_reads_the_given_journal(tmp_path: Path, journa
     assert _messages(source.read(10)) == ["EDAC MC0: 1 UE memory read error"]
     source.commit()
     assert (tmp_path / "state" / "kernel_log" / "journal.json").exists()
+
+
+# --- what a record carries, and what a file holds -----------------------------------------------------------
+
+@needs_kmsg
+def test_kmsg_escapes_are_decoded_newlines_included(tmp_path: Path) -> None:
+    tag = f"tpuwatch-test-{uuid.uuid4().hex[:12]}"
+    source = KmsgSource(KMSG, None, read_boot_id())
+    source.read(1_000_000)
+    with open(KMSG, "wb") as kmsg:  # the kernel escapes all but printable ASCII as \xNN (dev-kmsg ABI)
+        kmsg.write(f"<4>{tag}: line one\nline two \\ back caf\u00e9\ttab \x01 \x7f end\n".encode())
+    [record] = [r for r in source.read(100) if r.message.startswith(tag)]
+    assert record.message == f"{tag}: line one\nline two \\ back caf\u00e9\ttab \\x01 \\x7f end"
+    source.close()
+
+
+def test_kmsg_device_and_text_escapes_in_raw_records() -> None:
+    parsed = parse_kmsg("3,7,9,-;NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: fallen off the bus\\x5cx0a\n"
+                        " SUBSYSTEM=pci\n DEVICE=+pci:0000:b3:00.0\\x01\n")
+    assert parsed is not None
+    assert parsed.record.message == "NVRM: The NVIDIA GPU 0000:b3:00.0\nNVRM: fallen off the bus\\x0a"
+    assert parsed.record.kernel_device == "+pci:0000:b3:00.0\\x01"
+
+
+@pytest.mark.parametrize("raw", ["9" * 30 + ",1,2,-;x", "6,1,2;no flags", "6,,,-;x", "-1,2,3,-;x", "6,1,2,-",
+                                 "", ";", "6,1,2," + "-" * 1000 + ";x", "\ufffd,1,2,-;x"])
+def test_kmsg_records_with_bad_headers_are_refused(raw: str) -> None:
+    assert parse_kmsg(raw) is None
+
+
+def test_file_that_does_not_exist_yet_is_degraded_then_followed_from_its_start(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    log = tmp_path / "kern.log"
+    source = FileSource(str(log), tmp_path / "file.json")
+    assert source.degraded == f"kernel log file {log} does not exist (it is followed once it appears)"
+    assert source.read(10) == [] and source.caught_up
+    assert any("does not exist" in r.message and r.levelname == "WARNING" for r in caplog.records)
+    log.write_text("first\n")
+    assert _messages(source.read(10)) == ["first"] and source.degraded is None
+    log.unlink()  # deleted, not renamed, then made again: tail -F follows the new file
+    assert source.read(10) == []
+    assert source.read(10) == [] and source.degraded is not None  # missing at two reads in a row
+    log.write_text("second\n")
+    assert _messages(source.read(10)) == ["second"] and source.degraded is None
+
+
+def test_file_lines_indented_like_dmesg_continuations_are_records(tmp_path: Path) -> None:
+    log, state, source = _followed_empty_file(tmp_path)
+    # dmesg prints the lines of a multi-line record indented under the first (as on this machine's dmesg).
+    _append(log, "[  717.260938] NVRM: The NVIDIA GPU 0000:b3:00.0\n               NVRM: fallen off the bus\n"
+                 "4,9,1,-;AER: x\n SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n just indented, no key\n")
+    assert [(r.message.strip(), r.kernel_device) for r in source.read(100)] == [
+        ("NVRM: The NVIDIA GPU 0000:b3:00.0", None), ("NVRM: fallen off the bus", None),
+        ("AER: x", "+pci:0000:3b:00.0"), ("just indented, no key", None)]
+
+
+def test_file_kmsg_record_split_by_a_read_block_keeps_its_device(tmp_path: Path) -> None:
+    from tpuwatch.kernel_log.filesource import FILE_READ_BYTES
+    log, state, source = _followed_empty_file(tmp_path)
+    record = "4,9,1,-;AER: Corrected error received: 0000:3b:00.0\n"
+    filler = "x" * 99 + "\n"
+    lines = (FILE_READ_BYTES - len(record)) // len(filler)
+    padding = "y" * (FILE_READ_BYTES - len(record) - lines * len(filler) - 1) + "\n"
+    _append(log, filler * lines + padding + record + " DEVICE=+pci:0000:3b:00.0\n")
+    records = []
+    while batch := source.read(100_000):
+        records.extend(batch)
+    assert (records[-1].message, records[-1].kernel_device) == (
+        "AER: Corrected error received: 0000:3b:00.0", "+pci:0000:3b:00.0")
+    assert len(records) == lines + 2
+
+
+def test_file_nul_padding_left_by_a_crash_is_dropped(tmp_path: Path) -> None:
+    log, state, source = _followed_empty_file(tmp_path)
+    _append(log, b"\0" * 5000 + b"Nov 30 04:37:39 host kernel: [ 1.5] NVRM: Xid (PCI:0000:3b:00): 79\n")
+    assert _messages(source.read(10)) == ["NVRM: Xid (PCI:0000:3b:00): 79"]
+
+
+def test_file_skip_ahead_counts_exactly_the_lines_passed_over(tmp_path: Path) -> None:
+    log, state, source = _followed_empty_file(tmp_path)
+    _append(log, "".join(f"line {i:05d}\n" for i in range(10_000)))
+    assert len(source.read(10)) == 10
+    passed = source.skip_ahead(100, lambda: True)
+    rest = []
+    while batch := source.read(1000):
+        rest.extend(batch)
+    assert 10 + passed + len(rest) == 10_000 and source.skipped["backlog"] == passed
+    assert 90 <= len(rest) <= 110 and rest[-1].message == "line 09999"
+    assert source.skip_ahead(100, lambda: True) == 0  # caught up: nothing to pass over
+
+
+@pytest.mark.parametrize("chunk", [1 << 20, 7, 64])
+def test_file_skip_ahead_counts_kmsg_records_not_their_continuation_lines(tmp_path: Path, chunk: int,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from tpuwatch.kernel_log import filesource
+    monkeypatch.setattr(filesource, "SKIP_CHUNK_BYTES", chunk)  # chunk borders inside "\n " pairs, too
+    log, state, source = _followed_empty_file(tmp_path)
+    _append(log, "".join(f"2,{i},{i},-;AER: x {i:04d}\n SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n"
+                         for i in range(3000)))
+    assert len(source.read(10)) == 10
+    passed = source.skip_ahead(100, lambda: True)
+    rest = []
+    while batch := source.read(1000):
+        rest.extend(batch)
+    assert 10 + passed + len(rest) == 3000
+    assert all(r.message.startswith("AER: x ") for r in rest) and rest[-1].message == "AER: x 2999"

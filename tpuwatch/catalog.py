@@ -91,6 +91,12 @@ _SPECS = [
     MetricSpec("tpuwatch_kernel_log_records_total", "counter", "Kernel log records read, by source.", ("source",)),
     MetricSpec("tpuwatch_kernel_log_lost_total", "counter",
                "Kernel log records lost before they were read (kmsg ring-buffer overrun), by source.", ("source",)),
+    MetricSpec("tpuwatch_kernel_log_skipped_total", "counter",
+               "Kernel log records passed over unmatched, by source and reason (not_text, too_long, malformed, "
+               "error, backlog: skipped to catch up with a storm).", ("source", "reason")),
+    MetricSpec("tpuwatch_kernel_log_position_save_failures_total", "counter",
+               "Failed saves of the kernel log read position (full or read-only disk); retried every cycle.",
+               ("source",)),
     # --- canary ---
     MetricSpec("tpuwatch_canary_healthy", "gauge",
                "1 if the chip's last canary run passed, 0 if it computed wrong numbers or errored.", ("device",)),

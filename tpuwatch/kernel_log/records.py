@@ -3,6 +3,10 @@
 Nothing here does I/O.  A line of any supported format becomes a ``Record``:
 the kernel's message text with timestamps and prefixes removed, plus the
 device the kernel attached to it (kmsg ``DEVICE=``, journal ``_KERNEL_DEVICE``).
+Every step is bounded: a line is cut at ``MAX_LINE_BYTES``, a message at
+``MAX_MESSAGE_CHARS``, header numbers at 20 digits, and JSON that is too deep,
+holds a number Python refuses or is not an object falls back to plain text;
+nothing raises on any input.
 """
 
 from __future__ import annotations
@@ -15,11 +19,18 @@ MAX_MESSAGE_CHARS = 2048
 MAX_LINE_BYTES = 64 * 1024
 _JUNK_BYTES = bytes(b for b in range(32) if b not in (9, 10, 13)) + b"\x7f"
 
+# Why a record was skipped (the ``reason`` label of tpuwatch_kernel_log_skipped_total).
+SKIP_REASONS = ("not_text", "too_long", "malformed", "error", "backlog")
+
 _PCI_RE = re.compile(
     r"(?:(?P<domain>[0-9a-fA-F]{1,4}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-9a-fA-F]{2})(?:\.(?P<fn>[0-7]))?")
 
-# Raw /dev/kmsg: "PRIO,SEQ,USEC,FLAGS[,...];text".
-KMSG_HEAD_RE = re.compile(r"(\d+),(\d+),(\d+),[^;]*;")
+# Raw /dev/kmsg: "PRIO,SEQ,USEC,FLAGS[,...];text" (the kernel prints 64-bit numbers: at most 20 digits).
+KMSG_HEAD_RE = re.compile(r"(\d{1,20}),(\d{1,20}),(\d{1,20}),[^;\n]{0,256};")
+# /dev/kmsg escapes every byte below 0x20 or above 0x7e, and the backslash itself, as \xNN
+# (Documentation/ABI/testing/dev-kmsg; msg_add_ext_text() in kernel/printk/printk.c).
+_KMSG_ESCAPE_RE = re.compile(rb"\\x([0-9a-fA-F]{2})")
+_KEPT_CONTROLS = (0x09, 0x0A)  # tab and newline are decoded; other control bytes stay written as \xNN
 
 # Prefixes that dmesg, syslog daemons and `dmesg -x/-r/-T` put before the kernel's text.
 _PREFIX_RE = re.compile(
@@ -69,32 +80,53 @@ def pci_of_kernel_device(value: str | None) -> str | None:
     return normalise_pci(value[len("+pci:"):])
 
 
+def unescape_kmsg(text: str) -> str:
+    """The real text of a /dev/kmsg record: ``\\xNN`` escapes decoded as bytes, then as UTF-8.
+
+    ``\\x0a`` becomes a newline (one record, several lines: newer NVIDIA drivers
+    print those), ``\\x5c`` a backslash, ``\\xc3\\xa9`` an "é"; a control byte other
+    than tab and newline stays written as ``\\xNN`` so that no message carries one.
+    """
+    if "\\x" not in text:
+        return text
+
+    def byte(match: re.Match[bytes]) -> bytes:
+        value = int(match[1], 16)
+        return match[0] if (value < 0x20 and value not in _KEPT_CONTROLS) or value == 0x7F else bytes((value,))
+
+    return _KMSG_ESCAPE_RE.sub(byte, text.encode("utf-8", "surrogatepass")).decode("utf-8", "replace")
+
+
 def parse_kmsg(raw: str) -> KmsgRecord | None:
     """A raw /dev/kmsg record (header line plus `` KEY=VALUE`` continuation lines), or None if malformed."""
-    head, _, rest = raw.partition("\n")
+    head, _, rest = raw[:MAX_LINE_BYTES].partition("\n")
     match = KMSG_HEAD_RE.match(head)
     if match is None:
         return None
-    return KmsgRecord(int(match[2]), int(match[1]) & 7,
-                      Record(head[match.end():][:MAX_MESSAGE_CHARS], kmsg_device(rest.split("\n"))), int(match[3]))
+    message = unescape_kmsg(head[match.end():match.end() + 4 * MAX_MESSAGE_CHARS])[:MAX_MESSAGE_CHARS]
+    return KmsgRecord(int(match[2]), int(match[1]) & 7, Record(message, kmsg_device(rest.split("\n"))),
+                      int(match[3]))
 
 
 def kmsg_device(continuation_lines: list[str]) -> str | None:
     """The ``DEVICE=`` value among kmsg continuation lines (each starting with a space)."""
     for line in continuation_lines:
         if line.startswith(" DEVICE="):
-            return line[len(" DEVICE="):].rstrip("\r")
+            return unescape_kmsg(line[len(" DEVICE="):len(" DEVICE=") + 256].rstrip("\r"))
     return None
 
 
 def parse_line(line: str) -> Record:
     """The record in one line of dmesg text, syslog, raw kmsg or ``journalctl -o json`` output."""
-    line = line.rstrip("\r\n")
+    line = line[:MAX_LINE_BYTES].rstrip("\r\n")
     if line.startswith("{"):
         record = _parse_json(line)
         if record is not None:
             return record
-    prefix = KMSG_HEAD_RE.match(line) or _PREFIX_RE.match(line)
+    kmsg = KMSG_HEAD_RE.match(line)
+    if kmsg is not None:
+        return Record(unescape_kmsg(line[kmsg.end():kmsg.end() + 4 * MAX_MESSAGE_CHARS])[:MAX_MESSAGE_CHARS])
+    prefix = _PREFIX_RE.match(line)
     start = prefix.end() if prefix else 0
     return Record(line[start:start + MAX_MESSAGE_CHARS])
 
@@ -102,13 +134,14 @@ def parse_line(line: str) -> Record:
 def _parse_json(line: str) -> Record | None:
     try:
         entry = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, a number Python refuses to parse, nesting too deep
         return None
     if not isinstance(entry, dict):
         return None
     message = entry.get("MESSAGE")
     if isinstance(message, list):  # journald's form of a message that is not valid UTF-8
-        message = bytes(b & 0xFF for b in message if isinstance(b, int)).decode("utf-8", "replace")
+        message = bytes(b & 0xFF for b in message[:4 * MAX_MESSAGE_CHARS] if isinstance(b, int)).decode(
+            "utf-8", "replace")
     if not isinstance(message, str):
         return None
     device = entry.get("_KERNEL_DEVICE")
@@ -128,3 +161,11 @@ def as_text(line: bytes) -> str | None:
         return line.decode("utf-8")
     except UnicodeDecodeError:
         return None
+
+
+def text_or_reason(line: bytes) -> tuple[str | None, str]:
+    """``(text, "")`` for a usable line, else ``(None, reason)``: ``too_long`` or ``not_text``."""
+    if len(line) > MAX_LINE_BYTES:
+        return None, "too_long"
+    text = as_text(line)
+    return (text, "") if text is not None else (None, "not_text")

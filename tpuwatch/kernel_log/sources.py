@@ -1,56 +1,89 @@
-"""Where kernel messages come from: /dev/kmsg, the systemd journal, or a followed file.
+"""Where kernel messages come from: /dev/kmsg, the systemd journal, or a followed file (FileSource, in filesource.py).
 
 Every source has ``read(limit) -> list[Record]`` (what is new, at most
-``limit`` records, never blocking), ``lost`` (records known to be lost) and
-``commit()``, which saves its position atomically under the state directory so
-that a restart neither repeats nor skips a record.  Call ``commit()`` after
-the records read have been processed.  With ``state_file=None`` a source
-neither loads nor saves a position (``tpuwatch check`` must not move the
-daemon's).
+``limit`` records, never blocking; ``caught_up`` says whether it reached the
+end), ``skip_ahead(keep, in_time)`` (pass over all but about the last
+``keep`` records of a backlog, counted), ``lost`` (records known to be lost),
+``skipped`` (records passed over, by reason: SKIP_REASONS), ``degraded`` (why
+it cannot see everything, or None) and ``commit()``, which saves its position
+atomically under the state directory so that a restart neither repeats nor
+skips a record.  Call ``commit()`` after the records read have been
+processed; it never raises (a failed save is counted and retried).  With
+``state_file=None`` a source neither loads nor saves a position (``tpuwatch
+check`` must not move the daemon's).  No record, whatever it holds, makes a
+source raise: what cannot be parsed is counted, logged once and passed over.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import time
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from tpuwatch import statefile
-from tpuwatch.kernel_log.records import (
-    MAX_LINE_BYTES,
-    MAX_MESSAGE_CHARS,
-    Record,
-    as_text,
-    parse_kmsg,
-    parse_line,
-)
+from tpuwatch.kernel_log.position import Position, is_count
+from tpuwatch.kernel_log.records import MAX_MESSAGE_CHARS, SKIP_REASONS, Record, parse_kmsg
 
 log = logging.getLogger(__name__)
 
 KMSG_READ_BYTES = 16384
-FILE_READ_BYTES = 1 << 20
-FILE_BUDGET_BYTES = 8 << 20
+_CURSOR_RE = re.compile(r"(?:[a-z]=[0-9a-f]{1,64};){0,16}[a-z]=[0-9a-f]{1,64}")
+_SKIP_WHAT = {"not_text": "a line that is not text (invalid UTF-8 or control bytes)",
+              "too_long": "a line over 64 KiB", "malformed": "a record it cannot parse",
+              "error": "a record whose parsing failed", "backlog": "records of a backlog"}
 
 
 class SourceError(Exception):
     """A source that cannot be opened or read."""
 
 
-class Source(Protocol):
-    """A kernel log source (see the module docstring)."""
+class Source:
+    """A kernel log source (see the module docstring); the base of every source."""
 
-    name: str
+    name = "source"
+
+    def __init__(self, position: Position) -> None:
+        self.position = position
+        self.caught_up = False
+        self.skipped: Counter[str] = Counter(dict.fromkeys(SKIP_REASONS, 0))
+        self._logged: set[str] = set()
 
     @property
-    def lost(self) -> int: ...
+    def lost(self) -> int:
+        """Records lost before they could be read."""
+        return 0
 
-    def read(self, limit: int) -> list[Record]: ...
+    @property
+    def degraded(self) -> str | None:
+        """Why this source cannot see everything it should, or None."""
+        return None
 
-    def commit(self) -> None: ...
+    def skip(self, reason: str, detail: str, count: int = 1) -> None:
+        """Count ``count`` records passed over for ``reason``; the first of each reason is logged."""
+        self.skipped[reason] += count
+        if reason not in self._logged and reason != "backlog":
+            self._logged.add(reason)
+            log.warning("kernel log (%s): skipped %s: %s (logged once; counted in "
+                        "tpuwatch_kernel_log_skipped_total{reason=\"%s\"})", self.name, _SKIP_WHAT[reason],
+                        detail[:200], reason)
 
-    def close(self) -> None: ...
+    def read(self, limit: int) -> list[Record]:
+        """Records after the last one read, at most ``limit``."""
+        raise NotImplementedError
+
+    def skip_ahead(self, keep: int, in_time: Callable[[], bool]) -> int:
+        """Pass over the backlog but about its last ``keep`` records while ``in_time()``; how many were passed."""
+        return 0
+
+    def commit(self) -> None:
+        """Save the position reached (never raises)."""
+
+    def close(self) -> None:
+        """Release what the source holds open."""
 
 
 def read_boot_id(procfs: str = "/proc") -> str:
@@ -75,34 +108,69 @@ class SequenceTracker:
         return True
 
 
-class KmsgSource:
+def _kmsg_check(state: dict[str, Any]) -> str | None:
+    if not isinstance(state.get("boot_id"), str) or len(state["boot_id"]) > 64:
+        return "boot_id is not a boot id"
+    return None if is_count(state.get("seq"), (1 << 64) - 1) else f"seq is not a sequence number: {state.get('seq')!r}"
+
+
+class NoSource(Source):
+    """No kernel log source could be opened: nothing is read, and ``degraded`` says why."""
+
+    name = "none"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(Position(None, _kmsg_check))
+        self.reason = reason
+        self.caught_up = True
+
+    @property
+    def degraded(self) -> str:
+        """Why no source is read."""
+        return self.reason
+
+    def read(self, limit: int) -> list[Record]:
+        """Nothing."""
+        return []
+
+
+class KmsgSource(Source):
     """/dev/kmsg, read without blocking until EAGAIN; the last sequence number is saved per boot.
 
     Without a saved position it starts at the oldest record still in the ring
     (this boot's history), passing over the records older than ``lookback``
     seconds (None: none); it logs how many once.  EPIPE (the ring
     overwrote unread records) and any gap in sequence numbers, also across a
-    restart, are counted in ``lost``.
+    restart, are counted in ``lost``.  A saved sequence number beyond the
+    newest record in the ring is impossible this boot: it is ignored (logged)
+    and reading starts as on a first start.  The ring bounds any backlog, so
+    ``skip_ahead`` passes over nothing: what a storm overwrites counts as lost.
     """
 
     name = "kmsg"
 
     def __init__(self, path: str, state_file: Path | None, boot_id: str, lookback: float | None = None) -> None:
+        super().__init__(Position(state_file, _kmsg_check))
         self.path = path
-        self._state_file = state_file
         self._boot_id = boot_id
+        self._lookback = lookback
         try:
             self._fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
             raise SourceError(f"cannot open {path}: {exc.strerror}") from None
-        state = statefile.load(state_file, "kernel log position")
-        saved = state.get("seq") if state and state.get("boot_id") == boot_id else None
-        self._sequence = SequenceTracker(saved if isinstance(saved, int) else None)
-        self._saved_seq = self._sequence.last
+        state = self.position.load()
+        saved = state["seq"] if state and state["boot_id"] == boot_id else None
+        self._sequence = SequenceTracker(saved)
+        self._unverified = saved  # a saved position not yet seen in the ring
+        self._newest: int | None = None
         self._passed_over = 0
         self._skip_before_usec: float | None = None
-        if self._sequence.last is None and lookback is not None:
-            self._skip_before_usec = (time.clock_gettime(time.CLOCK_MONOTONIC) - lookback) * 1e6
+        if saved is None:
+            self._start_fresh()
+
+    def _start_fresh(self) -> None:
+        if self._lookback is not None:
+            self._skip_before_usec = (time.clock_gettime(time.CLOCK_MONOTONIC) - self._lookback) * 1e6
 
     @property
     def lost(self) -> int:
@@ -112,56 +180,91 @@ class KmsgSource:
     def read(self, limit: int) -> list[Record]:
         """Records after the last one read, at most ``limit``."""
         out: list[Record] = []
+        self.caught_up = False
         while len(out) < limit:
             try:
                 raw = os.read(self._fd, KMSG_READ_BYTES)
             except BlockingIOError:
+                if self._saved_position_impossible():
+                    continue
+                self.caught_up = True
                 break
             except BrokenPipeError:
                 continue  # overrun: the next read gives the oldest record left; the sequence gap counts the loss
-            parsed = parse_kmsg(raw.decode("utf-8", "replace"))
-            if parsed is None or not self._sequence.accept(parsed.seq):
-                continue
-            if self._skip_before_usec is not None:
-                if parsed.usec < self._skip_before_usec:
-                    self._passed_over += 1
-                    continue
-                self._skip_before_usec = None  # the ring is in time order: the rest is within the lookback
-            out.append(parsed.record)
+            self._take(raw, out)
         if self._passed_over:
             log.info("kernel log: first read this boot: passed over %d records older than kernel_log.lookback",
                      self._passed_over)
             self._passed_over = 0
         return out
 
+    def _take(self, raw: bytes, out: list[Record]) -> None:
+        try:
+            parsed = parse_kmsg(raw.decode("utf-8", "replace"))
+        except Exception as exc:  # noqa: BLE001 - no record may stop the reading
+            self.skip("error", f"{type(exc).__name__}: {exc}")
+            return
+        if parsed is None:
+            self.skip("malformed", repr(raw[:80]))
+            return
+        if self._newest is None or parsed.seq > self._newest:
+            self._newest = parsed.seq
+        if not self._sequence.accept(parsed.seq):
+            return
+        self._unverified = None
+        if self._skip_before_usec is not None:
+            if parsed.usec < self._skip_before_usec:
+                self._passed_over += 1
+                return
+            self._skip_before_usec = None  # the ring is in time order: the rest is within the lookback
+        out.append(parsed.record)
+
+    def _saved_position_impossible(self) -> bool:
+        """At the end of the ring: a saved position beyond its newest record is dropped and reading restarts."""
+        if self._unverified is None or self._newest is None or self._newest >= self._unverified:
+            return False
+        log.warning("kernel log: ignoring the saved kmsg position (seq %d): this boot's newest record is seq %d; "
+                    "reading as on a first start", self._unverified, self._newest)
+        self._unverified = None
+        os.lseek(self._fd, 0, os.SEEK_SET)
+        self._sequence = SequenceTracker(None)
+        self._start_fresh()
+        return True
+
     def commit(self) -> None:
         """Save the last sequence number read."""
-        if self._sequence.last != self._saved_seq:
-            statefile.save(self._state_file, {"boot_id": self._boot_id, "seq": self._sequence.last})
-            self._saved_seq = self._sequence.last
+        if self._sequence.last is not None and self._unverified is None:
+            self.position.save({"boot_id": self._boot_id, "seq": self._sequence.last})
 
     def close(self) -> None:
         """Close /dev/kmsg."""
         os.close(self._fd)
 
 
-class JournalSource:
+def _journal_check(state: dict[str, Any]) -> str | None:
+    cursor = state.get("cursor")
+    return None if isinstance(cursor, str) and _CURSOR_RE.fullmatch(cursor) else "cursor is not a journal cursor"
+
+
+class JournalSource(Source):
     """The systemd journal's kernel transport (systemd-python); the cursor is saved.
 
     ``path`` is a journal directory or file (default: the system journal).
     Without a saved cursor it starts at this boot's first kernel message, or
     at the first one of the last ``lookback`` seconds (None: the whole boot).
+    A saved cursor that cannot be used is ignored (logged); one past the end
+    of the journal resumes at its end.  Entries are read field by field
+    (MESSAGE, _KERNEL_DEVICE), not converted whole, so a backlog is read fast.
     """
 
     name = "journal"
 
     def __init__(self, state_file: Path | None, path: str | None = None, lookback: float | None = None) -> None:
+        super().__init__(Position(state_file, _journal_check))
         try:
             from systemd import journal
         except ImportError:
             raise SourceError("systemd-python is not installed (pip install tpuwatch[systemd])") from None
-        self.lost = 0
-        self._state_file = state_file
         try:
             if path is None:
                 self._reader = journal.Reader()
@@ -172,181 +275,103 @@ class JournalSource:
         except OSError as exc:
             raise SourceError(f"cannot open the journal{' at ' + path if path else ''}: {exc}") from None
         self._reader.add_match(_TRANSPORT="kernel")
-        state = statefile.load(state_file, "kernel log position")
-        self._cursor: str | None = state.get("cursor") if state else None
-        self._saved_cursor = self._cursor
-        self._pending: dict[str, Any] | None = None
+        self._reader.seek_tail()
+        self._seen = bool(self._reader._previous())  # the journal holds a kernel message at all
+        self._where = f" in {path}" if path else ""
+        state = self.position.load()
+        self._cursor: str | None = state["cursor"] if state else None
+        self._on_unread = False  # the reader stands on an entry not read yet
+        self._on_entry = False  # the reader stands on an entry (the last one read)
+        if self._cursor is not None and not self._resume(self._cursor):
+            self._cursor = None
         if self._cursor is None:
             self._reader.this_boot()
             if lookback is None:
                 self._reader.seek_head()
             else:
                 self._reader.seek_realtime(time.time() - lookback)
-        else:
-            self._reader.seek_cursor(self._cursor)
-            entry = self._reader.get_next()
-            if entry and not self._reader.test_cursor(self._cursor):
-                self._pending = entry  # the saved entry was vacuumed: this is the next one
+
+    @property
+    def degraded(self) -> str | None:
+        """Set while the journal holds no kernel message (journald not running, or not reading /dev/kmsg)."""
+        if self._seen:
+            return None
+        return (f"the journal{self._where} holds no kernel messages (is journald running, with ReadKMsg=yes?); "
+                "they are read once it does")
+
+    def _resume(self, cursor: str) -> bool:
+        try:
+            self._reader.seek_cursor(cursor)
+            if not self._reader._next():  # nothing at or after the cursor: continue from the end
+                self._reader.seek_tail()
+                self._on_entry = bool(self._reader._previous())
+            elif self._reader.test_cursor(cursor):
+                self._on_entry = True
+            else:
+                self._on_unread = True  # the saved entry was vacuumed: this is the next one
+        except (OSError, ValueError) as exc:
+            log.warning("kernel log: ignoring the saved journal cursor: %s; starting as if none was saved", exc)
+            return False
+        return True
 
     def read(self, limit: int) -> list[Record]:
         """Kernel entries after the cursor, at most ``limit``."""
         out: list[Record] = []
+        self.caught_up = False
         self._reader.process()
+        moved = False
         while len(out) < limit:
-            entry, self._pending = (self._pending or self._reader.get_next()), None
-            if not entry:
+            if self._on_unread:
+                self._on_unread = False
+            elif not self._reader._next():
+                self.caught_up = True
                 break
-            self._cursor = entry["__CURSOR"]
-            message = entry.get("MESSAGE")
-            if isinstance(message, bytes):
-                message = message.decode("utf-8", "replace")
-            if isinstance(message, str):
-                device = entry.get("_KERNEL_DEVICE")
-                out.append(Record(message[:MAX_MESSAGE_CHARS], device if isinstance(device, str) else None))
+            moved = self._on_entry = self._seen = True
+            self._take(out)
+        if moved:
+            self._cursor = self._reader._get_cursor()
         return out
+
+    def _take(self, out: list[Record]) -> None:
+        try:
+            message = self._reader._get("MESSAGE")
+        except KeyError:
+            self.skip("malformed", "a journal entry without MESSAGE")
+            return
+        except Exception as exc:  # noqa: BLE001 - a corrupt entry must not stop the reading
+            self.skip("error", f"{type(exc).__name__}: {exc}")
+            return
+        try:
+            device = self._reader._get("_KERNEL_DEVICE")[:256].decode("utf-8", "replace")
+        except Exception:  # noqa: BLE001 - KeyError when absent; the message is kept without a device
+            device = None
+        text = message[:4 * MAX_MESSAGE_CHARS].decode("utf-8", "replace")[:MAX_MESSAGE_CHARS]
+        out.append(Record(text, device))
+
+    def skip_ahead(self, keep: int, in_time: Callable[[], bool]) -> int:
+        """Walk to the end of the journal (counting), then step back ``keep`` entries."""
+        if self._on_unread or not self._on_entry:
+            return 0
+        walked, at_end = 0, False
+        while not at_end and in_time():
+            for _ in range(4096):
+                if not self._reader._next():
+                    at_end = True
+                    break
+                walked += 1
+        back = min(keep, walked) if at_end else 0
+        if back:
+            self._reader._previous(back)
+        if walked:
+            self._cursor = self._reader._get_cursor()
+            self.skip("backlog", "", walked - back)
+        return walked - back
 
     def commit(self) -> None:
         """Save the cursor of the last entry read."""
-        if self._cursor != self._saved_cursor:
-            statefile.save(self._state_file, {"cursor": self._cursor})
-            self._saved_cursor = self._cursor
+        if self._cursor is not None:
+            self.position.save({"cursor": self._cursor})
 
     def close(self) -> None:
         """Close the journal."""
         self._reader.close()
-
-
-class FileSource:
-    """A text log file (kern.log, dmesg output) followed across rotation; identity and offset are saved.
-
-    Rotation by rename is noticed when the path names a new file: the old one
-    is read to its end first.  A truncated file is read again from the start.
-    After a restart, the saved offset is used if the file is the same one;
-    if it was rotated meanwhile, the rest of ``PATH.1`` (when it is the saved
-    file) is read first.  Without a saved position it starts at the end.
-    Lines that are not text or longer than 64 KiB are skipped and counted.
-    """
-
-    name = "file"
-
-    def __init__(self, path: str, state_file: Path | None) -> None:
-        self.path = path
-        self.lost = 0
-        self.skipped = 0
-        self._state_file = state_file
-        self._handle: Any = None
-        self._identity: tuple[int, int] | None = None
-        self._offset = 0
-        self._saved: dict[str, Any] | None = statefile.load(state_file, "kernel log position")
-        self._draining_old = False
-        self._discarding = False
-        state = self._saved
-        if state and isinstance(state.get("dev"), int) and isinstance(state.get("ino"), int):
-            saved = (state["dev"], state["ino"])
-            offset = int(state.get("offset", 0))
-            if self._identity_of(path) == saved:
-                self._open(path, offset)
-            elif self._identity_of(path + ".1") == saved:
-                self._open(path + ".1", offset)
-                self._draining_old = True
-        elif os.path.exists(path):
-            self._open(path, os.path.getsize(path))
-
-    @staticmethod
-    def _identity_of(path: str) -> tuple[int, int] | None:
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        return st.st_dev, st.st_ino
-
-    def _open(self, path: str, offset: int) -> None:
-        if self._handle is not None:
-            self._handle.close()
-        try:
-            self._handle = open(path, "rb")
-        except OSError as exc:
-            raise SourceError(f"cannot open {path}: {exc.strerror}") from None
-        st = os.fstat(self._handle.fileno())
-        self._identity = (st.st_dev, st.st_ino)
-        self._offset = offset if offset <= st.st_size else 0
-        self._handle.seek(self._offset)
-
-    def read(self, limit: int) -> list[Record]:
-        """Complete new lines, at most ``limit`` records; switches to the new file after a rotation."""
-        out: list[Record] = []
-        budget = FILE_BUDGET_BYTES
-        while len(out) < limit and budget > 0:
-            if self._handle is None:
-                if not os.path.exists(self.path):
-                    break
-                self._open(self.path, 0)
-            current = self._identity_of(self.path)
-            rotated = self._draining_old or (current is not None and current != self._identity)
-            consumed = self._read_lines(out, limit, final=rotated)
-            budget -= consumed
-            if consumed:
-                continue
-            if rotated and current is not None:  # the old file is read to its end: follow the new one
-                self._draining_old = False
-                self._open(self.path, 0)
-            elif os.fstat(self._handle.fileno()).st_size < self._offset:  # truncated in place
-                self._open(self.path, 0)
-            else:
-                break
-        return out
-
-    def _read_lines(self, out: list[Record], limit: int, final: bool) -> int:
-        """Append records from the open file and return the bytes consumed.
-
-        A last line without a newline is taken only when ``final`` (the file was rotated away).
-        """
-        assert self._handle is not None
-        self._handle.seek(self._offset)
-        data = self._handle.read(FILE_READ_BYTES)
-        skip = 0
-        if self._discarding:  # the rest of an over-long line
-            newline = data.find(b"\n")
-            skip = len(data) if newline < 0 else newline + 1
-            self._discarding = newline < 0
-        end = data.rfind(b"\n") + 1
-        if final and len(data) < FILE_READ_BYTES:
-            end = len(data)
-        if end <= skip:
-            if len(data) - skip > MAX_LINE_BYTES:  # no newline in sight: skip this line
-                self.skipped += 1
-                self._discarding = True
-                skip = len(data)
-            self._offset += skip
-            return skip
-        position = skip
-        while position < end and len(out) < limit:
-            newline = data.find(b"\n", position, end)
-            stop = end if newline < 0 else newline + 1
-            line = data[position:stop].rstrip(b"\r\n")
-            position = stop
-            if line.startswith(b" ") and out:  # kmsg continuation lines of the previous record
-                if line.startswith(b" DEVICE="):
-                    out[-1] = Record(out[-1].message, line[len(b" DEVICE="):].decode("ascii", "replace"))
-                continue
-            text = as_text(line)
-            if text is None:
-                self.skipped += 1
-                continue
-            out.append(parse_line(text))
-        self._offset += position
-        return position
-
-    def commit(self) -> None:
-        """Save the file identity and the offset of the first unread byte."""
-        if self._identity is None:
-            return
-        state = {"path": self.path, "dev": self._identity[0], "ino": self._identity[1], "offset": self._offset}
-        if state != self._saved:
-            statefile.save(self._state_file, state)
-            self._saved = state
-
-    def close(self) -> None:
-        """Close the file."""
-        if self._handle is not None:
-            self._handle.close()

@@ -1,0 +1,279 @@
+"""A followed text log file (kern.log, dmesg output, raw kmsg records, journalctl -o json) as a kernel log source."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from tpuwatch.kernel_log.position import INT64_MAX, Position, is_count
+from tpuwatch.kernel_log.records import MAX_LINE_BYTES, Record, parse_line, text_or_reason, unescape_kmsg
+from tpuwatch.kernel_log.sources import Source, SourceError
+
+log = logging.getLogger(__name__)
+
+FILE_READ_BYTES = 1 << 20
+FILE_BUDGET_BYTES = 8 << 20
+SKIP_CHUNK_BYTES = 1 << 20
+_KMSG_HEAD = re.compile(rb"\d{1,20},\d{1,20},\d{1,20},[^;\n]{0,256};")
+_CONTINUATION = re.compile(rb" [A-Z0-9_]{1,64}=")
+_DEFAULT_LINE_BYTES = 128.0
+
+
+def _file_check(state: dict[str, Any]) -> str | None:
+    for key, limit in (("dev", (1 << 64) - 1), ("ino", (1 << 64) - 1), ("offset", INT64_MAX)):
+        if not is_count(state.get(key), limit):
+            return f"{key} is not a non-negative integer: {state.get(key)!r}"[:200]
+    return None
+
+
+class FileSource(Source):
+    """A text log file followed like ``tail -F``; its identity and offset are saved.
+
+    Rotation by rename is noticed when the path names a new file: the old one
+    is read to its end first.  A truncated file is read again from the start.
+    After a restart, the saved offset is used if the file is the same one (an
+    offset beyond its end means it was truncated meanwhile: read from the
+    start); if it was rotated meanwhile, the rest of ``PATH.1`` (when it is
+    the saved file) is read first.  Without a saved position it starts at the
+    end.  A path that does not exist (yet) is a warning and ``degraded``; the
+    file is followed from its start once it appears.  Lines that are not text
+    or longer than 64 KiB are skipped and counted; NUL bytes before a line
+    (left by a crash) are dropped.  kmsg continuation lines (`` DEVICE=...``)
+    after a raw kmsg record belong to it.
+    """
+
+    name = "file"
+
+    def __init__(self, path: str, state_file: Path | None) -> None:
+        super().__init__(Position(state_file, _file_check))
+        self.path = path
+        self._handle: BinaryIO | None = None
+        self._identity: tuple[int, int] | None = None
+        self._offset = 0
+        self._draining_old = False
+        self._discarding = False
+        self._after_kmsg = False  # the last line was a raw kmsg record (or one of its continuation lines)
+        self._problem: str | None = None
+        self._missing_reads = 0
+        self._bytes_seen = 0
+        self._lines_seen = 0
+        self._start_at_end = False  # an existing file that could not be opened at start: no replay once it can
+        state = self.position.load()
+        try:
+            if state is not None:
+                self._resume(state)
+            elif os.path.exists(path):
+                self._start_at_end = True
+                self._open(path, os.path.getsize(path))
+        except SourceError as exc:
+            self._problem = str(exc)
+            log.warning("kernel log: %s (retried every cycle)", exc)
+        if not os.path.exists(path):
+            self._problem = self._missing()
+            log.warning("kernel log: %s", self._problem)
+
+    def _missing(self) -> str:
+        return f"kernel log file {self.path} does not exist (it is followed once it appears)"
+
+    def _resume(self, state: dict[str, Any]) -> None:
+        saved = (state["dev"], state["ino"])
+        for path, old in ((self.path, False), (self.path + ".1", True)):
+            if _identity_of(path) == saved:
+                if state["offset"] > os.path.getsize(path):
+                    log.warning("kernel log: the saved offset %d is beyond the end of %s: it was truncated while "
+                                "tpuwatch was down; reading it from the start", state["offset"], path)
+                    state = {**state, "offset": 0}
+                self._open(path, state["offset"])
+                self._draining_old = old
+                return
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the file is not followed right now (missing, unreadable), or None."""
+        return self._problem
+
+    def _open(self, path: str, offset: int) -> None:
+        try:
+            handle = open(path, "rb")
+        except OSError as exc:
+            raise SourceError(f"cannot open {path}: {exc.strerror}") from None
+        if self._handle is not None:
+            self._handle.close()
+        self._handle = handle
+        st = os.fstat(handle.fileno())
+        self._identity = (st.st_dev, st.st_ino)
+        self._offset = offset if offset <= st.st_size else 0
+        if self._start_at_end:
+            self._offset, self._start_at_end = st.st_size, False
+        self._discarding = self._after_kmsg = False
+
+    def _follow_path(self) -> bool:
+        """Open the path from its start (a new file after rotation, or one that appeared); False if it cannot be."""
+        appeared = self._problem is not None
+        try:
+            self._open(self.path, 0)
+        except SourceError as exc:
+            if self._problem != str(exc):
+                log.warning("kernel log: %s (retried every cycle)", exc)
+            self._problem = str(exc)
+            return False
+        if appeared:
+            log.info("kernel log: following %s from its start", self.path)
+        self._problem = None
+        self._draining_old = False
+        return True
+
+    def read(self, limit: int) -> list[Record]:
+        """Complete new lines, at most ``limit`` records; switches to the new file after a rotation."""
+        out: list[Record] = []
+        self.caught_up = False
+        current = _identity_of(self.path)
+        self._note_missing(current is None)
+        budget = FILE_BUDGET_BYTES
+        while len(out) < limit and budget > 0:
+            if self._handle is None:
+                if current is None or not self._follow_path():
+                    self.caught_up = True
+                    break
+            rotated = self._draining_old or (current is not None and current != self._identity)
+            consumed = self._read_lines(out, limit, final=rotated)
+            budget -= consumed
+            if consumed:
+                continue
+            if rotated and current is not None:  # the old file is read to its end: follow the new one
+                if not self._follow_path():
+                    self.caught_up = True
+                    break
+            elif self._handle is not None and os.fstat(self._handle.fileno()).st_size < self._offset:
+                self._open(self.path, 0)  # truncated in place
+            else:
+                self.caught_up = True
+                break
+        return out
+
+    def _note_missing(self, missing: bool) -> None:
+        """A path missing at two reads in a row (not just between a rename and a create) is degraded."""
+        self._missing_reads = self._missing_reads + 1 if missing else 0
+        if self._missing_reads >= 2 and self._problem is None:
+            self._problem = self._missing()
+            log.warning("kernel log: %s", self._problem)
+        elif not missing and self._handle is not None and self._problem == self._missing():
+            self._problem = None  # back under its old name: it is read on
+
+    def _read_lines(self, out: list[Record], limit: int, final: bool) -> int:
+        """Append records from the open file and return the bytes consumed.
+
+        A last line without a newline is taken only when ``final`` (the file was rotated away).
+        """
+        assert self._handle is not None
+        self._handle.seek(self._offset)
+        data = self._handle.read(FILE_READ_BYTES)
+        skip = 0
+        if self._discarding:  # the rest of an over-long line
+            newline = data.find(b"\n")
+            skip = len(data) if newline < 0 else newline + 1
+            self._discarding = newline < 0
+        end = data.rfind(b"\n") + 1
+        if final and len(data) < FILE_READ_BYTES:
+            end = len(data)
+        if end <= skip:
+            if len(data) - skip > MAX_LINE_BYTES:  # no newline in sight: skip this line
+                self.skip("too_long", f"in {self.path} at offset {self._offset + skip}")
+                self._discarding = True
+                skip = len(data)
+            self._offset += skip
+            return skip
+        position, lines, kmsg_start = skip, 0, -1
+        while position < end:
+            newline = data.find(b"\n", position, end)
+            stop = end if newline < 0 else newline + 1
+            line = data[position:stop].rstrip(b"\r\n")
+            if self._after_kmsg and _CONTINUATION.match(line):
+                if line.startswith(b" DEVICE=") and out and kmsg_start >= 0:
+                    device = unescape_kmsg(line[len(b" DEVICE="):][:256].decode("ascii", "replace"))
+                    out[-1] = Record(out[-1].message, device)
+                position, lines = stop, lines + 1
+                continue
+            if len(out) >= limit:
+                break
+            record = self._parse(line)
+            self._after_kmsg = record is not None and _KMSG_HEAD.match(line) is not None
+            if record is not None:
+                out.append(record)
+                kmsg_start = position if self._after_kmsg else -1
+            position, lines = stop, lines + 1
+        if self._after_kmsg and kmsg_start > skip and position == end and len(data) == FILE_READ_BYTES:
+            out.pop()  # more continuation lines may follow in the next block: read this record again with them
+            position, self._after_kmsg = kmsg_start, False
+        self._offset += position
+        self._bytes_seen += position - skip
+        self._lines_seen += lines
+        return position
+
+    def _parse(self, line: bytes) -> Record | None:
+        text, reason = text_or_reason(line.lstrip(b"\0"))
+        if text is None:
+            self.skip(reason, f"in {self.path} at offset {self._offset}")
+            return None
+        try:
+            return parse_line(text)
+        except Exception as exc:  # noqa: BLE001 - no line may stop the reading
+            self.skip("error", f"{type(exc).__name__}: {exc}")
+            return None
+
+    def skip_ahead(self, keep: int, in_time: Callable[[], bool]) -> int:
+        """Move to about ``keep`` lines (at the average line length seen) before the end, counting the lines passed.
+
+        Lines that start with a space (kmsg continuation lines) are not counted: they are no records.
+        """
+        if self._handle is None:
+            return 0
+        fd = self._handle.fileno()
+        average = self._bytes_seen / self._lines_seen if self._lines_seen else _DEFAULT_LINE_BYTES
+        target = os.fstat(fd).st_size - int(keep * average)
+        start = position = line_start = self._offset
+        lines = continuations = 0  # continuation lines (" KEY=...") of kmsg records are no records
+        previous = b""
+        while position < target and in_time():
+            chunk = os.pread(fd, min(SKIP_CHUNK_BYTES, target - position), position)
+            if not chunk:
+                break
+            lines += chunk.count(b"\n")
+            continuations += chunk.count(b"\n ") + (previous == b"\n" and chunk.startswith(b" "))
+            last = chunk.rfind(b"\n")
+            if last >= 0:
+                line_start = position + last + 1
+            previous = chunk[-1:]
+            position += len(chunk)
+        kept_first = os.pread(fd, 1, line_start) if line_start < position else b""
+        passed = lines - continuations + (kept_first == b" ")  # a kept line's own start was counted above
+        if line_start == start:
+            return 0
+        self._offset = line_start
+        self._discarding = False
+        self._after_kmsg = True  # continuation lines here belong to a record passed over
+        self.skip("backlog", "", passed)
+        return passed
+
+    def commit(self) -> None:
+        """Save the file identity and the offset of the first unread byte."""
+        if self._identity is not None:
+            self.position.save({"path": self.path, "dev": self._identity[0], "ino": self._identity[1],
+                                "offset": self._offset})
+
+    def close(self) -> None:
+        """Close the file."""
+        if self._handle is not None:
+            self._handle.close()
+
+
+def _identity_of(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
