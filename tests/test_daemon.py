@@ -36,7 +36,9 @@ def up_devices(daemon: DaemonProcess) -> set[str]:
 
 def test_without_accelerators_it_says_so_and_serves_host_metrics(
         start_daemon: Callable[..., DaemonProcess], tmp_path: Path) -> None:
-    daemon = start_daemon({"interval": "200ms", "paths": {"sysfs": str(tmp_path / "empty-sysfs")}})
+    # A deadline that a loaded CI machine meets: this test is about what is served, not how fast.
+    daemon = start_daemon({"interval": "1s", "collector_timeout": "1s",
+                           "paths": {"sysfs": str(tmp_path / "empty-sysfs")}})
     daemon.wait_ready()
     assert "no accelerator" in daemon.log() and "host metrics only" in daemon.log()
     wait_until(lambda: "canary not scheduled: no accelerator" in daemon.log(), what="the canary decision")
