@@ -248,7 +248,7 @@ def parse(text: str, source: str = "<config>") -> Config:
     YAML-level problems read ``SOURCE: line L, column C: reason`` (yamlfile's bounds);
     bad values ``path.to.key: reason``.
     """
-    return build(Config, yamlfile.load(text, source))
+    return _build(yamlfile.load(text, source), source)
 
 
 def load(path: str | os.PathLike[str] | None) -> Config:
@@ -257,7 +257,17 @@ def load(path: str | os.PathLike[str] | None) -> Config:
         if not DEFAULT_PATH.exists():
             return Config()
         path = DEFAULT_PATH
-    return build(Config, yamlfile.read(path))
+    return _build(yamlfile.read(path), str(path))
+
+
+def _build(data: object, source: str) -> Config:
+    try:
+        config: Config = build(Config, data)
+    except ConfigError as exc:
+        if exc.path:
+            raise
+        raise ConfigError(source, exc.reason) from None  # the document itself, not a key: name the file
+    return config
 
 
 def simulated(config: Config, scenario: Scenario) -> Config:

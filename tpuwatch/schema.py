@@ -15,6 +15,7 @@ quotes: ``notify[0].match["app.kubernetes.io/name"]``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import json
 import math
@@ -319,7 +320,7 @@ def _build_dataclass(cls: Any, value: Any, path: str) -> Any:
         value = {}
     if not isinstance(value, dict):
         raise ConfigError(path, f"expected a mapping, got {_kind(value)}")
-    hints = typing.get_type_hints(cls, include_extras=True)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in value:
         if key not in fields:
@@ -336,6 +337,12 @@ def _build_dataclass(cls: Any, value: Any, path: str) -> Any:
     return instance
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """The field types of dataclass ``cls`` (resolving them is most of the cost of a small build)."""
+    return typing.get_type_hints(cls, include_extras=True)
+
+
 def join_key(path: str, key: Any) -> str:
     """``path`` and one mapping key in the key-path style: ``a.b``, or ``a["x.y"]`` for a key not a plain name."""
     if isinstance(key, str) and _PLAIN_KEY.fullmatch(key):
@@ -350,7 +357,7 @@ def dump(instance: Any) -> Any:
         if isinstance(instance, list):
             return [dump(item) for item in instance]
         return instance
-    hints = typing.get_type_hints(type(instance), include_extras=True)
+    hints = _hints(instance.__class__)
     out: dict[str, Any] = {}
     for field in dataclasses.fields(instance):
         value = getattr(instance, field.name)

@@ -118,7 +118,7 @@ def load_web_config(path: str | None) -> WebConfig:
     try:
         spec: WebConfigFile = build(WebConfigFile, data)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc.path}", exc.reason) from None
+        raise ConfigError(f"{path}: {exc.path}" if exc.path else path, exc.reason) from None
     return WebConfig(spec, _ssl_context(spec.tls_server_config, path) if spec.tls_server_config else None)
 
 

@@ -82,7 +82,7 @@ class _Bounded(Composer, SafeConstructor, Resolver):
     def _count(self, values: int, mark: Any) -> None:
         self._built += values
         if self._built > MAX_NODES:
-            raise _Refused(f"more than {MAX_NODES} values once aliases are expanded", mark)
+            raise _Refused(f"more than {MAX_NODES} values (an alias counts as all the values it stands for)", mark)
 
     def compose_node(self, parent: Node | None, index: Any) -> Node:
         event = self.peek_event()
@@ -229,11 +229,11 @@ def read_text(path: str | os.PathLike[str], source: str | None = None) -> str:
         raise YamlError(source, f"cannot read: {exc.strerror or exc}") from None
     except ValueError:  # a NUL byte in the path
         raise YamlError(source, "cannot read: the path contains a NUL byte") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise YamlError(source, "cannot read: " + ("is a directory" if stat.S_ISDIR(mode) else "not a regular file"))
     with os.fdopen(fd, "rb") as file:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise YamlError(source, "cannot read: " + ("is a directory" if stat.S_ISDIR(mode)
-                                                       else "not a regular file"))
         try:
             data = file.read(MAX_BYTES + 1)
         except OSError as exc:

@@ -209,7 +209,7 @@ def _parse_rule(item: Any, source: str, index: int) -> Rule | str:
         raise RuleError(source, name, "regex is required (a string)")
     try:
         regex = re.compile(pattern)
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError) as exc:  # a{99999999999}, thousands of nested groups
         raise RuleError(source, name, f"invalid regex: {exc}") from None
     severity = item.get("severity", "warning")
     if severity not in SEVERITIES:
