@@ -5,7 +5,9 @@ Each case runs through both parsers the loader can use (libyaml's and PyYAML's p
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -117,13 +119,31 @@ def test_files_that_are_not_plain_utf8_files(tmp_path: Path) -> None:
     bad.write_bytes(b"a: 1\nname: caf\xe9\n")
     with pytest.raises(YamlError, match=rf"^{bad}: line 2, column 10: invalid UTF-8 \(byte 0xe9\)$"):
         yamlfile.read(bad)
-    fifo = tmp_path / "fifo"
-    os.mkfifo(fifo)  # nobody writes: opening it must not block
-    with pytest.raises(YamlError, match=rf"^{fifo}: cannot read: not a regular file$"):
-        yamlfile.read(fifo)
     with pytest.raises(YamlError, match=rf"^{tmp_path}: cannot read: is a directory$"):
         yamlfile.read(tmp_path)
-    with pytest.raises(YamlError, match=r"^/dev/zero: cannot read: not a regular file$"):
+    with pytest.raises(YamlError, match=r"^/dev/zero: cannot read: not a regular file or a pipe$"):
         yamlfile.read("/dev/zero")
     with pytest.raises(YamlError, match=rf"^{tmp_path}/absent.yaml: cannot read: No such file or directory$"):
         yamlfile.read(tmp_path / "absent.yaml")
+
+
+def test_a_pipe_is_read_up_to_the_bound(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    for payload, expected in ((b"a: 1\n", {"a": 1}), (b"#" * (2 * MAX_BYTES), None)):
+        os.mkfifo(fifo)
+        writer = threading.Thread(target=_write_ignoring_a_closed_pipe, args=(fifo, payload))
+        writer.start()
+        try:
+            if expected is None:
+                with pytest.raises(YamlError, match=rf"^{fifo}: larger than 1048576 bytes"):
+                    yamlfile.read(fifo)
+            else:
+                assert yamlfile.read(fifo) == expected
+        finally:
+            writer.join()
+            fifo.unlink()
+
+
+def _write_ignoring_a_closed_pipe(path: Path, payload: bytes) -> None:
+    with contextlib.suppress(BrokenPipeError), open(path, "wb") as pipe:
+        pipe.write(payload)

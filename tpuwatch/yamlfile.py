@@ -2,9 +2,10 @@
 
 What it refuses, each as ``FILE: line L, column C: reason`` (a YamlError):
 
-- a file over MAX_BYTES (1 MiB; only that much plus one byte is read), one that
-  is not a regular file (a FIFO or a device never blocks or streams it), invalid
-  UTF-8, NUL bytes and the other characters YAML does not allow;
+- a file over MAX_BYTES (1 MiB; only that much plus one byte is read, from a
+  pipe too), a device or a directory (``/dev/zero`` is never streamed, a
+  terminal never waited on), invalid UTF-8, NUL bytes and the other characters
+  YAML does not allow;
 - nesting deeper than MAX_DEPTH, more than MAX_NODES values once aliases are
   expanded (an alias bomb stops there, after that much work), an alias to a
   node that contains it (a recursive structure);
@@ -221,7 +222,7 @@ def load(text: str, source: str, loader: type[_Bounded] | None = None) -> Any:
 
 
 def read_text(path: str | os.PathLike[str], source: str | None = None) -> str:
-    """The text of a regular file of at most MAX_BYTES, strict UTF-8; YamlError otherwise."""
+    """The text of a regular file or a pipe, at most MAX_BYTES, strict UTF-8; YamlError otherwise."""
     source = os.fspath(path) if source is None else source
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -230,9 +231,16 @@ def read_text(path: str | os.PathLike[str], source: str | None = None) -> str:
     except ValueError:  # a NUL byte in the path
         raise YamlError(source, "cannot read: the path contains a NUL byte") from None
     mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    if stat.S_ISFIFO(mode):  # a pipe (--config /dev/stdin): read as any reader of a pipe does, up to the bound
         os.close(fd)
-        raise YamlError(source, "cannot read: " + ("is a directory" if stat.S_ISDIR(mode) else "not a regular file"))
+        try:  # opened again without O_NONBLOCK: a named pipe is read once its writer comes, not found empty
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise YamlError(source, f"cannot read: {exc.strerror or exc}") from None
+    elif not stat.S_ISREG(mode):
+        os.close(fd)
+        raise YamlError(source, "cannot read: " + ("is a directory" if stat.S_ISDIR(mode)
+                                                   else "not a regular file or a pipe"))
     with os.fdopen(fd, "rb") as file:
         try:
             data = file.read(MAX_BYTES + 1)
