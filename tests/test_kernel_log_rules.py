@@ -118,7 +118,7 @@ def _rule_file(tmp_path: Path, text: str, name: str = "local.yaml") -> Path:
     ("rules: [{name: bad, regex: '(?P<xid>\\d+)', severity_by: {field: xid, urgent: [1]}}]",
      "rule 'bad': severity_by: 'urgent' is not a severity"),
     ("rules: [{name: dup, regex: x}, {name: dup, regex: y}]", "rule 'dup': defined twice in this file"),
-    ("rules:\n  - name: x\n   regex: [", "YAML syntax error at line"),
+    ("rules:\n  - name: x\n   regex: [", "line 3, column 4: YAML syntax error"),
     ("- just a list", "expected a mapping with one key, rules"),
 ])
 def test_broken_rule_file_names_file_rule_and_reason(tmp_path: Path, text: str, reason: str) -> None:

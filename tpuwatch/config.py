@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
 
+from tpuwatch import yamlfile
 from tpuwatch.schema import (
     ConfigError,
     Duration,
+    FilePath,
     ListenAddress,
     Range,
     Regex,
@@ -20,6 +23,8 @@ from tpuwatch.schema import (
     Url,
     build,
     dump,
+    join_key,
+    short,
 )
 
 DEFAULT_PATH = Path("/etc/tpuwatch/config.yaml")
@@ -28,15 +33,22 @@ DEFAULT_PORT = 9847
 SCENARIOS = ("healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost")
 Scenario = Literal["healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost"]
 SimChip = Literal["v4", "v5e", "v5p", "v6e", "h100", "h200"]
+AbsolutePath = Annotated[str, FilePath()]
+# Rule file patterns are expanded with the user's home: ~/alerts/*.yaml.
+Glob = Annotated[str, FilePath(home=True)]
+# Secret files: a relative path is read from $CREDENTIALS_DIRECTORY.
+SecretPath = Annotated[str, FilePath(absolute=False)]
+# An HTTP header field name (RFC 9110's token); header values must not break the request's lines.
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 @dataclass(frozen=True)
 class Paths:
     """Where the host's pseudo-filesystems are mounted (node_exporter's --path.* idea)."""
 
-    sysfs: str = "/sys"
-    procfs: str = "/proc"
-    dev: str = "/dev"
+    sysfs: AbsolutePath = "/sys"
+    procfs: AbsolutePath = "/proc"
+    dev: AbsolutePath = "/dev"
 
 
 @dataclass(frozen=True)
@@ -85,8 +97,8 @@ class KernelLogConfig:
     """Where kernel messages are read and which rules classify them."""
 
     source: Literal["auto", "kmsg", "journal", "file", "none"] = "auto"
-    path: str | None = None
-    rules_dirs: list[str] = field(default_factory=lambda: ["/etc/tpuwatch/rules.d"])
+    path: AbsolutePath | None = None
+    rules_dirs: list[AbsolutePath] = field(default_factory=lambda: ["/etc/tpuwatch/rules.d"])
     storm_window: Annotated[float, Duration(minimum=1.0, maximum=86400.0)] = 60.0
     lookback: Annotated[float, Duration(maximum=366 * 86400.0)] = 300.0
 
@@ -103,8 +115,8 @@ class CanaryConfig:
     every: Annotated[float, Duration(minimum=10.0)] = 3600.0
     jitter: Annotated[float, Duration()] = 300.0
     timeout: Annotated[float, Duration(minimum=1.0, maximum=3600.0)] = 120.0
-    python: str | None = None
-    lockfile: str = "/tmp/libtpu_lockfile"
+    python: AbsolutePath | None = None
+    lockfile: AbsolutePath = "/tmp/libtpu_lockfile"
 
 
 @dataclass(frozen=True)
@@ -144,11 +156,11 @@ class ReceiverConfig:
     name: str
     type: Literal["webhook", "alertmanager", "pagerduty", "slack"]
     url: Annotated[str, Url()] | None = None
-    url_file: str | None = None
+    url_file: SecretPath | None = None
     urls: list[Annotated[str, Url()]] = field(default_factory=list)
     routing_key: Annotated[str, Secret()] | None = None
-    routing_key_file: str | None = None
-    secret_file: str | None = None
+    routing_key_file: SecretPath | None = None
+    secret_file: SecretPath | None = None
     headers: Annotated[dict[str, str], Secret()] | None = None
     match: dict[str, Annotated[str, Regex()]] = field(default_factory=dict)
     send_resolved: bool = True
@@ -158,12 +170,17 @@ class ReceiverConfig:
         if self.urls and self.type != "alertmanager":
             raise ConfigError(f"{path}.urls", "only alertmanager receivers take a list of urls")
         if given != 1 and self.type != "pagerduty":
-            raise ConfigError(path, f"receiver {self.name!r} needs exactly one of url, url_file"
+            raise ConfigError(path, f"receiver {short(self.name)} needs exactly one of url, url_file"
                               + (", urls" if self.type == "alertmanager" else ""))
         if self.type == "pagerduty" and self.routing_key is None and self.routing_key_file is None:
-            raise ConfigError(path, f"receiver {self.name!r} needs routing_key or routing_key_file")
+            raise ConfigError(path, f"receiver {short(self.name)} needs routing_key or routing_key_file")
         if self.secret_file is not None and self.type != "webhook":
             raise ConfigError(f"{path}.secret_file", "only webhook receivers sign their requests")
+        for name, value in (self.headers or {}).items():  # the value is a secret: never in the message
+            if not _HEADER_NAME.fullmatch(name):
+                raise ConfigError(join_key(f"{path}.headers", name), "not a valid HTTP header name")
+            if re.search(r"[\x00\r\n]", value):
+                raise ConfigError(join_key(f"{path}.headers", name), "the value must not hold CR, LF or NUL")
 
 
 @dataclass(frozen=True)
@@ -172,7 +189,7 @@ class AlertingConfig:
 
     enabled: bool = True
     default_rules: bool = True
-    rule_files: list[str] = field(default_factory=lambda: ["/etc/tpuwatch/alerts.d/*.yaml"])
+    rule_files: list[Glob] = field(default_factory=lambda: ["/etc/tpuwatch/alerts.d/*.yaml"])
     group_wait: Annotated[float, Duration()] = 30.0
     group_interval: Annotated[float, Duration(minimum=1.0)] = 300.0
     repeat_interval: Annotated[float, Duration(minimum=60.0)] = 4 * 3600.0
@@ -198,8 +215,8 @@ class Config:
     listen: Annotated[str, ListenAddress()] = f"127.0.0.1:{DEFAULT_PORT}"
     interval: Annotated[float, Duration(minimum=0.1, maximum=3600.0)] = 10.0
     collector_timeout: Annotated[float, Duration(minimum=0.05, maximum=600.0)] | None = None
-    state_dir: str = "/var/lib/tpuwatch"
-    web_config: str | None = None
+    state_dir: AbsolutePath = "/var/lib/tpuwatch"
+    web_config: AbsolutePath | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     paths: Paths = field(default_factory=Paths)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
@@ -222,19 +239,16 @@ class Config:
         names = [r.name for r in self.notify]
         for i, name in enumerate(names):
             if name in names[:i]:
-                raise ConfigError(f"notify[{i}].name", f"duplicate receiver name {name!r}")
+                raise ConfigError(f"notify[{i}].name", f"duplicate receiver name {short(name)}")
 
 
 def parse(text: str, source: str = "<config>") -> Config:
-    """Validate YAML text into a Config; raise ConfigError on any problem."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError("", f"{source}: YAML syntax error at {where}: {problem}") from None
-    return build(Config, data)
+    """Validate YAML text into a Config; raise ConfigError on any problem.
+
+    YAML-level problems read ``SOURCE: line L, column C: reason`` (yamlfile's bounds);
+    bad values ``path.to.key: reason``.
+    """
+    return _build(yamlfile.load(text, source), source)
 
 
 def load(path: str | os.PathLike[str] | None) -> Config:
@@ -243,11 +257,17 @@ def load(path: str | os.PathLike[str] | None) -> Config:
         if not DEFAULT_PATH.exists():
             return Config()
         path = DEFAULT_PATH
+    return _build(yamlfile.read(path), str(path))
+
+
+def _build(data: object, source: str) -> Config:
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError("", f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    return parse(text, str(path))
+        config: Config = build(Config, data)
+    except ConfigError as exc:
+        if exc.path:
+            raise
+        raise ConfigError(source, exc.reason) from None  # the document itself, not a key: name the file
+    return config
 
 
 def simulated(config: Config, scenario: Scenario) -> Config:

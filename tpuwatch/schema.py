@@ -1,29 +1,67 @@
 """Turn plain YAML data into typed dataclasses, naming the key path of every error.
 
 Field types drive validation.  Besides ``int``, ``float``, ``bool``, ``str``,
-``Literal[...]``, ``list[...]``, ``X | None`` and nested dataclasses, a field may
-be ``Annotated`` with one of the checks below (``Duration``, ``Range``,
-``ListenAddress``, ``Url``, ``Secret``).
+``Literal[...]``, ``list[...]``, ``dict[...]``, ``X | None`` and nested
+dataclasses, a field may be ``Annotated`` with one of the checks below
+(``Duration``, ``Range``, ``FilePath``, ``ListenAddress``, ``Url``, ``Regex``,
+``Secret``).  A string never holds a NUL byte, and a list of strings also takes
+one string, as a list of one.
+
+Key paths have one style: ``notify[0].match.severity`` (list items by index,
+mapping keys after a dot), a key that is not a plain name in brackets and
+quotes: ``notify[0].match["app.kubernetes.io/name"]``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
+import json
+import math
+import os
 import re
+import reprlib
 import types
 import typing
+import warnings
 from typing import Any, Literal, Union
 from urllib.parse import urlsplit
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+class _ShortRepr(reprlib.Repr):
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxstring = self.maxother = 80
+        self.maxlevel, self.maxlist, self.maxdict = 2, 4, 4
+
+    def repr_int(self, x: int, level: int) -> str:
+        return repr(x) if x.bit_length() <= 128 else f"<an integer of {x.bit_length()} bits>"
+
+
+_SHORT = _ShortRepr()
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters (newlines too) written as escapes, so that it prints as one line."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def short(value: Any) -> str:
+    """A bounded repr of ``value`` for messages: long strings and big or deep structures are cut with ``...``."""
+    return _SHORT.repr(value)
+
 
 class ConfigError(ValueError):
-    """A config value that cannot be used; ``str()`` is ``path.to.key: reason``."""
+    """A config value that cannot be used; ``str()`` is ``path.to.key: reason``, always one line."""
 
     def __init__(self, path: str, reason: str) -> None:
         self.path = path
         self.reason = reason
-        super().__init__(f"{path}: {reason}" if path else reason)
+        super().__init__(one_line(f"{path}: {reason}" if path else reason))
 
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
@@ -31,11 +69,27 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 def parse_duration(text: str) -> float:
-    """Parse ``500ms``, ``10s``, ``5m``, ``2h``, ``1d`` into seconds."""
+    """Parse ``500ms``, ``10s``, ``5m``, ``2h``, ``1d`` (or ``0``) into seconds.
+
+    A number without a unit is refused, as Prometheus refuses it: ``10`` could mean
+    seconds or milliseconds.  Only zero needs none.
+    """
     match = _DURATION_RE.match(text)
     if not match:
-        raise ValueError(f"invalid duration {text!r} (use a number and ms, s, m, h or d, like 10s)")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        if re.fullmatch(r"\s*0+(?:\.0+)?\s*", text):
+            return 0.0
+        if re.fullmatch(r"\s*\d+(?:\.\d+)?\s*", text):
+            raise ValueError(_no_unit(text.strip()))
+        raise ValueError(f"invalid duration {short(text)} (use a number and ms, s, m, h or d, like 10s)")
+    seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if not math.isfinite(seconds):
+        raise ValueError(f"duration {short(text)} is too large")
+    return seconds
+
+
+def _no_unit(number: str) -> str:
+    shown = number if len(number) <= 20 else number[:20] + "..."
+    return f"{shown} has no unit: write {shown}s (or ms, m, h, d); only 0 needs none"
 
 
 def format_duration(seconds: float) -> str:
@@ -51,16 +105,19 @@ def format_duration(seconds: float) -> str:
 def parse_listen_address(text: str) -> tuple[str, int]:
     """Split ``host:port`` / ``[v6]:port`` / ``:port``; the host must be an IP or a name."""
     host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit():
-        raise ValueError(f"invalid listen address {text!r} (use host:port, like 127.0.0.1:9847)")
+    if not sep or not re.fullmatch(r"[0-9]{1,5}", port_text):
+        raise ValueError(f"invalid listen address {short(text)} (use host:port, like 127.0.0.1:9847)")
     port = int(port_text)
     if not 0 < port < 65536:
         raise ValueError(f"port {port} out of range 1-65535")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-        ipaddress.IPv6Address(host)
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"invalid IPv6 address {short(host)} in listen address") from None
     elif host and not re.fullmatch(r"[A-Za-z0-9.-]+", host):
-        raise ValueError(f"invalid host {host!r} in listen address")
+        raise ValueError(f"invalid host {short(host)} in listen address")
     return host, port
 
 
@@ -78,7 +135,7 @@ class Check:
 
 @dataclasses.dataclass(frozen=True)
 class Duration(Check):
-    """A duration string (``10s``) converted to float seconds, within bounds."""
+    """A duration with its unit (``10s``; a bare number only for 0) converted to float seconds, within bounds."""
 
     parses = True
 
@@ -88,7 +145,9 @@ class Duration(Check):
     def convert(self, value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ValueError(f"expected a duration like 10s, got {_kind(value)}")
-        seconds = float(value) if not isinstance(value, str) else parse_duration(value)
+        if not isinstance(value, str) and value != 0:
+            raise ValueError(_no_unit(short(value)))
+        seconds = parse_duration(value) if isinstance(value, str) else 0.0
         if not self.minimum <= seconds <= self.maximum:
             raise ValueError(
                 f"duration {format_duration(seconds)} out of range "
@@ -106,7 +165,26 @@ class Range(Check):
 
     def convert(self, value: Any) -> Any:
         if not self.minimum <= value <= self.maximum:
-            raise ValueError(f"{value} out of range {self.minimum:g}..{self.maximum:g}")
+            raise ValueError(f"{short(value)} out of range {self.minimum:g}..{self.maximum:g}")
+        return value
+
+
+@dataclasses.dataclass(frozen=True)
+class FilePath(Check):
+    """A file or directory path (or glob): not empty and, unless ``absolute`` is False, absolute.
+
+    ``home`` also takes ``~/...``, for keys whose paths are expanded with the user's home.
+    """
+
+    absolute: bool = True
+    home: bool = False
+
+    def convert(self, value: Any) -> str:
+        if not value:
+            raise ValueError("must not be empty")
+        if self.absolute and not os.path.isabs(os.path.expanduser(value) if self.home else value):
+            raise ValueError(f"must be an absolute path (starting with /{' or ~' if self.home else ''}), "
+                             f"got {short(value)}")
         return value
 
 
@@ -123,8 +201,9 @@ class Url(Check):
 
     def convert(self, value: Any) -> str:
         parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"invalid URL {redact_url(value)!r} (need http:// or https:// and a host)")
+        if parts.scheme not in ("http", "https") or not parts.hostname or re.search(r"[\x00-\x20\x7f]", value):
+            raise ValueError(f"invalid URL {short(redact_url(value))} (need http:// or https://, a host, "
+                             "no spaces or control characters)")
         return value
 
 
@@ -133,9 +212,13 @@ class Regex(Check):
 
     def convert(self, value: Any) -> str:
         try:
-            re.compile(value)
-        except re.error as exc:
+            with warnings.catch_warnings():  # "possible nested set" and the like: not this message's business
+                warnings.simplefilter("ignore")
+                re.compile(value)
+        except (re.error, OverflowError) as exc:
             raise ValueError(f"invalid regular expression: {exc}") from None
+        except RecursionError:
+            raise ValueError("invalid regular expression: nested too deeply") from None
         return value
 
 
@@ -190,10 +273,12 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
     if origin is Literal:
         choices = typing.get_args(hint)
         if value not in choices:
-            raise ConfigError(path, f"must be one of {', '.join(map(str, choices))}; got {value!r}")
+            raise ConfigError(path, f"must be one of {', '.join(map(str, choices))}; got {short(value)}")
         return value
     if origin is list:
         (inner,) = typing.get_args(hint)
+        if isinstance(value, str) and _takes_str(inner):
+            return [_convert(inner, value, path)]
         if not isinstance(value, list):
             raise ConfigError(path, f"expected a list, got {_kind(value)}")
         return [_convert(inner, item, f"{path}[{i}]") for i, item in enumerate(value)]
@@ -201,10 +286,8 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
         key_hint, value_hint = typing.get_args(hint)
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a mapping, got {_kind(value)}")
-        return {
-            _convert(key_hint, k, _join(path, str(k))): _convert(value_hint, v, _join(path, str(k)))
-            for k, v in value.items()
-        }
+        return {_convert(key_hint, k, join_key(path, k)): _convert(value_hint, v, join_key(path, k))
+                for k, v in value.items()}
     if dataclasses.is_dataclass(hint):
         return _build_dataclass(hint, value, path)
     return _convert_scalar(hint, value, path)
@@ -217,7 +300,13 @@ def _check(check: Check, value: Any, path: str) -> Any:
         raise ConfigError(path, str(exc)) from None
 
 
+def _takes_str(hint: Any) -> bool:
+    return hint is str or (typing.get_origin(hint) is typing.Annotated and typing.get_args(hint)[0] is str)
+
+
 def _convert_scalar(hint: Any, value: Any, path: str) -> Any:
+    if hint is str and isinstance(value, str) and "\0" in value:
+        raise ConfigError(path, "a NUL byte is not allowed")
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint is Any or (isinstance(value, hint) and not (hint is int and isinstance(value, bool))):
@@ -231,16 +320,16 @@ def _build_dataclass(cls: Any, value: Any, path: str) -> Any:
         value = {}
     if not isinstance(value, dict):
         raise ConfigError(path, f"expected a mapping, got {_kind(value)}")
-    hints = typing.get_type_hints(cls, include_extras=True)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in value:
         if key not in fields:
             known = ", ".join(sorted(fields))
-            raise ConfigError(_join(path, str(key)), f"unknown key (known keys: {known})")
+            raise ConfigError(join_key(path, key), f"unknown key (known keys: {known})")
     for name, spec in fields.items():
         if name not in value and spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
-            raise ConfigError(_join(path, name), "required key missing")
-    kwargs = {name: _convert(hints[name], value[name], _join(path, name)) for name in fields if name in value}
+            raise ConfigError(join_key(path, name), "required key missing")
+    kwargs = {name: _convert(hints[name], value[name], join_key(path, name)) for name in fields if name in value}
     instance = cls(**kwargs)
     validate = getattr(instance, "validate", None)
     if validate is not None:
@@ -248,8 +337,18 @@ def _build_dataclass(cls: Any, value: Any, path: str) -> Any:
     return instance
 
 
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """The field types of dataclass ``cls`` (resolving them is most of the cost of a small build)."""
+    return typing.get_type_hints(cls, include_extras=True)
+
+
+def join_key(path: str, key: Any) -> str:
+    """``path`` and one mapping key in the key-path style: ``a.b``, or ``a["x.y"]`` for a key not a plain name."""
+    if isinstance(key, str) and _PLAIN_KEY.fullmatch(key):
+        return f"{path}.{key}" if path else key
+    text = key if isinstance(key, str) else short(key)
+    return f"{path}[{json.dumps(text[:60] + ('...' if len(text) > 60 else ''), ensure_ascii=False)}]"
 
 
 def dump(instance: Any) -> Any:
@@ -258,7 +357,7 @@ def dump(instance: Any) -> Any:
         if isinstance(instance, list):
             return [dump(item) for item in instance]
         return instance
-    hints = typing.get_type_hints(type(instance), include_extras=True)
+    hints = _hints(instance.__class__)
     out: dict[str, Any] = {}
     for field in dataclasses.fields(instance):
         value = getattr(instance, field.name)

@@ -1,20 +1,25 @@
-"""The ``web_config`` file, in Prometheus exporter-toolkit's format: TLS and basic auth."""
+"""The ``web_config`` file, in Prometheus exporter-toolkit's format: TLS and basic auth.
+
+Errors read ``FILE: key.path: reason`` (``FILE: line L, column C: reason`` for the YAML
+itself).  As in exporter-toolkit (web/tls_config.go, ``SetDirectory``), relative
+``cert_file``, ``key_file`` and ``client_ca_file`` are taken from the web config's directory.
+"""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
 import ssl
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import bcrypt
-import yaml
 
-from tpuwatch.schema import ConfigError, build
+from tpuwatch import yamlfile
+from tpuwatch.schema import ConfigError, FilePath, build, join_key
 
 _BCRYPT_RE = re.compile(r"^\$2[aby]?\$\d\d\$[./A-Za-z0-9]{53}$")
 _VERIFIED_CACHE_SIZE = 64
@@ -38,12 +43,12 @@ _TLS_VERSIONS = {
 class TlsServerConfig:
     """exporter-toolkit's tls_server_config (the subset Python's ssl module can honour)."""
 
-    cert_file: str
-    key_file: str
+    cert_file: Annotated[str, FilePath(absolute=False)]
+    key_file: Annotated[str, FilePath(absolute=False)]
     client_auth_type: Literal["NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"] = (
         "NoClientCert"
     )
-    client_ca_file: str | None = None
+    client_ca_file: Annotated[str, FilePath(absolute=False)] | None = None
     min_version: Literal["TLS10", "TLS11", "TLS12", "TLS13"] = "TLS12"
     max_version: Literal["TLS10", "TLS11", "TLS12", "TLS13"] = "TLS13"
 
@@ -61,8 +66,9 @@ class WebConfigFile:
 
     def validate(self, path: str) -> None:
         for user, hashed in self.basic_auth_users.items():
-            if not isinstance(user, str) or not isinstance(hashed, str) or not _BCRYPT_RE.match(hashed):
-                raise ConfigError(f"basic_auth_users.{user}", "expected a bcrypt hash ($2y$10$...)")
+            if not _BCRYPT_RE.match(hashed):
+                raise ConfigError(join_key(join_key(path, "basic_auth_users"), user),
+                                  "expected a bcrypt hash ($2y$10$...)")
 
 
 class WebConfig:
@@ -108,16 +114,11 @@ def load_web_config(path: str | None) -> WebConfig:
     """Load and check a web config file; ConfigError names the file and key on any problem."""
     if path is None:
         return NO_WEB_CONFIG
-    try:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError("web_config", f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError("web_config", f"{path}: YAML syntax error: {str(exc).splitlines()[0]}") from None
+    data = yamlfile.read(path)
     try:
         spec: WebConfigFile = build(WebConfigFile, data)
     except ConfigError as exc:
-        raise ConfigError(f"web_config({path}).{exc.path}", exc.reason) from None
+        raise ConfigError(f"{path}: {exc.path}" if exc.path else path, exc.reason) from None
     return WebConfig(spec, _ssl_context(spec.tls_server_config, path) if spec.tls_server_config else None)
 
 
@@ -125,15 +126,18 @@ def _ssl_context(tls: TlsServerConfig, path: str) -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = _TLS_VERSIONS[tls.min_version]
     context.maximum_version = _TLS_VERSIONS[tls.max_version]
-    where = f"web_config({path}).tls_server_config"
+    where = f"{path}: tls_server_config"
+    directory = os.path.dirname(path)
+    cert_file, key_file = os.path.join(directory, tls.cert_file), os.path.join(directory, tls.key_file)
     try:
-        context.load_cert_chain(tls.cert_file, tls.key_file)
+        context.load_cert_chain(cert_file, key_file)
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"{where}.cert_file", f"cannot load {tls.cert_file} / {tls.key_file}: {exc}") from None
+        raise ConfigError(f"{where}.cert_file", f"cannot load {cert_file} / {key_file}: {exc}") from None
     context.verify_mode = _CLIENT_AUTH[tls.client_auth_type]
     if tls.client_ca_file:
+        ca_file = os.path.join(directory, tls.client_ca_file)
         try:
-            context.load_verify_locations(cafile=tls.client_ca_file)
+            context.load_verify_locations(cafile=ca_file)
         except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"{where}.client_ca_file", f"cannot load {tls.client_ca_file}: {exc}") from None
+            raise ConfigError(f"{where}.client_ca_file", f"cannot load {ca_file}: {exc}") from None
     return context

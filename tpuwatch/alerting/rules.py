@@ -19,8 +19,7 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Annotated, Literal
 
-import yaml
-
+from tpuwatch import yamlfile
 from tpuwatch.alerting.tracker import Tracker
 from tpuwatch.samples import Labels, Sample
 from tpuwatch.schema import ConfigError, Duration, Regex, build
@@ -116,10 +115,7 @@ class Candidate:
 
 def parse_rules(text: str, source: str) -> list[Rule]:
     """Rules from YAML text; ConfigError naming ``source`` and the key path on any problem."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError("", f"{source}: YAML syntax error: {str(exc).splitlines()[0]}") from None
+    data = yamlfile.load(text, source)
     if isinstance(data, dict) and isinstance(data.get("rules"), list):
         data = {**data, "rules": [_rename_for(r) for r in data["rules"]]}
     try:

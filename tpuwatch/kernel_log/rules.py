@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from tpuwatch import yamlfile
 from tpuwatch.kernel_log.records import Record, normalise_pci
 from tpuwatch.schema import ConfigError
 
@@ -175,11 +174,9 @@ def _read(path: Path) -> str:
 def parse_rule_file(text: str, source: str) -> list[Rule | str]:
     """Rules in one YAML file; a disabled rule comes back as its bare name."""
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise RuleError(source, None, f"YAML syntax error{where}: {getattr(exc, 'problem', None) or exc}") from None
+        data = yamlfile.load(text, source)
+    except ConfigError as exc:
+        raise RuleError(exc.path, None, exc.reason) from None
     if not isinstance(data, dict) or set(data) != {"rules"} or not isinstance(data["rules"], list):
         raise RuleError(source, None, "expected a mapping with one key, rules: a list of rules")
     out: list[Rule | str] = []
@@ -212,7 +209,7 @@ def _parse_rule(item: Any, source: str, index: int) -> Rule | str:
         raise RuleError(source, name, "regex is required (a string)")
     try:
         regex = re.compile(pattern)
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError) as exc:  # a{99999999999}, thousands of nested groups
         raise RuleError(source, name, f"invalid regex: {exc}") from None
     severity = item.get("severity", "warning")
     if severity not in SEVERITIES:
