@@ -31,7 +31,6 @@ from tpuwatch.config import TrendConfig
 from tpuwatch.kernel_log.sources import FileSource, JournalSource, KmsgSource, read_boot_id
 
 import statefuzz
-from test_trend_state import START, STEP, cycle, feed
 
 TABLES = {"alerts": ["fingerprint", "labels", "annotations", "state", "active_at", "fired_at", "resolved_at",
                      "value"],
@@ -95,11 +94,9 @@ def test_fuzzed_alerting_db_is_moved_aside_or_cleaned_and_the_next_alert_is_queu
         assert len(moved) <= KEEP_MOVED_ASIDE, name
 
 
-def _trend_cycle(t: float) -> list[Any]:
-    return cycle(t, np.random.default_rng(int(t)))
-
-
 def test_fuzzed_trend_state_is_not_trusted_and_the_detectors_go_on(tmp_path: Path) -> None:
+    from test_trend_state import START, STEP, cycle, feed
+
     trained = TrendAnalyzer(TrendConfig())
     feed(trained, np.arange(START, START + 1800, STEP), seed=5)
     good = json.loads(json.dumps(trained.snapshot(START + 1800)))
@@ -110,7 +107,7 @@ def test_fuzzed_trend_state_is_not_trusted_and_the_detectors_go_on(tmp_path: Pat
         restored = state.restore(trend, START + 1830)
         assert 0 <= restored <= 2, name
         for t in (START + 1840, START + 1850):
-            trend.observe(_trend_cycle(t), t)
+            trend.observe(cycle(t, np.random.default_rng(int(t))), t)
         trend.samples()
         trend.findings()
         json.dumps(trend.snapshot(START + 1860))
