@@ -123,7 +123,7 @@ def test_the_state_file_restores_and_counts_failed_saves(tmp_path: Path, caplog:
         for _ in range(3):
             unwritable.save(trend, START)
         assert unwritable.save_failures == 3
-        assert caplog.text.count("not saved, kept in memory") == 1
+        assert caplog.text.count("not saved (kept in memory") == 1
         unwritable.path = tmp_path / "elsewhere" / FILE_NAME
         unwritable.save(trend, START)
     assert unwritable.path.exists()

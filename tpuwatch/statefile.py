@@ -164,7 +164,7 @@ def save(path: Path | None, state: dict[str, Any]) -> bool:
             pass  # read-only: there is none
         reason = exc.strerror or str(exc)
         if LEDGER.save_failed(path, reason):
-            log.warning("state file %s not saved, kept in memory and saved again when possible: %s", path, reason)
+            log.warning("state file %s not saved (kept in memory, retried at each save): %s", path, reason)
         return False
     if LEDGER.saved(path):
         log.info("state file %s saved again", path)
