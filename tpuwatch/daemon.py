@@ -301,7 +301,10 @@ class Daemon:
             self.trend_state.save(self.trend, time.time())
 
     def _probe_state(self) -> None:
+        was_writable = self.state.writable
         self.state.refresh()
+        if self.state.writable and not was_writable:
+            statefile.LEDGER.forget_failures()
         self._keep_state_where_it_can_be()
 
     def _keep_state_where_it_can_be(self) -> None:

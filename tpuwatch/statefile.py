@@ -120,6 +120,11 @@ class Ledger:
         with self._lock:
             return self.failing.pop(str(path), None) is not None
 
+    def forget_failures(self) -> None:
+        """Forget the failed saves (state_dir is writable again: the next save of each file tells)."""
+        with self._lock:
+            self.failing.clear()
+
     def discard(self, path: Path, reason: str) -> None:
         """Record a state file not used because it was unfit."""
         with self._lock:
