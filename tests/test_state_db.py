@@ -13,7 +13,7 @@ import pytest
 
 from tpuwatch import statefile
 from tpuwatch.alerting.db import DB_NAME, AlertDB, Notification, open_db
-from tpuwatch.alerting.sqlitefile import KEEP_MOVED_ASIDE
+from tpuwatch.alerting.sqlitefile import KEEP_MOVED_ASIDE, MEMORY_MAX_BYTES
 from tpuwatch.alerting.state import Alert
 from tpuwatch.schema import ConfigError
 
@@ -158,3 +158,21 @@ def test_without_repair_a_broken_database_is_a_config_error(tmp_path: Path) -> N
     with pytest.raises(ConfigError, match="state_dir: cannot open .*file is not a database"):
         open_db(str(tmp_path), MAX)
     assert moved_aside(tmp_path) == []  # test-alert never moves the daemon's database
+
+
+def test_a_database_too_large_for_memory_is_merged_into_not_replaced(tmpfs: Callable[..., Tmpfs]) -> None:
+    fs = tmpfs(size="120m")
+    db = open_db(str(fs.path), 256 << 20, repair=True)
+    big = "x" * (1 << 20)
+    for n in range(MEMORY_MAX_BYTES // len(big) + 2):
+        db.enqueue([Notification("hook", (f'{{"n": {n}, "pad": "{big}"}}',))], 3.0)
+    fill(db, "1")
+    filler = fs.fill()
+    db.use_memory("state_dir full")
+    assert db.in_memory and "not copied into memory" in (db.problem or "")
+    fill(db, "2")  # the outage's own state, in memory (bounded)
+    filler.unlink()
+    assert db.use_file() and db.problem is None
+    alerts, bodies = contents(db)
+    assert alerts == {"fp1", "fp2"} and len(bodies) == MEMORY_MAX_BYTES // len(big) + 4
+    assert bodies[-1] == '{"device": "2"}'

@@ -80,39 +80,62 @@ class AlertDB:
         self.max_bytes = max_bytes
         self.problem = memory  # why the state is in memory only, None while it is in the file
         self._lock = threading.Lock()
+        self._whole = True  # the memory copy holds all the file did (else the file is merged into, not replaced)
         if memory is None:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             self._conn = sqlitefile.connect_file(path, _SCHEMA, max_bytes, verify)
         else:
-            self._conn = sqlitefile.memory_copy(path, _SCHEMA, max_bytes)
+            self._conn, self._whole = sqlitefile.memory_copy(path, _SCHEMA, max_bytes)
+            self._say_partial()
 
     @property
     def in_memory(self) -> bool:
         """True while the database lives in memory (state_dir unwritable)."""
         return self.problem is not None
 
+    def _say_partial(self) -> None:
+        if not self._whole and self.problem is not None:
+            self.problem += (f"; what {self.path} holds is not copied into memory (too large or unreadable), it "
+                             "is kept there and merged with what happens meanwhile")
+
     def use_memory(self, reason: str) -> None:
         """Go on in memory, with a copy of what the file holds (reading works on a full or read-only disk)."""
         with self._lock:
             if self.problem is None:
-                memory = sqlitefile.copy_to_memory(self._conn, self.path, _SCHEMA, self.max_bytes)
+                memory, self._whole = sqlitefile.copy_to_memory(self._conn, self.path, _SCHEMA, self.max_bytes)
                 sqlitefile.close_quietly(self._conn)
                 self._conn = memory
             self.problem = reason
+            self._say_partial()
 
     def use_file(self) -> bool:
-        """Write the in-memory database over the file and use the file again; False (still in memory) if not."""
+        """Back to the file: the in-memory database written over it (or merged into it, when the copy was not
+        whole); False (still in memory) if the file cannot be written yet."""
         with self._lock:
             if self.problem is None:
                 return True
             try:
-                sqlitefile.write_over(self._conn, self.path)
-                conn = sqlitefile.connect_file(self.path, _SCHEMA, self.max_bytes, verify=False)
+                conn = self._merged() if not self._whole else None
+                if conn is None:
+                    sqlitefile.write_over(self._conn, self.path)
+                    conn = sqlitefile.connect_file(self.path, _SCHEMA, self.max_bytes, verify=False)
             except (OSError, sqlite3.Error):
                 return False
             sqlitefile.close_quietly(self._conn)
-            self._conn, self.problem = conn, None
+            self._conn, self.problem, self._whole = conn, None, True
             return True
+
+    def _merged(self) -> sqlite3.Connection | None:
+        """The file with what memory holds merged in; None if the file is corrupt (moved aside: write over)."""
+        try:
+            return sqlitefile.merge_into(self._conn, self.path, _SCHEMA, self.max_bytes, _MERGE)
+        except sqlite3.DatabaseError as exc:
+            if not sqlitefile.corrupt(exc):
+                raise
+        moved = sqlitefile.move_aside(self.path)
+        log.error("alerting database %s is corrupt (moved aside as %s): alert state written afresh from memory",
+                  self.path, moved)
+        return None
 
     def close(self) -> None:
         """Close the connection."""
@@ -245,6 +268,14 @@ class AlertDB:
             rows = self._conn.execute("SELECT receiver, COUNT(*), MIN(created) FROM outbox GROUP BY receiver")
             return {r: (int(n), float(oldest)) for r, n, oldest in rows.fetchall()}
 
+
+# Merging an in-memory database (attached as ``outage``) into a file it did not copy whole.
+_MERGE = [
+    "INSERT OR REPLACE INTO main.alerts SELECT * FROM outage.alerts",
+    "INSERT OR REPLACE INTO main.notified SELECT * FROM outage.notified",
+    "INSERT INTO main.outbox (receiver, key, body, created, next_attempt, attempts) "
+    "SELECT receiver, key, body, created, next_attempt, attempts FROM outage.outbox ORDER BY id",
+]
 
 # What each column must hold for the alerting code to use a row; other rows are deleted when the daemon opens
 # the database.  "object": a JSON object of strings (labels, annotations).

@@ -13,7 +13,7 @@ import urllib.parse
 from datetime import datetime, timezone
 
 KEEP_MOVED_ASIDE = 3  # sets of a corrupt database kept
-MEMORY_MAX_BYTES = 64 << 20  # an in-memory database's bound
+MEMORY_MAX_BYTES = 32 << 20  # an in-memory database's bound; larger files are not copied into memory
 SQLITE_CORRUPT = 11
 # Primary result codes that blame the disk or other processes, not the file: PERM, BUSY, LOCKED, NOMEM,
 # READONLY, IOERR, FULL, CANTOPEN (https://www.sqlite.org/rescode.html).
@@ -83,36 +83,83 @@ def connect_memory(schema: str, max_bytes: int) -> sqlite3.Connection:
     return conn
 
 
-def memory_copy(path: str, schema: str, max_bytes: int) -> sqlite3.Connection:
-    """An in-memory database holding what the file at ``path`` holds, if it can be read and is whole; else empty."""
+def _size(path: str) -> int:
+    return sum(os.path.getsize(path + suffix) for suffix in ("", "-wal") if os.path.exists(path + suffix))
+
+
+def memory_copy(path: str, schema: str, max_bytes: int) -> tuple[sqlite3.Connection, bool]:
+    """An in-memory database holding what the file at ``path`` holds, and whether that is all of it.
+
+    Empty and incomplete (False) when the file is larger than ``MEMORY_MAX_BYTES`` or exists but cannot be
+    read; empty and complete when there is no file or it is corrupt (it holds nothing to keep).
+    """
+    if not os.path.exists(path):
+        return connect_memory(schema, max_bytes), True
+    if _size(path) > MEMORY_MAX_BYTES:
+        return connect_memory(schema, max_bytes), False
+    unreadable = False
     for query in ("mode=ro", "immutable=1"):  # immutable: a read-only directory where no -shm can be made
-        try:
-            source = sqlite3.connect(f"file:{urllib.parse.quote(path)}?{query}", uri=True)
-        except sqlite3.Error:
-            continue
         memory = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
         try:
-            source.backup(memory)
+            source = sqlite3.connect(f"file:{urllib.parse.quote(path)}?{query}", uri=True)
+            try:
+                source.backup(memory)
+            finally:
+                source.close()
             quick_check(memory)
             memory.executescript(schema)
             limit(memory, min(max_bytes, MEMORY_MAX_BYTES))
-            return memory
-        except sqlite3.Error:
+            return memory, True
+        except sqlite3.Error as exc:
             memory.close()
-        finally:
-            source.close()
-    return connect_memory(schema, max_bytes)
+            unreadable = unreadable or not corrupt(exc)
+    return connect_memory(schema, max_bytes), not unreadable
 
 
-def copy_to_memory(conn: sqlite3.Connection, path: str, schema: str, max_bytes: int) -> sqlite3.Connection:
-    """An in-memory copy of ``conn``'s database (else of the file at ``path``, else empty)."""
+def copy_to_memory(conn: sqlite3.Connection, path: str, schema: str, max_bytes: int
+                   ) -> tuple[sqlite3.Connection, bool]:
+    """An in-memory copy of ``conn``'s database (else of the file at ``path``), and whether it is complete."""
+    pages, page_size = (conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "page_size"))
+    if pages * page_size > MEMORY_MAX_BYTES:
+        return connect_memory(schema, max_bytes), False
     memory = connect_memory(schema, max_bytes)
     try:
         conn.backup(memory)
     except sqlite3.Error:
         memory.close()
         return memory_copy(path, schema, max_bytes)
-    return memory
+    return memory, True
+
+
+def merge_into(conn: sqlite3.Connection, path: str, schema: str, max_bytes: int,
+               statements: list[str]) -> sqlite3.Connection:
+    """Open the file at ``path`` and run ``statements`` on it in one transaction, with ``conn``'s database
+    attached as ``outage``; the file's connection.  Raises OSError or sqlite3.Error."""
+    temp = path + ".outage"
+    remove(temp, temp + "-journal")
+    try:
+        target = sqlite3.connect(temp, isolation_level=None)
+        try:
+            conn.backup(target)
+        finally:
+            target.close()
+        file = connect_file(path, schema, max_bytes, verify=True)
+        try:
+            file.execute("ATTACH DATABASE ? AS outage", (temp,))
+            file.execute("BEGIN IMMEDIATE")
+            for statement in statements:
+                file.execute(statement)
+            file.execute("COMMIT")
+            file.execute("DETACH DATABASE outage")
+        except BaseException:
+            close_quietly(file)
+            raise
+    finally:
+        try:
+            remove(temp, temp + "-journal")
+        except OSError:
+            pass
+    return file
 
 
 def write_over(conn: sqlite3.Connection, path: str) -> None:
