@@ -78,9 +78,19 @@ def test_a_snapshot_that_does_not_fit_changes_nothing() -> None:
     other_floors["leaks"][0]["detector"]["layout"][1] = [60.0]
     truncated = json.loads(json.dumps(snapshot))
     truncated["drifts"][0]["detector"]["sums"] = [0.0]  # the leak series before it would restore fine
+    nan_window = json.loads(json.dumps(snapshot))
+    nan_window["leaks"][0]["detector"]["lows"][0][0][1][0] = float("nan")  # would break every later update
+    untyped_state = json.loads(json.dumps(snapshot))
+    untyped_state["leaks"][0]["detector"]["state"] = {"firing": "yes", "slope": 1.0}
+    firing_without_slope = json.loads(json.dumps(snapshot))
+    firing_without_slope["leaks"][0]["detector"]["state"] = {"firing": True, "slope": None}  # breaks samples()
+    wrong_key = json.loads(json.dumps(snapshot))
+    wrong_key["drifts"][0]["detector"]["state"] = {"drifting": False, "extra": 1}
     for bad, error in ((other_version, "version 99"), (other_floors, "other floor settings"),
-                       (truncated, "not enough values")):
-        with pytest.raises(ValueError, match=error):
+                       (truncated, "not enough values"), (nan_window, "not finite"),
+                       (untyped_state, "LeakState.firing: str does not fit"),
+                       (firing_without_slope, "firing state without a slope"), (wrong_key, "DriftState.extra")):
+        with pytest.raises((ValueError, TypeError), match=error):
             trend.restore(bad, START + HOUR)
         assert trend.snapshot(START + HOUR) == before
     with pytest.raises(ValueError, match="in the future"):

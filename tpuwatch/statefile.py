@@ -15,10 +15,12 @@ import logging
 import os
 import threading
 import time
+import types
+import typing
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, TypeVar, Union
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +98,33 @@ def mismatch(value: Any, shape: Shape, where: str = "") -> str | None:
         if reason:
             return reason
     return None
+
+
+T = TypeVar("T")
+
+
+def _of_type(value: Any, kind: Any) -> bool:
+    if kind is type(None):
+        return value is None
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)
+
+
+def restore_dataclass(cls: type[T], data: Any) -> T:
+    """``cls(**data)`` if ``data`` is an object of ``cls``'s fields, each of its annotated type (bool, int,
+    float, str, or None where allowed); TypeError naming the field otherwise.  For small saved states."""
+    hints = typing.get_type_hints(cls)
+    if not isinstance(data, dict):
+        raise TypeError(f"{cls.__name__}: {type(data).__name__}, not an object")
+    for name, value in data.items():
+        kind = hints.get(name)
+        kinds = typing.get_args(kind) if isinstance(kind, types.UnionType) else (kind,)
+        if kind is None or not any(_of_type(value, k) for k in kinds):
+            raise TypeError(f"{cls.__name__}.{str(name)[:64]}: {type(value).__name__} does not fit")
+    return cls(**data)
 
 
 class Ledger:
