@@ -163,3 +163,55 @@ def receivers() -> Iterator[Any]:
     yield make
     for r in made:
         r.close()
+
+
+class Tmpfs:
+    """A real tmpfs of a few MiB mounted for one test (root only): remounted read-only, filled, freed."""
+
+    def __init__(self, path: Path, size: str) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(path)], check=True,
+                       capture_output=True, timeout=30)
+
+    def remount(self, mode: str) -> None:
+        """``ro`` or ``rw``."""
+        subprocess.run(["mount", "-o", f"remount,{mode}", str(self.path)], check=True, capture_output=True,
+                       timeout=30)
+
+    def fill(self) -> Path:
+        """Write a file until the file system is full; that file."""
+        filler = self.path / "filler"
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            for chunk in (1 << 16, 1):  # then the last partial page
+                try:
+                    while os.write(fd, b"\0" * chunk):
+                        pass
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
+        return filler
+
+    def unmount(self) -> None:
+        subprocess.run(["umount", "-l", str(self.path)], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Tmpfs]]:
+    """Mount real tmpfs file systems (root and mount(8) needed: skipped otherwise); unmounted at teardown."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("needs root to mount a tmpfs")
+    made: list[Tmpfs] = []
+
+    def mount(name: str = "fs", size: str = "4m") -> Tmpfs:
+        try:
+            made.append(Tmpfs(tmp_path / name, size))
+        except subprocess.CalledProcessError as exc:
+            pytest.skip(f"cannot mount a tmpfs here: {exc.stderr.decode(errors='replace').strip()}")
+        return made[-1]
+
+    yield mount
+    for fs in made:
+        fs.unmount()

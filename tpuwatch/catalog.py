@@ -162,6 +162,12 @@ _SPECS = [
                "Series evicted from the store to stay within store.max_series."),
     MetricSpec("tpuwatch_trend_state_save_failures_total", "counter",
                "Failed saves of the trend detectors' learned state to the state directory."),
+    MetricSpec("tpuwatch_state_writable", "gauge",
+               "1 while state (alerts, outbox, positions, learned trends) is kept in state_dir; 0 while it is kept "
+               "in memory only (state_dir read-only, full or missing)."),
+    MetricSpec("tpuwatch_state_files_discarded_total", "counter",
+               "State files not used because they were corrupt or of the wrong shape (a database moved aside, "
+               "rows deleted, a JSON file ignored), by file relative to state_dir.", ("file",)),
     MetricSpec("tpuwatch_config_last_reload_successful", "gauge", "1 if the last config (re)load succeeded."),
     MetricSpec("tpuwatch_config_last_reload_success_timestamp_seconds", "gauge",
                "Unix time of the last successful config (re)load."),

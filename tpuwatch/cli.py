@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from tpuwatch import __version__, logsetup
+from tpuwatch import __version__, logsetup, statedir
 from tpuwatch import config as config_module
 from tpuwatch.config import SCENARIOS, Config
 from tpuwatch.schema import ConfigError
@@ -107,9 +107,12 @@ def _config_option(sub: argparse.ArgumentParser) -> None:
 
 
 def _load(args: argparse.Namespace) -> Config:
+    """The config the command works with; simulated chips' state_dir is their namespace (the daemon applies it
+    to every config it loads, reloads included)."""
     config = config_module.load(args.config)
     scenario = getattr(args, "simulate", None)
-    return config_module.simulated(config, scenario) if scenario else config
+    config = config_module.simulated(config, scenario) if scenario else config
+    return config if args.command == "run" else statedir.namespaced(config)
 
 
 def _cmd_run(args: argparse.Namespace, config: Config) -> int:
@@ -119,7 +122,7 @@ def _cmd_run(args: argparse.Namespace, config: Config) -> int:
     logsetup.configure(config.log_level)
     try:
         daemon = Daemon(config, args.config, getattr(args, "simulate", None))
-    except (StartupError, ConfigError) as exc:
+    except (StartupError, ConfigError, statedir.InUse) as exc:
         log.error("cannot start: %s", exc)
         return EXIT_USAGE
     daemon.start()
@@ -157,7 +160,8 @@ def _cmd_config(args: argparse.Namespace, config: Config) -> int:
 
 
 def _check_referenced_files(config: Config) -> None:
-    """What ``run`` reads beside the config: the web config, alert and kernel-log rule files, secret files."""
+    """What ``run`` reads beside the config: the web config, alert and kernel-log rule files, secret files; and
+    whether it can keep its state in state_dir."""
     from tpuwatch.alerting.service import rules_and_notifiers
     from tpuwatch.kernel_log.rules import load_rules
     from tpuwatch.webconfig import load_web_config
@@ -165,6 +169,10 @@ def _check_referenced_files(config: Config) -> None:
     load_web_config(config.web_config)
     rules_and_notifiers(config)
     load_rules(config.kernel_log.rules_dirs)
+    problem = statedir.probe(config.state_dir, create=False)
+    if problem is not None:
+        raise ConfigError("state_dir", f"{config.state_dir} cannot be written: {problem} (the daemon would run, "
+                                       "keeping its state in memory only)")
 
 
 _BUILTIN: dict[str, Any] = {"run": _cmd_run, "check": _cmd_check, "config": _cmd_config}

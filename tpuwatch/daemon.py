@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import math
+import os
 import platform
 import signal
 import sys
@@ -18,7 +20,7 @@ from typing import Any
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from tpuwatch import __version__, logsetup, sdnotify
+from tpuwatch import __version__, logsetup, sdnotify, statefile
 from tpuwatch import config as config_module
 from tpuwatch.alerting.service import Alerting
 from tpuwatch.analysis.state import SAVE_EVERY_S, TrendStateFile
@@ -30,11 +32,12 @@ from tpuwatch.config import Config, Scenario
 from tpuwatch.devices import DeviceCollector, sim
 from tpuwatch.devices.base import reading_samples
 from tpuwatch.exporter import build_registry
-from tpuwatch.health import collector_problems, collector_warnings, device_problems
+from tpuwatch.health import collector_problems, collector_warnings, device_problems, state_warnings
 from tpuwatch.kernel_log.collector import KernelLogCollector, event_problems
 from tpuwatch.sampler import Sampler, Stage
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
+from tpuwatch.statedir import StateDir, is_simulated, namespaced, probe_every
 from tpuwatch.store import SeriesStore
 from tpuwatch.web import Endpoint, JsonRoute
 from tpuwatch.webconfig import load_web_config
@@ -56,14 +59,10 @@ def _build_sampler(config: Config, store: SeriesStore, canary: CanaryCollector |
     return Sampler([*collectors, *([canary] if canary else [])], store, config.collector_deadline, derived)
 
 
-def _simulated(config: Config) -> bool:
-    return config.devices.backend == "sim"
-
-
 def _trend(config: Config) -> TrendAnalyzer:
     """The trend analyzer; with simulated chips, already fed with their simulated history."""
     trend = TrendAnalyzer(config.trend)
-    if _simulated(config):
+    if is_simulated(config):
         now = time.time()
         for offset, readings in sim.history(config.devices.sim, SIM_HISTORY_S, SIM_HISTORY_STEP_S):
             trend.observe([s for r in readings for s in reading_samples(r, sim.SimBackend.name)], now + offset)
@@ -81,7 +80,7 @@ def _carry_over(old: TrendAnalyzer, new: TrendAnalyzer) -> None:
 
 def _trend_key(config: Config) -> tuple[Any, ...]:
     """What the trend analyzer is built from: a change means a new one (real chips keep their learned floors)."""
-    return config.trend, config.devices.sim if _simulated(config) else None
+    return config.trend, config.devices.sim if is_simulated(config) else None
 
 
 def _evaluate(alerting: Alerting, samples: list[Sample]) -> list[Sample]:
@@ -117,9 +116,17 @@ def _canary_drill(config: Config) -> dict[str, Any]:
 
 
 class Daemon:
-    """The long-running service.  ``start()``, then ``wait()`` until a signal stops it."""
+    """The long-running service.  ``start()``, then ``wait()`` until a signal stops it.
+
+    It holds its state directory's lock (``statedir.InUse`` if another daemon has it) and keeps monitoring
+    whatever the state's condition: a state_dir that cannot be written means state kept in memory (degraded).
+    Simulated chips keep their state in ``state_dir/simulated``.
+    """
 
     def __init__(self, config: Config, config_path: str | None, simulate: Scenario | None = None) -> None:
+        config = namespaced(config)
+        self.state = StateDir(config.state_dir)
+        self.state.open()  # before anything reads state
         self.config = config
         self.config_path = config_path
         self.simulate = simulate  # ``--simulate``: applied again to every reloaded config
@@ -128,10 +135,11 @@ class Daemon:
         self.canary = _canary(config, self._current_store)
         self.trend = _trend(config)
         # Simulated chips neither read nor write the learned state of the host's real ones.
-        self.trend_state = None if _simulated(config) else TrendStateFile(config.state_dir)
+        self.trend_state = None if is_simulated(config) else TrendStateFile(config.state_dir)
         if self.trend_state is not None:
             self.trend_state.restore(self.trend, time.time())
         self.alerting = Alerting(config, config.state_dir)
+        self._keep_state_where_it_can_be()
         # The alert rules also see tpuwatch's own metrics (collector_success, for one).
         self._alert_stage = Stage("alerting", lambda samples: _evaluate(self.alerting, samples),
                                   lambda: [*self.store.current(), *self.self_samples()])
@@ -178,6 +186,7 @@ class Daemon:
         kill_running_workers()
         self.alerting.stop()
         self.endpoint.close()
+        self.state.close()
         log.info("tpuwatch stopped")
 
     def reload(self) -> bool:
@@ -187,12 +196,13 @@ class Daemon:
             new = config_module.load(self.config_path)
             if self.simulate:
                 new = config_module.simulated(new, self.simulate)
+            new = self._pin_state_dir(namespaced(new))
             web = load_web_config(new.web_config)
             canary = _canary(new, self._current_store) if new.canary != self.config.canary else self.canary
             trend = self.trend
             if _trend_key(new) != _trend_key(self.config):
                 trend = _trend(new)
-                if not _simulated(new) and not _simulated(self.config):  # real chips keep what they have learned
+                if not is_simulated(new) and not is_simulated(self.config):  # real chips keep what they have learned
                     _carry_over(self.trend, trend)
             store = self.store
             if new.store != self.config.store:
@@ -221,9 +231,6 @@ class Daemon:
         else:
             self.endpoint.set_web_config(web)
         logsetup.configure(new.log_level)
-        if new.state_dir != self.config.state_dir:
-            log.warning("state_dir %s takes effect at the next start; alert and trend state stay in %s",
-                        new.state_dir, self.config.state_dir)
         if sampler is not self.sampler:
             self.sampler.close()
             if store is self.store:
@@ -237,6 +244,16 @@ class Daemon:
         sdnotify.notify("READY=1", f"STATUS={self._status_line()}")
         return True
 
+    def _pin_state_dir(self, new: Config) -> Config:
+        """``new`` with the running state_dir: it changes at the next start; refused across simulated and real."""
+        if is_simulated(new) != is_simulated(self.config):
+            raise ConfigError("devices.backend", "switching between simulated and real chips needs a restart "
+                                                 "(they keep their state apart)")
+        if new.state_dir != self.config.state_dir:
+            log.warning("state_dir %s takes effect at the next start; state stays in %s", new.state_dir,
+                        self.config.state_dir)
+        return dataclasses.replace(new, state_dir=self.config.state_dir)
+
     # --- jobs ------------------------------------------------------------
 
     def _schedule(self) -> None:
@@ -244,6 +261,8 @@ class Daemon:
         self._scheduler.add_job(self._sample, "interval", seconds=self.config.interval, id="sample",
                                 replace_existing=True, coalesce=True, max_instances=1, misfire_grace_time=grace)
         self._schedule_canary()
+        self._scheduler.add_job(self._probe_state, "interval", seconds=probe_every(self.config.interval),
+                                id="state-probe", replace_existing=True, coalesce=True, max_instances=1)
         if self.trend_state is not None and self._scheduler.get_job("trend-save") is None:  # a reload keeps its pace
             self._scheduler.add_job(self._save_trend, "interval", seconds=SAVE_EVERY_S, id="trend-save",
                                     coalesce=True, max_instances=1)
@@ -278,8 +297,23 @@ class Daemon:
         return self.store
 
     def _save_trend(self) -> None:
-        if self.trend_state is not None and not _simulated(self.config):
+        if self.trend_state is not None and not is_simulated(self.config):
             self.trend_state.save(self.trend, time.time())
+
+    def _probe_state(self) -> None:
+        was_writable = self.state.writable
+        self.state.refresh()
+        if self.state.writable and not was_writable:
+            statefile.LEDGER.forget_failures()
+        self._keep_state_where_it_can_be()
+
+    def _keep_state_where_it_can_be(self) -> None:
+        """The alerting database in memory while state_dir cannot be written, back in its file once it can."""
+        db = self.alerting.db
+        if not self.state.writable:
+            db.use_memory(f"state_dir {self.state.path} cannot be written: {self.state.reason}")
+        elif db.in_memory and db.use_file():
+            log.info("alert state and outbox written back to %s", db.path)
 
     def _watchdog(self) -> None:
         if self._sampling_fresh():
@@ -351,13 +385,26 @@ class Daemon:
             critical = event_problems(events)
             checks["kernel_log"] = {"status": "critical_events" if critical else "ok",
                                     "recent_events": [e.to_json() for e in events]}
+        checks["state"] = self._state_check()
         healthy = self._sampling_fresh() and all(g.status.success for g in self.sampler.guards)
-        warnings = collector_warnings(self.sampler.guards)
+        warnings = collector_warnings(self.sampler.guards) + checks["state"]["warnings"]
         report = {"status": ("degraded" if warnings else "healthy") if healthy else "unhealthy",
                   "warnings": warnings,
                   "uptime_seconds": round(time.time() - self.started_at, 3),
                   "version": __version__, "checks": checks}
         return healthy, report
+
+    def _state_check(self) -> dict[str, Any]:
+        failing, discarded, _ = statefile.LEDGER.view()
+        warnings = state_warnings(self.state.path, self.state.reason, self.alerting.state_problem, failing,
+                                  discarded, time.time())
+        return {"status": "degraded" if warnings else "ok", "dir": self.state.path,
+                "writable": self._state_writable(), "reason": self.state.reason,
+                "alerting_db": "memory" if self.alerting.db.in_memory else "file", "warnings": warnings,
+                "discarded": [{"file": path, "at": at, "reason": why} for at, path, why in discarded]}
+
+    def _state_writable(self) -> bool:
+        return self.state.writable and not self.alerting.db.in_memory
 
     def self_samples(self) -> list[Sample]:
         """tpuwatch's own metrics: collectors, scheduler, store, config, build."""
@@ -380,6 +427,10 @@ class Daemon:
         out.append(sample("tpuwatch_store_evicted_series_total", self.store.evicted_total))
         if self.trend_state is not None:
             out.append(sample("tpuwatch_trend_state_save_failures_total", self.trend_state.save_failures))
+        out.append(sample("tpuwatch_state_writable", 1 if self._state_writable() else 0))
+        discarded = statefile.LEDGER.view()[2]
+        out += [sample("tpuwatch_state_files_discarded_total", n, file=os.path.relpath(path, self.state.path))
+                for path, n in sorted(discarded.items())]
         out.append(sample("tpuwatch_config_last_reload_successful", 1 if self.reload_ok else 0))
         out.append(sample("tpuwatch_config_last_reload_success_timestamp_seconds", self.reload_success_at))
         return out

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 from tpuwatch.collectors import GuardedCollector
 from tpuwatch.devices import DeviceReading
+from tpuwatch.statedir import holder, probe
 
 TEMPERATURE_LIMIT_C = 85.0
 MEMORY_FULL_RATIO = 0.98
@@ -46,3 +47,34 @@ def collector_warnings(guards: Iterable[GuardedCollector]) -> list[str]:
     """One sentence per collector that runs but cannot see everything it should (degraded)."""
     return [f"collector {g.name} degraded: {g.status.degraded}" for g in guards
             if g.status.degraded and g.status.success is not False]
+
+
+DISCARD_NOTICE_S = 3600.0  # a state file found unfit keeps the status degraded this long
+
+
+def state_warnings(state_dir: str, reason: str | None, db_problem: str | None, failing: dict[str, str],
+                   discarded: Iterable[tuple[float, str, str]], now: float) -> list[str]:
+    """One sentence per state trouble: state_dir unwritable, alert state in memory, a file not saved, one that
+    was found unfit (discarded) within the last hour.  Monitoring goes on through all of them."""
+    out = []
+    if reason is not None:
+        out.append(f"state_dir {state_dir} cannot be written ({reason}): state is kept in memory, "
+                   "and lost at a restart")
+    elif db_problem is not None:
+        out.append(f"alert state and outbox kept in memory: {db_problem}")
+    if reason is None:
+        out += [f"state file {path} not saved: {why}" for path, why in sorted(failing.items())]
+    out += [f"state file {path} not used ({why}), {now - at:.0f} s ago" for at, path, why in discarded
+            if now - at <= DISCARD_NOTICE_S]
+    return out
+
+
+def state_dir_warnings(state_dir: str) -> list[str]:
+    """For ``tpuwatch check``, which writes nothing: whether a daemon could keep its state in ``state_dir``."""
+    problem = probe(state_dir, create=False)
+    if problem is None:
+        return []
+    running = holder(state_dir)
+    return [f"state_dir {state_dir} cannot be written ({problem}): "
+            + (f"the daemon (pid {running}) keeps its state in memory" if running else
+               "a daemon would keep its state in memory only")]

@@ -9,7 +9,7 @@ from tpuwatch.collectors import build_collectors
 from tpuwatch.config import Config
 from tpuwatch.devices import DeviceCollector
 from tpuwatch.devices.base import sources_line
-from tpuwatch.health import collector_problems, collector_warnings, device_problems
+from tpuwatch.health import collector_problems, collector_warnings, device_problems, state_dir_warnings
 from tpuwatch.kernel_log.collector import KernelLogCollector, event_problems
 from tpuwatch.sampler import Sampler
 from tpuwatch.store import SeriesStore
@@ -48,7 +48,7 @@ def check_once(config: Config) -> dict[str, Any]:
         ],
         "kernel_events": [e.to_json() for e in events],
         "problems": problems,
-        "warnings": collector_warnings(sampler.guards),
+        "warnings": collector_warnings(sampler.guards) + state_dir_warnings(config.state_dir),
     }
 
 

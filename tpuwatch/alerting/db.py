@@ -9,15 +9,21 @@ makes writes fail with :class:`OutboxFull`; what is already stored is kept.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
+from tpuwatch import statefile
+from tpuwatch.alerting import sqlitefile
 from tpuwatch.alerting.state import Alert
 from tpuwatch.schema import ConfigError
+
+log = logging.getLogger(__name__)
 
 DB_NAME = "alerting.db"
 
@@ -63,18 +69,73 @@ class Notification:
 
 
 class AlertDB:
-    """The alerting database file."""
+    """The alerting database file, or an in-memory copy of it while the file cannot be written."""
 
-    def __init__(self, path: str, max_bytes: int) -> None:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    def __init__(self, path: str, max_bytes: int, memory: str | None = None, verify: bool = False) -> None:
+        """Open ``path``; with ``memory`` (why the file cannot be written) an in-memory copy of what it holds.
+
+        With ``verify`` a database that fails SQLite's quick check raises DatabaseError (SQLITE_CORRUPT).
+        """
         self.path = path
+        self.max_bytes = max_bytes
+        self.problem = memory  # why the state is in memory only, None while it is in the file
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(path, timeout=10.0, check_same_thread=False, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(_SCHEMA)
-        page_size = self._conn.execute("PRAGMA page_size").fetchone()[0]
-        self._conn.execute(f"PRAGMA max_page_count={max(64, max_bytes // page_size)}")
+        self._whole = True  # the memory copy holds all the file did (else the file is merged into, not replaced)
+        if memory is None:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            self._conn = sqlitefile.connect_file(path, _SCHEMA, max_bytes, verify)
+        else:
+            self._conn, self._whole = sqlitefile.memory_copy(path, _SCHEMA, max_bytes)
+            self._say_partial()
+
+    @property
+    def in_memory(self) -> bool:
+        """True while the database lives in memory (state_dir unwritable)."""
+        return self.problem is not None
+
+    def _say_partial(self) -> None:
+        if not self._whole and self.problem is not None:
+            self.problem += (f"; what {self.path} holds is not copied into memory (too large or unreadable), it "
+                             "is kept there and merged with what happens meanwhile")
+
+    def use_memory(self, reason: str) -> None:
+        """Go on in memory, with a copy of what the file holds (reading works on a full or read-only disk)."""
+        with self._lock:
+            if self.problem is None:
+                memory, self._whole = sqlitefile.copy_to_memory(self._conn, self.path, _SCHEMA, self.max_bytes)
+                sqlitefile.close_quietly(self._conn)
+                self._conn = memory
+            self.problem = reason
+            self._say_partial()
+
+    def use_file(self) -> bool:
+        """Back to the file: the in-memory database written over it (or merged into it, when the copy was not
+        whole); False (still in memory) if the file cannot be written yet."""
+        with self._lock:
+            if self.problem is None:
+                return True
+            try:
+                conn = self._merged() if not self._whole else None
+                if conn is None:
+                    sqlitefile.write_over(self._conn, self.path)
+                    conn = sqlitefile.connect_file(self.path, _SCHEMA, self.max_bytes, verify=False)
+            except (OSError, sqlite3.Error):
+                return False
+            sqlitefile.close_quietly(self._conn)
+            self._conn, self.problem, self._whole = conn, None, True
+            return True
+
+    def _merged(self) -> sqlite3.Connection | None:
+        """The file with what memory holds merged in; None if the file is corrupt (moved aside: write over)."""
+        try:
+            return sqlitefile.merge_into(self._conn, self.path, _SCHEMA, self.max_bytes, _MERGE)
+        except sqlite3.DatabaseError as exc:
+            if not sqlitefile.corrupt(exc):
+                raise
+        moved = sqlitefile.move_aside(self.path)
+        log.error("alerting database %s is corrupt (moved aside as %s): alert state written afresh from memory",
+                  self.path, moved)
+        return None
 
     def close(self) -> None:
         """Close the connection."""
@@ -208,10 +269,93 @@ class AlertDB:
             return {r: (int(n), float(oldest)) for r, n, oldest in rows.fetchall()}
 
 
-def open_db(state_dir: str, max_bytes: int) -> AlertDB:
-    """The alerting database in ``state_dir``; ConfigError naming state_dir when it cannot be used."""
+# Merging an in-memory database (attached as ``outage``) into a file it did not copy whole.
+_MERGE = [
+    "INSERT OR REPLACE INTO main.alerts SELECT * FROM outage.alerts",
+    "INSERT OR REPLACE INTO main.notified SELECT * FROM outage.notified",
+    "INSERT INTO main.outbox (receiver, key, body, created, next_attempt, attempts) "
+    "SELECT receiver, key, body, created, next_attempt, attempts FROM outage.outbox ORDER BY id",
+]
+
+# What each column must hold for the alerting code to use a row; other rows are deleted when the daemon opens
+# the database.  "object": a JSON object of strings (labels, annotations).
+_SHAPES = {
+    "alerts": {"fingerprint": "text", "labels": "object", "annotations": "object", "state": "text",
+               "active_at": "number", "fired_at": "number?", "resolved_at": "number?", "value": "number"},
+    "notified": {"receiver": "text", "fingerprint": "text", "at": "number"},
+    "outbox": {"receiver": "text", "key": "text", "body": "text", "created": "number", "next_attempt": "number",
+               "attempts": "integer", "claimed_until": "number"},
+}
+_FITS = {
+    "text": "typeof({c}) = 'text'",
+    "integer": "typeof({c}) = 'integer'",
+    "number": "typeof({c}) IN ('integer', 'real')",
+    "number?": "typeof({c}) IN ('integer', 'real', 'null')",
+    "object": "(CASE WHEN typeof({c}) = 'text' AND json_valid({c}) AND json_type({c}) = 'object' "
+              "THEN NOT EXISTS (SELECT 1 FROM json_each({c}) WHERE type <> 'text') ELSE 0 END)",
+}
+
+
+def _malformed(table: str) -> str:
+    fits = [_FITS[kind].format(c=column) for column, kind in _SHAPES[table].items()]
+    if table == "alerts":
+        fits.append("state IN ('pending', 'firing', 'resolved')")
+    return " OR ".join(f"NOT {fit}" for fit in fits)
+
+
+def _drop_malformed(db: AlertDB) -> int:
+    """Delete the rows of ``db`` that are not of the shape the alerting code writes; how many went."""
+    with db._lock:
+        db._conn.execute("BEGIN IMMEDIATE")
+        dropped = sum(db._conn.execute(f"DELETE FROM {table} WHERE {_malformed(table)}").rowcount
+                      for table in _SHAPES)
+        db._conn.execute("COMMIT")
+    return dropped
+
+
+def open_db(state_dir: str, max_bytes: int, repair: bool = False) -> AlertDB:
+    """The alerting database in ``state_dir``; ConfigError naming state_dir when it cannot be used.
+
+    With ``repair`` (the daemon, which holds the state_dir lock) it never fails: a corrupt database (and its
+    -wal/-shm) is moved aside and made afresh, rows of the wrong shape are deleted, and one that cannot be
+    written is kept in memory, saying why in ``problem``.
+    """
     path = os.path.join(state_dir, DB_NAME)
+    if not repair:
+        try:
+            return AlertDB(path, max_bytes)
+        except (OSError, sqlite3.Error) as exc:
+            raise ConfigError("state_dir", f"cannot open {path}: {exc}") from None
     try:
-        return AlertDB(path, max_bytes)
+        return _without_malformed(AlertDB(path, max_bytes, verify=True))
+    except sqlite3.Error as exc:
+        if not sqlitefile.corrupt(exc):
+            return AlertDB(path, max_bytes, memory=f"cannot write {path}: {exc}")
+        damage = str(exc)
+    except OSError as exc:
+        return AlertDB(path, max_bytes, memory=f"cannot write {path}: {exc.strerror or exc}")
+    try:
+        moved = sqlitefile.move_aside(path)
+    except OSError as exc:
+        log.error("alerting database %s is corrupt (%s) and cannot be moved aside (%s): alert state is kept in "
+                  "memory", path, damage, exc.strerror or exc)
+        return AlertDB(path, max_bytes, memory=f"{path} is corrupt ({damage}) and cannot be moved aside")
+    log.error("alerting database %s is corrupt (%s): moved aside as %s, alert state starts afresh",
+              path, damage, moved)
+    statefile.LEDGER.discard(Path(path), f"corrupt ({damage}), moved aside as {os.path.basename(moved)}")
+    try:
+        return AlertDB(path, max_bytes, verify=True)
     except (OSError, sqlite3.Error) as exc:
-        raise ConfigError("state_dir", f"cannot open {path}: {exc}") from None
+        return AlertDB(path, max_bytes, memory=f"cannot write {path}: {exc}")
+
+
+def _without_malformed(db: AlertDB) -> AlertDB:
+    try:
+        dropped = _drop_malformed(db)
+    except sqlite3.Error:
+        db.close()
+        raise
+    if dropped:
+        log.error("alerting database %s: %d row(s) of the wrong shape deleted", db.path, dropped)
+        statefile.LEDGER.discard(Path(db.path), f"{dropped} row(s) of the wrong shape deleted")
+    return db

@@ -40,13 +40,14 @@ class Alerting:
     ``evaluate()`` only computes and writes SQLite (never the network); a
     dispatcher thread queues due notifications and one thread per receiver
     delivers them, between ``start()`` and ``stop()``.  Construction raises
-    ConfigError for a bad rule file, an unreadable secret or an unusable
-    ``state_dir``.
+    ConfigError for a bad rule file or an unreadable secret; a corrupt
+    database is moved aside and one that cannot be written is kept in memory
+    (``state_problem`` says why).
     """
 
     def __init__(self, config: Config, state_dir: str) -> None:
         self.host = socket.gethostname()
-        self.db = open_db(state_dir, config.alerting.outbox_max_bytes)
+        self.db = open_db(state_dir, config.alerting.outbox_max_bytes, repair=True)
         self.book = AlertBook(self.db.load_alerts())
         self.tracker = Tracker()
         self._lock = threading.Lock()
@@ -173,6 +174,11 @@ class Alerting:
         self._wake.set()
 
     # --- views ---------------------------------------------------------------------
+
+    @property
+    def state_problem(self) -> str | None:
+        """Why alert state and the outbox are kept in memory only; None while they are in state_dir."""
+        return self.db.problem
 
     def active_alerts(self) -> list[dict[str, Any]]:
         """Pending and firing alerts as JSON objects, oldest first."""

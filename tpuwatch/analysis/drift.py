@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tpuwatch import statefile
+
 
 @dataclass(frozen=True)
 class DriftState:
@@ -89,7 +91,9 @@ class DriftDetector:
         up, down, up_sum, up_count, down_sum, down_count = snapshot["sums"]
         detector._up, detector._down, detector._up_sum, detector._down_sum = map(float, (up, down, up_sum, down_sum))
         detector._up_count, detector._down_count = int(up_count), int(down_count)
-        detector.state = DriftState(**snapshot["state"])
+        detector.state = statefile.restore_dataclass(DriftState, snapshot["state"])
+        if detector.state.drifting and detector.state.shift is None:
+            raise ValueError("a drifting state without a shift")
         return detector
 
 

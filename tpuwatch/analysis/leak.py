@@ -60,6 +60,8 @@ from functools import lru_cache
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
+from tpuwatch import statefile
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -190,9 +192,11 @@ class _SlidingValues:
         return [[end, list(values)] for end, values in self._buckets]
 
     def restore(self, buckets: list[list[Any]]) -> None:
-        """Refill an empty window from ``snapshot()``."""
+        """Refill an empty window from ``snapshot()``; ValueError for a value that is not finite (never stored)."""
         for end, values in buckets:
             self._buckets.append((float(end), tuple(float(v) for v in values)))
+            if not all(math.isfinite(v) for v in self._buckets[-1][1]):
+                raise ValueError("a window holds a value that is not finite")
             self._sorted.extend(self._buckets[-1][1])
         self._sorted.sort()
 
@@ -391,7 +395,9 @@ class LeakDetector:
         detector = cls(params)
         if snapshot["layout"] != _layout(detector.params):
             raise ValueError("saved with other floor settings")
-        bucket = map(float, snapshot["bucket"])
+        bucket = [float(v) for v in snapshot["bucket"]]
+        if any(math.isnan(v) for v in bucket):
+            raise ValueError("the open bucket holds NaN")
         detector._bucket_end, detector._lo1, detector._lo2, detector._hi1, detector._hi2 = bucket
         detector._capacity = None if snapshot["capacity"] is None else float(snapshot["capacity"])
         for window, buckets in zip(detector._lows, snapshot["lows"], strict=True):
@@ -406,7 +412,9 @@ class LeakDetector:
         detector._recent.extend(bool(found) for found in snapshot["recent"])
         detector._quiet = int(snapshot["quiet"])
         detector._high = float(snapshot["high"])
-        detector.state = LeakState(**snapshot["state"])
+        detector.state = statefile.restore_dataclass(LeakState, snapshot["state"])
+        if detector.state.firing and detector.state.slope is None:
+            raise ValueError("a firing state without a slope")
         first = snapshot["first_alert_at"]
         detector.first_alert_at = None if first is None else float(first)
         return detector

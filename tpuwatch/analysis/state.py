@@ -18,26 +18,30 @@ log = logging.getLogger(__name__)
 
 FILE_NAME = "trend.json"
 SAVE_EVERY_S = 300.0
+MAX_BYTES = 32 << 20  # about 8 KiB per series, for the analyzer's 1000 at most
 
 
 class TrendStateFile:
-    """``restore(trend, now)`` once at start, ``save(trend, now)`` periodically; failures counted, logged once."""
+    """``restore(trend, now)`` once at start, ``save(trend, now)`` periodically; failures counted, logged once.
+
+    A file that does not fit (not JSON, wrong shape, another version) is not used, and is recorded as discarded.
+    """
 
     def __init__(self, state_dir: str) -> None:
         self.path = Path(state_dir) / FILE_NAME
         self.save_failures = 0
-        self._failing = False
         self._lock = threading.Lock()  # the periodic job and stop() may save at the same moment
 
     def restore(self, trend: TrendAnalyzer, now: float) -> int:
         """Load the saved state into ``trend``; the number of series carried on (0 if none or unfit)."""
-        snapshot = statefile.load(self.path, "trend state")
+        snapshot = statefile.load(self.path, "trend state", shape=None, max_bytes=MAX_BYTES)
         if snapshot is None:
             return 0
         try:
             count = trend.restore(snapshot, now)
         except Exception as exc:  # whatever a damaged file holds, the daemon starts, with detectors learning afresh
-            log.warning("trend state in %s not used, the detectors learn afresh: %s", self.path, exc)
+            statefile.discard(self.path, "trend state", f"{type(exc).__name__}: {str(exc)[:200]}; the detectors "
+                                                        "learn afresh")
             return 0
         log.info("trend: %d series carried on from %s, saved %.0f s ago", count, self.path,
                  now - float(snapshot["saved_at"]))
@@ -45,15 +49,6 @@ class TrendStateFile:
 
     def save(self, trend: TrendAnalyzer, now: float) -> None:
         """Write ``trend``'s state atomically; a failure (full disk, read-only) is counted and logged once."""
-        try:
-            with self._lock:
-                statefile.save(self.path, trend.snapshot(now))
-        except OSError as exc:
-            self.save_failures += 1
-            if not self._failing:
-                log.warning("trend state not saved to %s, retrying every %.0f s: %s", self.path, SAVE_EVERY_S, exc)
-            self._failing = True
-            return
-        if self._failing:
-            log.info("trend state saved to %s again", self.path)
-        self._failing = False
+        with self._lock:
+            if not statefile.save(self.path, trend.snapshot(now)):  # logged there, once until it works again
+                self.save_failures += 1

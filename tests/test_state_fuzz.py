@@ -1,0 +1,207 @@
+"""Every state file the daemon reads, broken many ways (statefuzz: 1,000 cases each by default, a fixed seed):
+the part reading it never raises, never trusts it, and still handles the next real event.
+
+A longer run: ``TPUWATCH_FUZZ_CASES=20000 TPUWATCH_FUZZ_SEED=$RANDOM pytest tests/test_state_fuzz.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from tpuwatch import config as config_module
+from tpuwatch.alerting import Alerting
+from tpuwatch.alerting.db import DB_NAME, AlertDB, Notification
+from tpuwatch.alerting.sqlitefile import KEEP_MOVED_ASIDE
+from tpuwatch.alerting.state import Alert
+from tpuwatch.analysis.state import FILE_NAME, TrendStateFile
+from tpuwatch.analysis.trend import TrendAnalyzer
+from tpuwatch.canary.runner import history_key, judge, load_history
+from tpuwatch.config import TrendConfig
+from tpuwatch.kernel_log.sources import FileSource, JournalSource, KmsgSource, read_boot_id
+
+import statefuzz
+
+TABLES = {"alerts": ["fingerprint", "labels", "annotations", "state", "active_at", "fired_at", "resolved_at",
+                     "value"],
+          "notified": ["receiver", "fingerprint", "at"],
+          "outbox": ["id", "receiver", "key", "body", "created", "next_attempt", "attempts", "claimed_until"]}
+
+
+@pytest.fixture(autouse=True)
+def quiet(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.CRITICAL)  # every case logs what it discards; thousands of lines help nobody
+
+
+def _rng(name: str) -> random.Random:
+    return random.Random(f"{statefuzz.SEED}:{name}")
+
+
+def _ecc(value: float) -> list[Any]:
+    from tpuwatch.samples import sample
+    return [sample("tpuwatch_device_up", 1, device="3"),
+            sample("tpuwatch_device_ecc_errors_total", value, device="3", kind="uncorrected")]
+
+
+def _good_alerting_db(path: Path) -> None:
+    db = AlertDB(str(path), 1 << 20)
+    alert = Alert("f00d", {"alertname": "AcceleratorEccUncorrectable", "severity": "critical", "device": "1"},
+                  {"summary": "s"}, "firing", 1.0, fired_at=2.0)
+    db.save_alerts([alert])
+    db.enqueue([Notification("hook", ('{"alerts": []}',), told_firing=("f00d",))], 3.0)
+    db.close()
+
+
+def test_fuzzed_alerting_db_is_moved_aside_or_cleaned_and_the_next_alert_is_queued(tmp_path: Path) -> None:
+    good = statefuzz.sqlite_files(_good_alerting_db, tmp_path)
+    assert set(good) == {"", "-wal", "-shm", "whole"} and len(good["-wal"]) > 32  # the WAL holds frames to break
+    config = config_module.parse(yaml.safe_dump({
+        "alerting": {"group_wait": "0s", "rule_files": []},
+        "notify": [{"name": "hook", "type": "webhook", "url": "http://127.0.0.1:9/hook"}]}))
+    state = tmp_path / "state"
+    rng = _rng("alerting.db")
+    for name, files in statefuzz.sqlite_cases(good, rng, tmp_path, TABLES):
+        shutil.rmtree(state, ignore_errors=True)
+        state.mkdir()
+        for suffix, data in files.items():
+            if data is not None:
+                (state / f"{DB_NAME}{suffix}").write_bytes(data)
+        alerting = Alerting(config, str(state))
+        try:
+            assert alerting.state_problem is None, name
+            now = time.time()
+            alerting.evaluate(_ecc(0), now - 1)
+            alerting.evaluate(_ecc(1), now)
+            alerting.flush(now)
+            message, _ = alerting.db.claim("hook", now, 5.0)
+            while message is not None and '"device": "3"' not in message.body:
+                alerting.db.delete(message.id)  # what the broken file still held, sent first
+                message, _ = alerting.db.claim("hook", now, 5.0)
+            assert message is not None and "AcceleratorEccUncorrectable" in message.body, name
+        finally:
+            alerting.db.close()
+        moved = {p.name.split("-wal")[0].split("-shm")[0] for p in state.iterdir() if ".corrupt-" in p.name}
+        assert len(moved) <= KEEP_MOVED_ASIDE, name
+
+
+def test_fuzzed_trend_state_is_not_trusted_and_the_detectors_go_on(tmp_path: Path) -> None:
+    from test_trend_state import START, STEP, cycle, feed
+
+    trained = TrendAnalyzer(TrendConfig())
+    feed(trained, np.arange(START, START + 1800, STEP), seed=5)
+    good = json.loads(json.dumps(trained.snapshot(START + 1800)))
+    state = TrendStateFile(str(tmp_path))
+    for name, data in statefuzz.json_cases(good, _rng("trend.json")):
+        (tmp_path / FILE_NAME).write_bytes(data)
+        trend = TrendAnalyzer(TrendConfig())
+        restored = state.restore(trend, START + 1830)
+        assert 0 <= restored <= 2, name
+        for t in (START + 1840, START + 1850):
+            trend.observe(cycle(t, np.random.default_rng(int(t))), t)
+        trend.samples()
+        trend.findings()
+        json.dumps(trend.snapshot(START + 1860))
+
+
+def test_fuzzed_file_position_never_blinds_the_kernel_log(tmp_path: Path) -> None:
+    log_file, position = tmp_path / "kern.log", tmp_path / "kernel_log" / "file.json"
+    log_file.write_text("old line 1\nold line 2\n")
+    source = FileSource(str(log_file), position)
+    source.commit()
+    good = json.loads(position.read_text())
+    assert good["offset"] == log_file.stat().st_size
+    for i, (name, data) in enumerate(statefuzz.json_cases(good, _rng("kernel_log/file.json"))):
+        position.write_bytes(data)
+        source = FileSource(str(log_file), position)
+        source.read(1000)
+        with open(log_file, "a") as handle:
+            handle.write(f"event {i}\n")
+        assert f"event {i}" in [r.message for r in source.read(100_000)], name
+        source.commit()
+        source.close()
+
+
+def _fuzz_positions(position: Path, open_source: Callable[[], Any], what: str) -> None:
+    """A good position saved by a real read, then every broken variant of it: opening, reading and saving never
+    raise."""
+    source = open_source()
+    source.read(100_000)
+    source.commit()
+    source.close()
+    good = json.loads(position.read_text())
+    for _, data in statefuzz.json_cases(good, _rng(what)):
+        position.write_bytes(data)
+        source = open_source()
+        try:
+            source.read(50)
+            source.commit()
+        finally:
+            source.close()
+
+
+@pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK), reason="needs read access to /dev/kmsg")
+def test_fuzzed_kmsg_position_never_raises(tmp_path: Path) -> None:
+    position = tmp_path / "kernel_log" / "kmsg.json"
+    boot_id = read_boot_id()
+    _fuzz_positions(position, lambda: KmsgSource("/dev/kmsg", position, boot_id), "kernel_log/kmsg.json")
+
+
+CANARY_LINES = [{"event": "start", "platform": "cpu", "chip": "cpu", "stack": "jax 0.4", "dtype": "float32",
+                 "scale": 1.0, "devices": ["0", "1"]},
+                *({"event": "result", "device": d, "max_abs_error": 1e-7, "fingerprint": "abc", "finite": True,
+                   "duration_seconds": 0.1} for d in ("0", "1"))]
+
+
+@pytest.mark.xfail(strict=True, reason="canary/runner.py load_history trusts any JSON object: a wrong-shaped "
+                   "fingerprints.json raises in judge() or fails a good run (the canary's owner: load it with "
+                   "statefile.load and a shape)")
+def test_fuzzed_fingerprint_history_is_not_trusted(tmp_path: Path) -> None:
+    path = tmp_path / "canary" / "fingerprints.json"
+    path.parent.mkdir()
+    key = history_key("jax 0.4", "cpu", "float32")
+    good = {key: {"0": "abc", "1": "abc"}}
+    for name, data in statefuzz.json_cases(good, _rng("canary/fingerprints.json")):
+        path.write_bytes(data)
+        result, _ = judge(CANARY_LINES, None, load_history(path))
+        assert result.status == "pass", name
+
+
+@pytest.mark.xfail(strict=True, reason="kernel_log/sources.py JournalSource passes a saved cursor to seek_cursor "
+                   "unchecked: a malformed one raises ValueError('Invalid cursor') out of the constructor, and the "
+                   "daemon cannot start (the kernel log's owner: fall back to no position)")
+def test_fuzzed_journal_position_never_raises(tmp_path: Path) -> None:
+    pytest.importorskip("systemd.journal")
+    from test_kernel_log_sources import _append_journal
+
+    journal, position = tmp_path / "k.journal", tmp_path / "kernel_log" / "journal.json"
+    _append_journal(journal, ["EDAC MC0: 1 UE memory read error"], int(time.time() * 1e6) - 10**7)
+    _fuzz_positions(position, lambda: JournalSource(position, str(journal)), "kernel_log/journal.json")
+
+
+@pytest.mark.xfail(strict=True, reason="kernel_log/sources.py KmsgSource trusts a saved seq of this boot: one "
+                   "beyond the ring's newest record makes it drop every record until the next boot (the kernel "
+                   "log's owner: a saved seq above the newest one read is not this ring's)")
+@pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK | os.W_OK), reason="needs root's /dev/kmsg")
+def test_a_kmsg_position_beyond_the_ring_does_not_blind_the_kernel_log(tmp_path: Path) -> None:
+    position = tmp_path / "kmsg.json"
+    position.write_text(json.dumps({"boot_id": read_boot_id(), "seq": 2**62}))
+    source = KmsgSource("/dev/kmsg", position, read_boot_id())
+    tag = f"tpuwatch-test-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        source.read(1_000_000)
+        with open("/dev/kmsg", "w") as kmsg:
+            kmsg.write(f"<6>{tag}: a record after the restart\n")
+        assert any(tag in r.message for r in source.read(1_000_000))
+    finally:
+        source.close()

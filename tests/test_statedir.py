@@ -1,0 +1,180 @@
+"""The state directory on real file systems: the flock lock across processes, the writability probe on a real
+tmpfs (read-only, full), the simulated namespace, shape checks of state files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tpuwatch import statedir, statefile
+from tpuwatch.config import Config, DevicesConfig
+from tpuwatch.statedir import InUse, StateDir, acquire, holder, namespaced, probe
+
+from conftest import Tmpfs
+
+
+def hold_lock(state_dir: Path) -> subprocess.Popen[str]:
+    """Another process holding ``state_dir``'s lock, until killed."""
+    code = textwrap.dedent(f"""
+        import sys, time
+        from tpuwatch import statedir
+        statedir.acquire({str(state_dir)!r})
+        print("locked", flush=True)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
+    return proc
+
+
+def test_the_lock_names_its_holder_and_dies_with_it(tmp_path: Path) -> None:
+    assert holder(str(tmp_path)) is None  # no lock file yet
+    other = hold_lock(tmp_path)
+    try:
+        assert holder(str(tmp_path)) == other.pid
+        assert (tmp_path / "lock").read_text() == f"{other.pid}\n"
+        with pytest.raises(InUse, match=f"^state_dir {tmp_path}: in use by pid {other.pid}$"):
+            acquire(str(tmp_path))
+    finally:
+        other.send_signal(signal.SIGKILL)
+        other.wait()
+    assert holder(str(tmp_path)) is None  # the kernel dropped it: nothing stale
+    taken = acquire(str(tmp_path))
+    assert taken is not None and taken[1]
+    assert holder(str(tmp_path)) == os.getpid()
+    assert (tmp_path / "lock").read_text() == f"{os.getpid()}\n"  # the longer old pid cut off
+    os.close(taken[0])
+
+
+def test_a_read_only_state_dir_is_still_locked_and_its_holder_known(tmpfs: Callable[..., Tmpfs]) -> None:
+    fs = tmpfs()
+    (fs.path / "lock").write_text("999999999\n")  # a stale pid from an old run
+    fs.remount("ro")
+    taken = acquire(str(fs.path))
+    assert taken is not None and taken[1] is False  # locked through a read-only descriptor
+    try:
+        assert holder(str(fs.path)) == os.getpid()  # from /proc/locks, not the stale file
+        with pytest.raises(InUse, match=f"in use by pid {os.getpid()}"):
+            acquire(str(fs.path))
+    finally:
+        os.close(taken[0])
+
+
+def test_the_probe_on_a_real_tmpfs_read_only_full_and_freed(tmpfs: Callable[..., Tmpfs]) -> None:
+    fs = tmpfs(size="2m")
+    state = fs.path / "state"
+    assert probe(str(state), create=False) is None and not state.exists()  # judged without writing
+    assert probe(str(state)) is None and state.is_dir()
+    filler = fs.fill()
+    assert "No space left on device" in (probe(str(state)) or "")
+    assert "No space left on device" in (probe(str(state), create=False) or "")
+    filler.unlink()
+    assert probe(str(state)) is None
+    fs.remount("ro")
+    assert probe(str(state)) == "Read-only file system"
+    assert probe(str(state), create=False) == f"Read-only file system ({state})"
+    assert sorted(os.listdir(state)) == []  # no probe file left behind
+
+
+def test_state_dir_says_each_change_once_and_locks_once_it_can(tmpfs: Callable[..., Tmpfs],
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    fs = tmpfs()
+    fs.remount("ro")
+    state = StateDir(str(fs.path / "state"))  # cannot even be made
+    with caplog.at_level(logging.INFO):
+        state.open()
+        for _ in range(3):
+            state.refresh()
+        assert not state.writable and state.reason == "Read-only file system"
+        assert caplog.text.count("cannot be written") == 1 and "no lock keeps a second daemon off" in caplog.text
+        assert holder(state.path) is None
+        fs.remount("rw")
+        for _ in range(3):
+            state.refresh()
+    assert state.writable and caplog.text.count("can be written again") == 1
+    assert holder(state.path) == os.getpid()  # locked as soon as it could be
+    state.close()
+    assert holder(state.path) is None
+
+
+def test_state_dir_in_use_once_writable_again_stays_in_memory(tmpfs: Callable[..., Tmpfs]) -> None:
+    fs = tmpfs()
+    fs.remount("ro")
+    state = StateDir(str(fs.path / "state"))
+    state.open()
+    fs.remount("rw")
+    os.mkdir(state.path)
+    other = hold_lock(Path(state.path))  # another daemon took it meanwhile
+    try:
+        state.refresh()
+        assert state.reason == f"state_dir {state.path}: in use by pid {other.pid}"
+    finally:
+        other.send_signal(signal.SIGKILL)
+        other.wait()
+    state.refresh()
+    assert state.writable
+
+
+def test_simulated_chips_have_their_own_namespace() -> None:
+    real = Config(state_dir="/var/lib/tpuwatch")
+    assert namespaced(real) is real
+    sim = Config(state_dir="/var/lib/tpuwatch", devices=DevicesConfig(backend="sim"))
+    assert namespaced(sim).state_dir == "/var/lib/tpuwatch/simulated" and statedir.is_simulated(sim)
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ('{"seq": -100000000000000000000}', "out of range"),
+    ('{"offset": "12"}', "str at offset, not an integer"),
+    ('{"dev": true}', "bool at dev, not an integer"),
+    ('{"seq": 1.5}', "float at seq, not an integer"),
+    ('{"boot_id": "' + "x" * 65 + '"}', "longer than 64"),
+    ('{"other": 1}', "unknown key 'other'"),
+    ("[1, 2]", "list, not an object"),
+    ("[" * 100_000, "not JSON"),
+    ('{"seq": 1', "not JSON"),
+    ("\xff", "not JSON"),
+])
+def test_a_position_file_of_the_wrong_shape_is_never_trusted(tmp_path: Path, text: str, why: str) -> None:
+    path = tmp_path / "kmsg.json"
+    path.write_bytes(text.encode("utf-8", "surrogateescape") if text != "\xff" else b"\xff")
+    assert statefile.load(path, "kernel log position") is None
+    assert why in statefile.LEDGER.view()[1][-1][2]
+
+
+def test_good_files_load_and_oversized_ones_do_not(tmp_path: Path) -> None:
+    path = tmp_path / "file.json"
+    good = {"path": "/var/log/kern.log", "dev": 2049, "ino": 12, "offset": 4096}
+    assert statefile.save(path, good) and statefile.load(path, "kernel log position") == good
+    history = statefile.MapOf(statefile.MapOf(statefile.Str(128)))
+    path.write_text(json.dumps({"k": {"0": "abc"}}))
+    assert statefile.load(path, "fingerprints", history) == {"k": {"0": "abc"}}
+    path.write_text(json.dumps({"k": {"0": 5}}))
+    assert statefile.load(path, "fingerprints", history) is None
+    path.write_text(json.dumps({"offset": 1, "path": "x" * 2_000_000}))
+    assert statefile.load(path, "kernel log position") is None
+    assert "larger than 1048576 bytes" in statefile.LEDGER.view()[1][-1][2]
+
+
+def test_a_save_that_fails_says_so_once_and_again_when_it_works(tmpfs: Callable[..., Tmpfs],
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    fs = tmpfs()
+    path = fs.path / "kernel_log" / "kmsg.json"
+    fs.remount("ro")
+    with caplog.at_level(logging.INFO):
+        assert [statefile.save(path, {"seq": n}) for n in range(3)] == [False] * 3
+        assert str(path) in statefile.LEDGER.view()[0]
+        fs.remount("rw")
+        assert statefile.save(path, {"seq": 3})
+    assert caplog.text.count("not saved") == 1 and caplog.text.count("saved again") == 1
+    assert str(path) not in statefile.LEDGER.view()[0]
+    assert json.loads(path.read_text()) == {"seq": 3}
+    assert sorted(os.listdir(path.parent)) == ["kmsg.json"]
