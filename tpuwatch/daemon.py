@@ -273,6 +273,7 @@ class Daemon:
 
     def _sample(self) -> None:
         self.sampler.run_once()
+        self.registry.render()
 
     def _current_store(self) -> SeriesStore:
         return self.store

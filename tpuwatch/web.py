@@ -9,7 +9,6 @@ stall scraping.
 from __future__ import annotations
 
 import errno
-import gzip
 import json
 import logging
 import socket
@@ -20,8 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 
+from tpuwatch.exporter import Exposition, RenderedRegistry
 from tpuwatch.schema import parse_listen_address
 from tpuwatch.webconfig import WebConfig
 
@@ -51,7 +50,7 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], family: socket.AddressFamily, registry: CollectorRegistry,
                  routes: dict[str, JsonRoute], web: WebConfig) -> None:
         self.address_family = family
-        self.registry = registry
+        self.exposition = registry.exposition if isinstance(registry, RenderedRegistry) else Exposition(registry)
         self.routes = routes
         self.web = web
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
@@ -98,12 +97,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            body = encoder(self.server.registry)
-            extra = {}
-            if "gzip" in self.headers.get("Accept-Encoding", ""):
-                body, extra = gzip.compress(body, compresslevel=1), {"Content-Encoding": "gzip"}
-            self._send(200, body, content_type, extra)
+            compressed = "gzip" in self.headers.get("Accept-Encoding", "")
+            body, content_type = self.server.exposition.body(self.headers.get("Accept", ""), compressed)
+            self._send(200, body, content_type, {"Content-Encoding": "gzip"} if compressed else {})
         elif path in self.server.routes:
             code, payload = self.server.routes[path]()
             self._send(code, (json.dumps(payload, indent=2) + "\n").encode(), "application/json")
