@@ -10,7 +10,7 @@ from tpuwatch.httpd.protocol import (
     accepts_gzip,
     head_length,
     parse_head,
-    serialize,
+    response_head,
     strip_leading_blank_lines,
 )
 from tpuwatch.httpd.table import ConnectionTable
@@ -112,17 +112,16 @@ def test_accept_encoding(value: str, gzip: bool) -> None:
     assert accepts_gzip(value) is gzip
 
 
-def test_serialize() -> None:
+def test_response_head() -> None:
     response = Response(200, b"hello\n", "text/plain", (("Content-Encoding", "gzip"),))
-    wire = serialize(response, head_only=False, keep_alive=True)
-    head, body = wire.split(b"\r\n\r\n", 1)
-    lines = head.decode().split("\r\n")
-    assert lines[0] == "HTTP/1.1 200 OK" and body == b"hello\n"
+    head = response_head(response, keep_alive=True)
+    lines = head.decode().removesuffix("\r\n\r\n").split("\r\n")
+    assert lines[0] == "HTTP/1.1 200 OK" and head.endswith(b"\r\n\r\n")
     assert {"Content-Length: 6", "Content-Type: text/plain", "Content-Encoding: gzip"} <= set(lines)
+    assert lines[1].startswith("Date: ") and lines[1].endswith(" GMT")
     assert not any(line.startswith("Connection") for line in lines)
-    head_only = serialize(response, head_only=True, keep_alive=False)
-    assert head_only.endswith(b"Connection: close\r\n\r\n") and b"Content-Length: 6" in head_only
-    assert b"Connection: keep-alive" in serialize(response, False, True, (1, 0))
+    assert response_head(response, keep_alive=False).endswith(b"Connection: close\r\n\r\n")
+    assert b"Connection: keep-alive" in response_head(response, True, (1, 0))
 
 
 def test_eviction_takes_the_longest_waiting_of_that_client() -> None:

@@ -212,8 +212,8 @@ class _DateCache:
 http_date = _DateCache()
 
 
-def serialize(response: Response, head_only: bool, keep_alive: bool, version: tuple[int, int] = (1, 1)) -> bytes:
-    """The response's bytes on the wire; HEAD gets the same headers without the body."""
+def response_head(response: Response, keep_alive: bool, version: tuple[int, int] = (1, 1)) -> bytes:
+    """The status line and headers of ``response`` on the wire; the body follows unless the request was HEAD."""
     lines = [f"HTTP/1.1 {response.code} {REASONS.get(response.code, 'Unknown')}", f"Date: {http_date()}",
              f"Content-Type: {response.content_type}", f"Content-Length: {len(response.body)}"]
     lines += [f"{name}: {value}" for name, value in response.headers]
@@ -221,5 +221,4 @@ def serialize(response: Response, head_only: bool, keep_alive: bool, version: tu
         lines.append("Connection: close")
     elif version < (1, 1):
         lines.append("Connection: keep-alive")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head if head_only else head + response.body
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")

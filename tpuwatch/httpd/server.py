@@ -25,7 +25,7 @@ from tpuwatch.httpd.workers import Workers
 
 log = logging.getLogger("tpuwatch.web")
 
-READ_CHUNK = 65536
+READ_CHUNK = 65536  # when draining a lingering close; a head is read at most max_head_bytes + 1 at a time
 WRITE_CHUNK = 262144
 CLOSE_JOIN_S = 5.0
 _READ, _WRITE = selectors.EVENT_READ, selectors.EVENT_WRITE
@@ -42,7 +42,7 @@ class _Conn:
         self.deadline = deadline
         self.state: str | None = None
         self.inbuf = bytearray()
-        self.out: memoryview | None = None
+        self.out: list[memoryview] = []  # what is left to send: the head, then the body (shared, not copied)
         self.request: Request | None = None
         self.events = 0
         self.generation = 0
@@ -237,7 +237,7 @@ class Server:
     def _read(self, conn: _Conn) -> None:
         while len(conn.inbuf) <= self.limits.max_head_bytes and not conn.eof:
             try:
-                data = conn.sock.recv(READ_CHUNK)
+                data = conn.sock.recv(self.limits.max_head_bytes + 1 - len(conn.inbuf))
             except ssl.SSLWantWriteError:
                 self._want(conn, _WRITE)
                 return
@@ -304,7 +304,9 @@ class Server:
         conn.generation += 1
         self.stats.answer(response.code)
         version = conn.request.version if conn.request else (1, 1)
-        conn.out = memoryview(protocol.serialize(response, head_only, keep_alive, version))
+        conn.out = [memoryview(protocol.response_head(response, keep_alive, version))]
+        if not head_only and response.body:
+            conn.out.append(memoryview(response.body))
         conn.close_after = not keep_alive
         self._set_state(conn, "writing")
         self._table.wait(conn)
@@ -314,7 +316,7 @@ class Server:
     def _write(self, conn: _Conn) -> None:
         while conn.out:
             try:
-                sent = conn.sock.send(conn.out[:WRITE_CHUNK])
+                sent = conn.sock.send(conn.out[0][:WRITE_CHUNK])
             except ssl.SSLWantReadError:
                 self._want(conn, _READ)
                 return
@@ -324,8 +326,9 @@ class Server:
             except OSError:
                 self._close(conn)
                 return
-            conn.out = conn.out[sent:]
-        conn.out = None
+            conn.out[0] = conn.out[0][sent:]
+            if not conn.out[0]:
+                conn.out.pop(0)
         if conn.close_after:
             self._linger(conn)
             return
@@ -366,7 +369,7 @@ class Server:
         """Best effort, for a connection about to close: one non-blocking send."""
         self.stats.answer(response.code)
         try:
-            conn.sock.send(protocol.serialize(response, False, False))
+            conn.sock.send(protocol.response_head(response, False) + response.body)
         except OSError:
             pass
 
