@@ -51,6 +51,11 @@ class Request:
         return self.target.split("?", 1)[0]
 
     @property
+    def shown_path(self) -> str:
+        """The path as logged and echoed in error answers: cut to 80 characters."""
+        return self.path if len(self.path) <= 80 else self.path[:77] + "..."
+
+    @property
     def keep_alive(self) -> bool:
         """Whether the client wants the connection kept open after the response."""
         tokens = {t.strip().lower() for t in self.headers.get("connection", "").split(",")}

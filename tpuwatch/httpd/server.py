@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from tpuwatch.httpd import protocol, tls
+from tpuwatch.httpd.connection import Connection
 from tpuwatch.httpd.limits import ACCEPT_BATCH, ACCEPT_PAUSE_S, LINGER_BYTES, Limits
 from tpuwatch.httpd.protocol import App, HttpError, Request, Response, error_response
 from tpuwatch.httpd.stats import HttpStats
@@ -33,25 +34,6 @@ _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSL
 _ALLOW = (("Allow", "GET, HEAD"),)
 
 
-class _Conn:
-    """One client connection; touched by the loop thread only."""
-
-    def __init__(self, sock: socket.socket, client: str, deadline: float) -> None:
-        self.sock = sock
-        self.client = client
-        self.deadline = deadline
-        self.state: str | None = None
-        self.inbuf = bytearray()
-        self.out: list[memoryview] = []  # what is left to send: the head, then the body (shared, not copied)
-        self.request: Request | None = None
-        self.events = 0
-        self.generation = 0
-        self.drained = 0
-        self.close_after = False
-        self.eof = False
-        self.closed = False
-
-
 class Server:
     """Serves ``app`` on a bound, listening socket until ``close()``."""
 
@@ -62,10 +44,10 @@ class Server:
         self._listener = listener
         self._app = app
         self._tls = tls
-        self._table: ConnectionTable[_Conn] = ConnectionTable(limits.max_connections,
+        self._table: ConnectionTable[Connection] = ConnectionTable(limits.max_connections,
                                                               limits.max_connections_per_client)
-        self._conns: set[_Conn] = set()
-        self._workers: Workers[tuple[_Conn, int, Response]] = Workers(app.lanes, limits.workers_per_lane,
+        self._conns: set[Connection] = set()
+        self._workers: Workers[tuple[Connection, int, Response]] = Workers(app.lanes, limits.workers_per_lane,
                                                                       limits.queue_per_lane)
         self._selector = selectors.DefaultSelector()
         listener.setblocking(False)
@@ -118,7 +100,7 @@ class Server:
         self._sweep(now)
         return now + self.limits.sweep
 
-    def _guarded(self, conn: _Conn | None, step: Callable[..., None], *args: object) -> None:
+    def _guarded(self, conn: Connection | None, step: Callable[..., None], *args: object) -> None:
         """Run one step; a bug in it closes that connection, is counted and logged, and the loop goes on."""
         try:
             step(*args)
@@ -136,7 +118,7 @@ class Server:
             self._selector.register(self._listener, _READ, self._listener)
         self.stats.flush(now=now)
 
-    def _expire(self, conn: _Conn) -> None:
+    def _expire(self, conn: Connection) -> None:
         state = conn.state
         if state == "idle":
             self._close(conn, "idle_timeout", f"from {conn.client}")
@@ -145,7 +127,7 @@ class Server:
                 self._send_once(conn, error_response(HttpError(408, "request head not complete in time")))
             self._close(conn, "header_timeout", f"from {conn.client}")
         elif state == "busy":
-            path = conn.request.path if conn.request else "?"
+            path = conn.request.shown_path if conn.request else "?"
             self.stats.count("route_timeout", f"{path} for {conn.client}")
             self._respond(conn, error_response(HttpError(503, f"{path} did not answer in time")), False, False)
         elif state == "writing":
@@ -172,7 +154,7 @@ class Server:
             if conn is not None:
                 self._guarded(conn, self._start, conn)
 
-    def _admit(self, sock: socket.socket, client: str) -> _Conn | None:
+    def _admit(self, sock: socket.socket, client: str) -> Connection | None:
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -186,12 +168,12 @@ class Server:
             return None
         for victim, reason in admission.victims:
             self._close(victim, reason, f"from {victim.client}")
-        conn = _Conn(sock, client, time.monotonic() + self.limits.header_timeout)
+        conn = Connection(sock, client, time.monotonic() + self.limits.header_timeout)
         self._conns.add(conn)
         self._table.add(conn, client)
         return conn
 
-    def _start(self, conn: _Conn) -> None:
+    def _start(self, conn: Connection) -> None:
         """Read at once what a new connection sent (usually its whole request), or start its TLS handshake."""
         context = self._tls()
         if context is None:
@@ -211,9 +193,9 @@ class Server:
         if pending:
             self._handshake(conn)
         else:
-            self._want(conn, _READ)
+            conn.want(self._selector, _READ)
 
-    def _on_event(self, conn: _Conn) -> None:
+    def _on_event(self, conn: Connection) -> None:
         if conn.state == "handshake":
             self._handshake(conn)
         elif conn.state in ("reading", "idle"):
@@ -223,23 +205,23 @@ class Server:
         elif conn.state == "closing":
             self._drain(conn)
 
-    def _handshake(self, conn: _Conn) -> None:
+    def _handshake(self, conn: Connection) -> None:
         assert isinstance(conn.sock, ssl.SSLSocket)
         step, reason = tls.handshake(conn.sock)
         if step in ("read", "write"):
-            self._want(conn, _READ if step == "read" else _WRITE)
+            conn.want(self._selector, _READ if step == "read" else _WRITE)
         elif step == "done":
             self._set_state(conn, "reading")
             self._read(conn)
         else:
             self._close(conn, "tls_handshake_failed" if step == "failed" else None, f"{reason} from {conn.client}")
 
-    def _read(self, conn: _Conn) -> None:
+    def _read(self, conn: Connection) -> None:
         while len(conn.inbuf) <= self.limits.max_head_bytes and not conn.eof:
             try:
                 data = conn.sock.recv(self.limits.max_head_bytes + 1 - len(conn.inbuf))
             except ssl.SSLWantWriteError:
-                self._want(conn, _WRITE)
+                conn.want(self._selector, _WRITE)
                 return
             except _WOULD_BLOCK:
                 break
@@ -254,7 +236,7 @@ class Server:
             conn.inbuf += data
         self._parse(conn)
 
-    def _parse(self, conn: _Conn) -> None:
+    def _parse(self, conn: Connection) -> None:
         protocol.strip_leading_blank_lines(conn.inbuf)
         try:
             length = protocol.head_length(conn.inbuf, self.limits.max_head_bytes)
@@ -262,7 +244,7 @@ class Server:
                 if conn.eof:
                     self._close(conn)
                 else:
-                    self._want(conn, _READ)
+                    conn.want(self._selector, _READ)
                 return
             head = bytes(conn.inbuf[:length])
             del conn.inbuf[:length]
@@ -273,14 +255,14 @@ class Server:
             return
         lane = self._app.lane(request)
         if self._workers.full(lane):
-            self.stats.count("overloaded", f"{request.path} for {conn.client}")
+            self.stats.count("overloaded", f"{request.shown_path} for {conn.client}")
             overloaded = error_response(HttpError(503, "too many requests in progress"), (("Retry-After", "1"),))
             self._respond(conn, overloaded, request.method == "HEAD", False)
             return
         conn.request = request
         self._set_state(conn, "busy")
         self._table.busy(conn)
-        self._unwant(conn)
+        conn.unwant(self._selector)
         conn.deadline = time.monotonic() + self.limits.route_timeout
         generation, client = conn.generation, conn.client
         self._workers.submit(lane, lambda: (conn, generation, self._route(request, client)))
@@ -290,17 +272,18 @@ class Server:
         try:
             return self._app.handle(request, client)
         except Exception as exc:  # noqa: BLE001 - a failing route answers 500, the endpoint stays up
-            self.stats.count("route_error", f"{request.path}: {type(exc).__name__}: {exc}")
-            log.debug("http: route %s failed", request.path, exc_info=True)
-            return error_response(HttpError(500, f"{request.path} failed"))
+            path = request.shown_path
+            self.stats.count("route_error", f"{path}: {type(exc).__name__}: {exc}")
+            log.debug("http: route %s failed", path, exc_info=True)
+            return error_response(HttpError(500, f"{path} failed"))
 
-    def _finish(self, conn: _Conn, generation: int, response: Response) -> None:
+    def _finish(self, conn: Connection, generation: int, response: Response) -> None:
         if conn.closed or conn.generation != generation or conn.request is None:
             return  # answered 503 meanwhile, or gone
         request = conn.request
         self._respond(conn, response, request.method == "HEAD", request.keep_alive and not conn.eof)
 
-    def _respond(self, conn: _Conn, response: Response, head_only: bool, keep_alive: bool) -> None:
+    def _respond(self, conn: Connection, response: Response, head_only: bool, keep_alive: bool) -> None:
         conn.generation += 1
         self.stats.answer(response.code)
         version = conn.request.version if conn.request else (1, 1)
@@ -313,15 +296,15 @@ class Server:
         conn.deadline = time.monotonic() + self.limits.write_timeout
         self._write(conn)
 
-    def _write(self, conn: _Conn) -> None:
+    def _write(self, conn: Connection) -> None:
         while conn.out:
             try:
                 sent = conn.sock.send(conn.out[0][:WRITE_CHUNK])
             except ssl.SSLWantReadError:
-                self._want(conn, _READ)
+                conn.want(self._selector, _READ)
                 return
             except _WOULD_BLOCK:
-                self._want(conn, _WRITE)
+                conn.want(self._selector, _WRITE)
                 return
             except OSError:
                 self._close(conn)
@@ -338,7 +321,7 @@ class Server:
         conn.deadline = time.monotonic() + (self.limits.header_timeout if conn.inbuf else self.limits.idle_timeout)
         self._read(conn)
 
-    def _linger(self, conn: _Conn) -> None:
+    def _linger(self, conn: Connection) -> None:
         """Half-close and drain what the client still sends, so that it reads the response before a reset."""
         try:
             conn.sock.shutdown(socket.SHUT_WR)
@@ -351,12 +334,12 @@ class Server:
         conn.deadline = time.monotonic() + self.limits.linger
         self._drain(conn)
 
-    def _drain(self, conn: _Conn) -> None:
+    def _drain(self, conn: Connection) -> None:
         while conn.drained <= LINGER_BYTES:
             try:
                 data = conn.sock.recv(READ_CHUNK)
             except _WOULD_BLOCK:
-                self._want(conn, _READ)
+                conn.want(self._selector, _READ)
                 return
             except OSError:
                 break
@@ -365,7 +348,7 @@ class Server:
             conn.drained += len(data)
         self._close(conn)
 
-    def _send_once(self, conn: _Conn, response: Response) -> None:
+    def _send_once(self, conn: Connection, response: Response) -> None:
         """Best effort, for a connection about to close: one non-blocking send."""
         self.stats.answer(response.code)
         try:
@@ -373,11 +356,11 @@ class Server:
         except OSError:
             pass
 
-    def _close(self, conn: _Conn, reason: str | None = None, detail: str = "") -> None:
+    def _close(self, conn: Connection, reason: str | None = None, detail: str = "") -> None:
         if conn.closed:
             return
         conn.closed = True
-        self._unwant(conn)
+        conn.unwant(self._selector)
         self._table.remove(conn)
         self._conns.discard(conn)
         self._set_state(conn, None)
@@ -388,25 +371,6 @@ class Server:
         except OSError:
             pass
 
-    # --- bookkeeping ------------------------------------------------------------
-
-    def _set_state(self, conn: _Conn, state: str | None) -> None:
+    def _set_state(self, conn: Connection, state: str | None) -> None:
         self.stats.move(conn.state, state)
         conn.state = state
-
-    def _want(self, conn: _Conn, events: int) -> None:
-        if conn.events == events:
-            return
-        if conn.events:
-            self._selector.modify(conn.sock, events, conn)
-        else:
-            self._selector.register(conn.sock, events, conn)
-        conn.events = events
-
-    def _unwant(self, conn: _Conn) -> None:
-        if conn.events:
-            conn.events = 0
-            try:
-                self._selector.unregister(conn.sock)
-            except (KeyError, ValueError):
-                pass
