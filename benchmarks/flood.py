@@ -26,6 +26,7 @@ and ``<!-- flood:end -->`` of the output file is rewritten.
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import ssl
@@ -50,12 +51,13 @@ from daemon import (
     measure_scrapes,
     node_exporter_binary,
     progress,
+    ratio,
     start_child,
     stop_children,
     wait_ready,
 )
 
-from common import BENCHMARKS_MD, REPO_ROOT, write_section
+from common import BENCHMARKS_MD, REPO_ROOT, machine_and_command, write_section
 
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 
@@ -136,27 +138,15 @@ def start_node_exporter(binary: str, workdir: Path, web: Path | None = None) -> 
     return start_child(f"node_exporter{'-tls' if web else ''}", argv, port, workdir), port
 
 
-def scrape(url: str, verify: str | bool) -> bytes:
+def scrape(url: str) -> bytes:
     """One scrape on a new connection, as Prometheus makes it."""
     response = requests.get(url, headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"},
-                            verify=verify, timeout=SCRAPE_TIMEOUT_S)
+                            timeout=SCRAPE_TIMEOUT_S)
     response.raise_for_status()
     return response.content
 
 
-def wait_serving(child: Child, url: str, verify: str | bool) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        child.ensure_alive()
-        try:
-            scrape(url, verify)
-            return
-        except requests.RequestException:
-            time.sleep(0.2)
-    raise BenchmarkError(f"{child.name} did not serve {url}; last log lines:\n{child.log_tail()}")
-
-
-def measure_latency(child: Child, port: int, scheme: str, condition: str, verify: str | bool, scrapes: int,
+def measure_latency(child: Child, port: int, scheme: str, condition: str, scrapes: int,
                     warmup: float, results: FloodResults) -> None:
     idle, trickle, sources = CONDITIONS[condition]
     url = f"{scheme}://127.0.0.1:{port}/metrics"
@@ -168,7 +158,7 @@ def measure_latency(child: Child, port: int, scheme: str, condition: str, verify
             child.ensure_alive()
             started = time.monotonic()
             try:
-                scrape(url, verify)
+                scrape(url)
                 latency.seconds.append(time.monotonic() - started)
             except requests.RequestException:
                 latency.failed += 1
@@ -178,11 +168,11 @@ def measure_latency(child: Child, port: int, scheme: str, condition: str, verify
              f"p99 {latency.quantile(0.99):7.1f} ms  failed {latency.failed}  flood opened {flood.counts.opened}")
 
 
-def closed_counts(port: int, scheme: str, verify: str | bool) -> dict[str, float]:
+def closed_counts(port: int, scheme: str) -> dict[str, float]:
     """tpuwatch's closed connections by reason, from the first render after now (the exposition is per cycle)."""
     now, deadline = time.time(), time.monotonic() + 3 * INTERVAL_S
     while time.monotonic() < deadline:
-        text = requests.get(f"{scheme}://127.0.0.1:{port}/metrics", verify=verify, timeout=SCRAPE_TIMEOUT_S).text
+        text = requests.get(f"{scheme}://127.0.0.1:{port}/metrics", timeout=SCRAPE_TIMEOUT_S).text
         samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
         if any(s.name == "tpuwatch_last_sample_timestamp_seconds" and s.value > now for s in samples):
             return {s.labels["reason"]: s.value for s in samples
@@ -194,22 +184,23 @@ def closed_counts(port: int, scheme: str, verify: str | bool) -> dict[str, float
 def latency_figures(node_exporter: str, workdir: Path, scrapes: int, warmup: float, results: FloodResults) -> None:
     """Figure 1: each server under each flood, plain and TLS."""
     tls = make_tls_files(workdir)
+    os.environ["REQUESTS_CA_BUNDLE"] = str(tls.ca_cert)  # requests trusts the throwaway CA for every https URL
     web = workdir / "web.yml"
     web.write_text(yaml.safe_dump({"tls_server_config": {"cert_file": str(tls.server_cert),
                                                          "key_file": str(tls.server_key)}}))
     for scheme in ("http", "https"):
-        verify: str | bool = str(tls.ca_cert) if scheme == "https" else True
         children: list[Child] = []
         try:
             servers = [start_tpuwatch(f"tpuwatch-{scheme}", workdir, LATENCY_CHIPS, web if scheme == "https" else None),
                        start_node_exporter(node_exporter, workdir, web if scheme == "https" else None)]
             children = [child for child, _ in servers]
             for child, port in servers:
-                wait_serving(child, f"{scheme}://127.0.0.1:{port}/metrics", verify)
+                child.url = f"{scheme}://127.0.0.1:{port}/metrics"
+                wait_ready(child)
             for condition in CONDITIONS:
                 for child, port in servers:
-                    measure_latency(child, port, scheme, condition, verify, scrapes, warmup, results)
-            results.closed[scheme] = closed_counts(servers[0][1], scheme, verify)
+                    measure_latency(child, port, scheme, condition, scrapes, warmup, results)
+            results.closed[scheme] = closed_counts(servers[0][1], scheme)
         finally:
             stop_children(children)
 
@@ -252,10 +243,6 @@ def cpu_figures(node_exporter: str, workdir: Path, scrapes: int, renders: int, r
 
 
 # --- the report -------------------------------------------------------------------
-
-
-def ratio(value: float, anchor: float) -> str:
-    return f"{value / anchor:.2f}x" if anchor > 0 else "n/a"
 
 
 def latency_rows(results: FloodResults) -> list[str]:
@@ -321,17 +308,7 @@ def render(results: FloodResults, facts: dict[str, str], args: argparse.Namespac
         "|---:|---:|---:|---:|---:|---:|",
         *cpu_rows(results),
         "",
-        "### Machine",
-        "",
-        *[f"- {key}: {value}" for key, value in facts.items()],
-        f"- Date: {started.strftime('%Y-%m-%d %H:%M UTC')}",
-        "",
-        "### Command",
-        "",
-        "```",
-        command,
-        "```",
-        "",
+        *machine_and_command(facts, started, command),
     ]
     return "\n".join(lines)
 

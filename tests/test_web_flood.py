@@ -9,6 +9,7 @@ flood opens again what it closes.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +42,7 @@ def closed_by_reason(text: str) -> dict[str, float]:
 def test_every_route_answers_under_a_flood(start_daemon: Callable[..., DaemonProcess], tls: TlsFiles,
                                            tmp_path: Path, scheme: str, sources: str) -> None:
     web = web_config(tmp_path / "web.yml", tls if scheme == "https" else None, users={"prometheus": hashed(PASSWORD)})
+    started = time.monotonic()
     daemon = start_daemon({**SIM_FAST, "web_config": str(web)})
     verify = str(tls.ca_cert)
     daemon.wait_ready(scheme=scheme, verify=verify)
@@ -62,12 +64,13 @@ def test_every_route_answers_under_a_flood(start_daemon: Callable[..., DaemonPro
     assert "tpuwatch_device_up" in metrics
     log = daemon.log()
     assert "Traceback" not in log and daemon.proc.poll() is None
-    # What the endpoint closed is counted, and logged once per reason (the test lasts well under a minute).
+    # What the endpoint closed is counted, and logged at most once a minute per reason.
     wait_until(lambda: sum(closed_by_reason(requests.get(url + "/metrics", verify=verify, timeout=30,
                                                          auth=("prometheus", PASSWORD)).text).values()) > 0,
                timeout=30, what="the counts to be rendered")
     counted = {r: n for r, n in closed_by_reason(requests.get(url + "/metrics", verify=verify, timeout=30,
                                                               auth=("prometheus", PASSWORD)).text).items() if n}
     assert counted.get("evicted_per_client" if sources == "shared" else "evicted_total", 0) > 0, counted
+    minutes = int((time.monotonic() - started) // 60)
     for reason in counted:
-        assert log.count(f"({reason}): ") <= 1, reason
+        assert log.count(f"({reason}): ") <= 1 + minutes, reason
