@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import re
+from datetime import datetime
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -27,3 +28,9 @@ def cpu_model() -> str:
         if line.startswith("model name"):
             return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown"
+
+
+def machine_and_command(facts: dict[str, str], started: datetime, command: str) -> list[str]:
+    """The closing lines of a section: the machine, the date and the exact command."""
+    return ["### Machine", "", *[f"- {key}: {value}" for key, value in facts.items()],
+            f"- Date: {started.strftime('%Y-%m-%d %H:%M UTC')}", "", "### Command", "", "```", command, "```", ""]

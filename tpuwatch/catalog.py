@@ -172,6 +172,13 @@ _SPECS = [
     MetricSpec("tpuwatch_config_last_reload_success_timestamp_seconds", "gauge",
                "Unix time of the last successful config (re)load."),
     MetricSpec("tpuwatch_build_info", "gauge", "tpuwatch build; value is always 1.", ("version", "python")),
+    # --- HTTP endpoint ---
+    MetricSpec("tpuwatch_http_connections_closed_total", "counter",
+               "Connections and requests the endpoint refused, evicted, timed out or answered with an error, "
+               "by reason.", ("reason",)),
+    MetricSpec("tpuwatch_http_requests_total", "counter", "HTTP responses sent, by status code.", ("code",)),
+    MetricSpec("tpuwatch_http_connections", "gauge",
+               "HTTP connections open, by state (handshake, reading, idle, busy, writing, closing).", ("state",)),
 ]
 
 CATALOG: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}

@@ -155,7 +155,8 @@ class Daemon:
         signal.signal(signal.SIGHUP, self._on_reload_signal)
         self._scheduler = BackgroundScheduler(timezone="UTC")
         self._scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
-        self.registry = build_registry(lambda: self.store.current(), self.self_samples)
+        self.registry = build_registry(lambda: self.store.current(), self.self_samples,
+                                       lambda: self.endpoint.samples())
         self.endpoint = Endpoint(config.listen, self.registry, self._routes(), load_web_config(config.web_config))
 
     # --- lifecycle -------------------------------------------------------
@@ -292,6 +293,7 @@ class Daemon:
 
     def _sample(self) -> None:
         self.sampler.run_once()
+        self.registry.render()
 
     def _current_store(self) -> SeriesStore:
         return self.store

@@ -1,34 +1,32 @@
 """The HTTP endpoint: /metrics, JSON routes (/healthz, /api/alerts) and a landing page, with optional TLS
-and basic auth.
+and basic auth on every route.
 
-Each connection is handled (and its TLS handshake done) in its own thread, with
-a socket timeout and a cap on concurrent connections, so a slow client cannot
-stall scraping.
+Connections are handled by tpuwatch.httpd (one event loop, bounded workers,
+deadlines and caps on everything), so no number of idle, slow or hostile
+clients locks a scraper out; docs/endpoint.md has the limits.
 """
 
 from __future__ import annotations
 
 import errno
-import gzip
+import hashlib
 import json
-import logging
 import socket
-import ssl
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 
+from tpuwatch.exporter import Exposition, RenderedRegistry
+from tpuwatch.httpd.limits import LISTEN_BACKLOG, Limits
+from tpuwatch.httpd.protocol import Request, Response, accepts_gzip
+from tpuwatch.httpd.server import Server
+from tpuwatch.httpd.stats import HttpStats
+from tpuwatch.samples import Sample
 from tpuwatch.schema import parse_listen_address
 from tpuwatch.webconfig import WebConfig
-
-log = logging.getLogger(__name__)
-
-MAX_CONNECTIONS = 32
-CONNECTION_TIMEOUT_S = 10.0
 
 # A JSON endpoint: returns the HTTP status and the body.
 JsonRoute = Callable[[], tuple[int, Any]]
@@ -38,120 +36,106 @@ _LANDING = b"""<!doctype html><html><head><title>tpuwatch</title></head><body>
 &middot; <a href="/api/alerts">/api/alerts</a></p>
 </body></html>
 """
+_UNAUTHORIZED = Response(401, b"401 Unauthorized\n", headers=(("WWW-Authenticate", 'Basic realm="tpuwatch"'),))
+_NOT_FOUND = Response(404, b"404 Not Found\n")
+_VERIFIED_LANE_SIZE = 16  # Authorization headers remembered for routing (not for auth: every request is checked)
 
 
 class StartupError(RuntimeError):
     """The endpoint cannot start; the message is one line for the user."""
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 64
+class _Routes:
+    """What each path answers, in three lanes of workers.
 
-    def __init__(self, address: tuple[str, int], family: socket.AddressFamily, registry: CollectorRegistry,
-                 routes: dict[str, JsonRoute], web: WebConfig) -> None:
-        self.address_family = family
-        self.registry = registry
-        self.routes = routes
-        self.web = web
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        super().__init__(address, _Handler)
+    /metrics has a lane of its own, so slow routes never delay it.  With basic auth, a request whose
+    Authorization header has not passed before goes to the "unverified" lane: a flood of wrong passwords
+    (a bcrypt check each) fills only that lane, while scrapes with known credentials go on.
+    """
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
+    lanes: tuple[str, ...] = ("metrics", "routes", "unverified")
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            request.settimeout(CONNECTION_TIMEOUT_S)
-            context = self.web.ssl_context
-            if context is not None:
-                try:
-                    request = context.wrap_socket(request, server_side=True)
-                except (ssl.SSLError, OSError) as exc:
-                    log.debug("TLS handshake with %s failed: %s", client_address[0], exc)
-                    self.shutdown_request(request)
-                    return
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
+    def __init__(self, exposition: Exposition, routes: dict[str, JsonRoute], web: Callable[[], WebConfig]) -> None:
+        self._exposition = exposition
+        self._routes = routes
+        self._web = web
+        self._lock = threading.Lock()
+        self._verified: OrderedDict[bytes, None] = OrderedDict()  # digests of Authorization headers that passed
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
+    def forget_credentials(self) -> None:
+        """The users may have changed: credentials go to the unverified lane until they pass again."""
+        with self._lock:
+            self._verified.clear()
 
+    def lane(self, request: Request) -> str:
+        if self._web().requires_auth:
+            digest = hashlib.sha256(request.headers.get("authorization", "").encode()).digest()
+            with self._lock:
+                if digest not in self._verified:
+                    return "unverified"
+        return "metrics" if request.path == "/metrics" else "routes"
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True  # headers and body leave at once: no 40 ms delayed-ACK stall
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        if not self.server.web.authorized(self.headers.get("Authorization")):
-            self._send(401, b"Unauthorized\n", "text/plain; charset=utf-8",
-                       {"WWW-Authenticate": 'Basic realm="tpuwatch"'})
-            return
-        path = self.path.split("?", 1)[0]
+    def handle(self, request: Request, client: str) -> Response:
+        header = request.headers.get("authorization")
+        if not self._web().authorized(header):
+            return _UNAUTHORIZED
+        if header is not None:
+            with self._lock:
+                self._verified[hashlib.sha256(header.encode()).digest()] = None
+                if len(self._verified) > _VERIFIED_LANE_SIZE:
+                    self._verified.popitem(last=False)
+        path = request.path
         if path == "/metrics":
-            encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
-            body = encoder(self.server.registry)
-            extra = {}
-            if "gzip" in self.headers.get("Accept-Encoding", ""):
-                body, extra = gzip.compress(body, compresslevel=1), {"Content-Encoding": "gzip"}
-            self._send(200, body, content_type, extra)
-        elif path in self.server.routes:
-            code, payload = self.server.routes[path]()
-            self._send(code, (json.dumps(payload, indent=2) + "\n").encode(), "application/json")
-        elif path == "/":
-            self._send(200, _LANDING, "text/html; charset=utf-8")
-        else:
-            self._send(404, b"Not found\n", "text/plain; charset=utf-8")
-
-    def _send(self, code: int, body: bytes, content_type: str, headers: dict[str, str] | None = None) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in (headers or {}).items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
-        log.debug("%s %s", self.address_string(), format % args)
+            compressed = accepts_gzip(request.headers.get("accept-encoding", ""))
+            body, content_type = self._exposition.body(request.headers.get("accept", ""), compressed)
+            return Response(200, body, content_type, (("Content-Encoding", "gzip"),) if compressed else ())
+        if path in self._routes:
+            code, payload = self._routes[path]()
+            return Response(code, (json.dumps(payload, indent=2) + "\n").encode(), "application/json")
+        if path == "/":
+            return Response(200, _LANDING, "text/html; charset=utf-8")
+        return _NOT_FOUND
 
 
 class Endpoint:
     """A running HTTP endpoint in a background thread."""
 
     def __init__(self, listen: str, registry: CollectorRegistry, routes: dict[str, JsonRoute],
-                 web: WebConfig) -> None:
+                 web: WebConfig, limits: Limits | None = None) -> None:
         host, port = parse_listen_address(listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
         try:
-            self._server = _Server((host, port), family, registry, routes, web)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((host, port))
+            listener.listen(LISTEN_BACKLOG)
         except OSError as exc:
+            listener.close()
             reason = "address already in use" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
             raise StartupError(f"listen {listen}: {reason}") from None
         self.listen = listen
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
-        self._thread.start()
+        self.port = listener.getsockname()[1]
+        self._web = web
+        limits = limits or Limits()
+        self.stats = HttpStats(limits)
+        exposition = registry.exposition if isinstance(registry, RenderedRegistry) else Exposition(registry)
+        self._routes = _Routes(exposition, routes, lambda: self._web)
+        self._server = Server(listener, self._routes, lambda: self._web.ssl_context, limits, self.stats)
 
     @property
     def scheme(self) -> str:
         """http or https."""
-        return "https" if self._server.web.ssl_context is not None else "http"
+        return "https" if self._web.ssl_context is not None else "http"
 
     def set_web_config(self, web: WebConfig) -> None:
-        """Use new TLS and auth settings for connections from now on."""
-        self._server.web = web
+        """Use new TLS settings for connections from now on, and new auth settings for requests from now on."""
+        self._web = web
+        self._routes.forget_credentials()
+
+    def samples(self) -> list[Sample]:
+        """The endpoint's own metrics: connections closed by reason, requests by status, connections by state."""
+        return self.stats.samples()
 
     def close(self) -> None:
         """Stop serving and release the port."""
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.close()
