@@ -18,7 +18,8 @@ to this HTTP(S) server, shaped after the upstream behaviour:
 - Bearer-token authentication (401 Unauthorized), and a set of (verb, resource) pairs answered 403
   Forbidden with the RBAC message, to test missing permissions.
 - Knobs: ``delay`` (seconds before each answer), ``down`` (connections dropped unanswered), ``conflicts``
-  (the next N writes answered 409 as if another client had written first).
+  (the next N writes that carry a resourceVersion answered 409, as if another client had written first;
+  a write without one is never a conflict, as the API server retries those itself).
 - ``list`` with ``labelSelector`` (equality terms), ``limit`` and ``continue`` with ``remainingItemCount``.
 """
 
@@ -227,7 +228,8 @@ class ApiServer:
         except ValueError as exc:
             return 400, status_body(400, "BadRequest", f"invalid JSON: {exc}")
         with self.lock:
-            if verb in ("create", "update", "patch", "delete") and self.conflicts > 0:
+            precondition = isinstance(payload, dict) and (payload.get("metadata") or {}).get("resourceVersion")
+            if verb in ("update", "patch") and precondition and self.conflicts > 0:
                 self.conflicts -= 1
                 return 409, _conflict(resource, name or "")
             if node_match:

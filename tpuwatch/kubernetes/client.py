@@ -127,7 +127,8 @@ class KubeClient:
         self.timeout = timeout
         self.session = requests.Session()
         self.session.headers["User-Agent"] = f"tpuwatch/{__version__}"
-        self.session.verify = (credentials.ca_file or True) if credentials.verify else False
+        # Passed with every request: a session-wide setting loses to $REQUESTS_CA_BUNDLE in requests.
+        self.verify: bool | str = (credentials.ca_file or True) if credentials.verify else False
         if credentials.cert_file and credentials.key_file:
             self.session.cert = (credentials.cert_file, credentials.key_file)
 
@@ -157,7 +158,8 @@ class KubeClient:
             data = json.dumps(body).encode()
         try:
             with self.session.request(method, self.credentials.server + path, data=data, headers=headers,
-                                      params=params, timeout=self.timeout, stream=True) as response:
+                                      params=params, timeout=self.timeout, stream=True,
+                                      verify=self.verify) as response:
                 raw = response.raw.read(MAX_ANSWER_BYTES + 1, decode_content=True)
                 status = response.status_code
         except requests.Timeout as exc:

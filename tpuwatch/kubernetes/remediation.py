@@ -110,11 +110,11 @@ class Ladders:
     def plan(self, triggers: dict[str, Trigger], now: float) -> Plan:
         """Open and close episodes, and say which actions are due and which marks stay."""
         steps: list[Step] = []
-        marks = Marks(dict(self.manual.taints), self.manual.cordon, self.manual.drain)
+        marks = Marks()
         for name, ladder in self.ladders.items():
             trigger = triggers.get(name, Trigger(name, False))
-            self.triggers[name] = trigger
             self._episode(name, trigger.active, ladder.repeat_window, now)
+            self.triggers[name] = trigger
             if not trigger.active:
                 continue
             since = self.since[name]
@@ -141,6 +141,9 @@ class Ladders:
                          "devices": list(trigger.devices), "pci": list(trigger.pcis), "repeats": repeats,
                          "action": action.type, "dry_run": dry_run, "time": rfc3339(now)}
                 steps.append(Step(name, index, action, dry_run, event))
+        marks.taints = {**self.manual.taints, **marks.taints}
+        marks.cordon = marks.cordon or self.manual.cordon
+        marks.drain = marks.drain or self.manual.drain
         return Plan(steps, marks)
 
     def _episode(self, name: str, active: bool, window: float, now: float) -> None:
