@@ -253,10 +253,10 @@ class ApiServer:
             return 405, status_body(405, "MethodNotAllowed", f"{verb} is not supported here")
         content_type = headers.get("content-type", "").split(";")[0]
         if content_type not in ("application/strategic-merge-patch+json", "application/merge-patch+json"):
-            return 415, status_body(415, "UnsupportedMediaType", f"the body of the request was in an unknown "
-                                    f"format - accepted media types include: application/json-patch+json, "
-                                    f"application/merge-patch+json, application/apply-patch+yaml, "
-                                    f"application/strategic-merge-patch+json")
+            return 415, status_body(415, "UnsupportedMediaType", "the body of the request was in an unknown "
+                                    "format - accepted media types include: application/json-patch+json, "
+                                    "application/merge-patch+json, application/apply-patch+yaml, "
+                                    "application/strategic-merge-patch+json")
         if not isinstance(patch, dict):
             return 400, status_body(400, "BadRequest", "a patch must be a JSON object")
         wanted = (patch.get("metadata") or {}).get("resourceVersion")

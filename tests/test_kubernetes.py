@@ -19,8 +19,6 @@ import pytest
 import yaml
 from k8s_apiserver import ApiServer, strategic_merge
 
-from certs import make_tls_files
-from conftest import require_tool, wait_until
 from tpuwatch import config as config_module
 from tpuwatch.config import KubernetesConfig
 from tpuwatch.kubernetes import node as node_marks
@@ -29,6 +27,9 @@ from tpuwatch.kubernetes.client import ApiError, Credentials, KubeClient, from_k
 from tpuwatch.kubernetes.conditions import DEFAULT_CONDITIONS, ConditionBook, PatchGate, faults, format_time
 from tpuwatch.kubernetes.slots import SlotLimiter, slot_limit
 from tpuwatch.schema import ConfigError
+
+from certs import make_tls_files
+from conftest import require_tool, wait_until
 
 T0 = 1_800_000_000.0
 PCI = {str(i): f"0000:{0x10 + i:02x}:00.0" for i in range(8)}
