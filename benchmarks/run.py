@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["daemon", "devices", "kernel_log", "trend", "analyze", "canary", "alerting"]
+SCRIPTS = ["daemon", "devices", "kernel_log", "trend", "analyze", "canary", "alerting", "fleet"]
 
 
 def main() -> int:

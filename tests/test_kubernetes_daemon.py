@@ -54,7 +54,8 @@ def test_daemon_sets_condition_and_taint_and_ack_clears_them(start_daemon: Any, 
         metrics = requests.get(f"{daemon.url}/metrics", timeout=5).text
         assert 'tpuwatch_kubernetes_node_condition{condition="AcceleratorHardwareProblem"} 1.0' in metrics
         assert "tpuwatch_kubernetes_slot_held 1.0" in metrics
-        payload = requests.get(f"{daemon.url}/api/kubernetes", timeout=5).json()
+        payload = wait_until(lambda: (answer := requests.get(f"{daemon.url}/api/kubernetes", timeout=5).json())
+                             ["actions"] and answer, what="the taint recorded in /api/kubernetes")
         assert payload["node"] == "tpu-node-1" and payload["slot"] == "tpuwatch-slot-0"
         assert [(a["action"], a["result"]) for a in payload["actions"]] == [("taint", "done")]
 

@@ -85,6 +85,8 @@ class KubernetesAgent:
         self._backoff = section.retry_initial
         self._failing = False
         self._saved: dict[str, Any] | None = None
+        self._marked: Marks | None = None
+        self._marked_at = 0.0
 
     # --- the daemon's hooks ---------------------------------------------------------------
 
@@ -149,7 +151,7 @@ class KubernetesAgent:
                 self.client.patch_node_status(self.node, {"status": {"conditions": self.book.api_conditions(now)}})
                 self.gate.sent(self.book, now)
                 self.last_sync = now
-            if self.slots is not None:
+            if self.slots is not None and (mail is not None or release or self._failing):
                 operation = "remediate"
                 self._remediate(now)
         except ApiError as exc:
@@ -208,25 +210,30 @@ class KubernetesAgent:
                 run = actions.run_exec if step.action.type == "exec" else actions.post_webhook
                 ok, said = run(step.action, step.event)
                 self.ladders.done(step, "done" if ok else "failed", said, now)
-        self._mark(want)
+        self._mark(want, now)
         for step in marked:
             self.ladders.done(step, "done", "", now)
         if not need and self.slots.held is not None:
             self.slots.release()
 
-    def _mark(self, want: Marks) -> None:
-        """Make the Node carry ``want``: read, patch with its resourceVersion, again on a conflict."""
+    def _mark(self, want: Marks, now: float) -> None:
+        """Make the Node carry ``want``: read, patch with its resourceVersion, again on a conflict.
+
+        Unchanged marks are checked against the Node only every ``heartbeat`` (someone may have removed them).
+        """
+        if want == self._marked and now - self._marked_at < self.section.heartbeat:
+            return
         for attempt in range(CONFLICT_RETRIES):
             node = self.client.get_node(self.node)
             patch = patch_for(node, want)
-            if patch is None:
-                return
             try:
-                self.client.patch_node(self.node, patch)
-                return
+                if patch is not None:
+                    self.client.patch_node(self.node, patch)
+                break
             except ApiError as exc:
                 if exc.code != 409 or attempt == CONFLICT_RETRIES - 1:
                     raise
+        self._marked, self._marked_at = Marks(dict(want.taints), want.cordon, want.drain), now
 
     # --- acks ----------------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 SLOT_LABEL = "tpuwatch.io/slot"
 SCOPE_CACHE_S = 300.0
+RETRY_FULL_S = 30.0  # a node held back asks again this often, so a fleet-wide fault does not flood the server
 
 
 def slot_limit(spec: str, nodes_in_scope: int) -> int:
@@ -65,6 +66,7 @@ class SlotLimiter:
         self.renewed_at = -math.inf
         self.limit: int | None = None
         self._scope_at = -math.inf
+        self._full_until = -math.inf
 
     @property
     def slot(self) -> str | None:
@@ -83,6 +85,13 @@ class SlotLimiter:
         """Hold a slot (taking one if free); False if the limit is reached.  ApiError if the server fails."""
         if self.held is not None:
             return self.renew(now)
+        if now < self._full_until:
+            return False
+        taken = self._acquire(now)
+        self._full_until = -math.inf if taken else now + RETRY_FULL_S
+        return taken
+
+    def _acquire(self, now: float) -> bool:
         limit = self._limit(now)
         if not self.limit_spec.endswith("%"):
             self.limit = limit
