@@ -5,7 +5,7 @@ is tainted, two report that they held back.  Timings are recorded by the benchma
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 from pathlib import Path
 
 import pytest
@@ -13,8 +13,6 @@ import pytest
 from conftest import require_tool
 
 REPO = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("tpuwatch_benchmark_fleet", REPO / "benchmarks" / "fleet.py")
-assert _spec and _spec.loader
 
 
 def test_fleet_pages_once_per_chip_and_keeps_the_blast_radius(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -22,8 +20,7 @@ def test_fleet_pages_once_per_chip_and_keeps_the_blast_radius(tmp_path: Path, mo
         require_tool(tool)
     pytest.importorskip("jax")
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    fleet = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(fleet)
+    fleet = importlib.import_module("fleet")  # benchmarks/fleet.py, with its helpers
     spec = fleet.Spec(hosts=10, chips=4, failing=3, limit="10%", interval="2s", scrape="2s", group_wait="2s",
                       fault_after=45.0, settle=15.0, timeout=420.0)
     result = fleet.rehearse(spec, tmp_path)
