@@ -456,3 +456,17 @@ def test_agent_never_starts_without_a_node_name(tmp_path: Path) -> None:
             "build(config.parse('kubernetes: {node_conditions: true}'))\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "kubernetes.node_name: unset and $NODE_NAME is empty" in result.stderr
+
+
+def test_an_alert_name_triggers_a_ladder_with_all_its_chips(api: ApiServer, tmp_path: Path) -> None:
+    log = tmp_path / "event.json"
+    agent = make_agent(api, tmp_path, remediation=[{"trigger": "AcceleratorTemperatureHigh", "actions": [
+        {"type": "exec", "command": ["sh", "-c", f'printf %s "$TPUWATCH_EVENT" > {log}']}]}])
+    cycle(agent, T0, alert("AcceleratorTemperatureHigh", "0", severity="warning"),
+          alert("AcceleratorTemperatureHigh", "1", severity="warning"), alert("AcceleratorLost", "2", state="pending"))
+    event = json.loads(log.read_text())
+    assert event | {"time": ""} == {
+        "node": "node-0", "trigger": "AcceleratorTemperatureHigh", "reason": "AcceleratorTemperatureHigh",
+        "message": "AcceleratorTemperatureHigh on device 1", "devices": ["0", "1"], "pci": [], "repeats": 1,
+        "action": "exec", "dry_run": False, "time": ""}
+    assert api.condition("node-0", "AcceleratorHardwareProblem")["status"] == "False"  # a warning raises none

@@ -87,6 +87,9 @@ class KubernetesAgent:
         self._saved: dict[str, Any] | None = None
         self._marked: Marks | None = None
         self._marked_at = 0.0
+        self._payload: dict[str, Any] = {}
+        self._samples: list[Sample] = []
+        self._publish()
 
     # --- the daemon's hooks ---------------------------------------------------------------
 
@@ -137,6 +140,7 @@ class KubernetesAgent:
             self._prune_acks()
             self.book.update([f for f in self._faults if not self._acked(f)], now, release)
         if now < self._retry_at:
+            self._publish()
             return
         operation = "get_node"
         try:
@@ -161,6 +165,7 @@ class KubernetesAgent:
                 log.info("kubernetes API answers again")
             self._failing, self._backoff = False, self.section.retry_initial
         self._save()
+        self._publish()
 
     def _failed(self, operation: str, exc: ApiError, now: float) -> None:
         self.errors[(operation, exc.reason)] += 1
@@ -174,14 +179,16 @@ class KubernetesAgent:
     # --- remediation --------------------------------------------------------------------------
 
     def triggers(self) -> dict[str, Trigger]:
-        """Every condition, and every firing alert name, as a remediation trigger."""
+        """Every condition, and every firing alert that a ladder names, as a remediation trigger."""
         out = {s.type: Trigger(s.type, s.status, s.reason, s.message, s.devices,
                                tuple(sorted({f.pci for f in self._faults if f.condition == s.type and f.pci})))
                for s in self.book.states.values()}
         for alert in self._alerts:
             labels = alert.get("labels") or {}
             name = str(labels.get("alertname", ""))
-            if alert.get("state") != "firing" or name in out and name not in self.ladders.ladders:
+            acked = self.acks.get(str(alert.get("fingerprint")))
+            if (alert.get("state") != "firing" or name in self.book.states or name not in self.ladders.ladders
+                    or acked is not None and float(alert.get("value") or 0.0) <= acked):
                 continue
             previous = out.get(name, Trigger(name, True, name))
             device = str(labels.get("device", ""))
@@ -290,8 +297,19 @@ class KubernetesAgent:
                 log.error("cannot save kubernetes state to %s: %s", self.state_path, exc)
             self.save_failures += 1
 
+    def _publish(self) -> None:
+        """Build the views in the agent's own thread; readers take the latest whole (no shared iteration)."""
+        self._payload, self._samples = self._build_payload(), self._build_samples()
+
     def api_payload(self) -> dict[str, Any]:
-        """``GET /api/kubernetes``: the node's conditions, slot, and every recorded action."""
+        """``GET /api/kubernetes``: the node's conditions, slot, and every recorded action (as of the last round)."""
+        return self._payload
+
+    def samples(self) -> list[Sample]:
+        """tpuwatch_kubernetes_* metrics, as of the agent's last round."""
+        return [*self._samples, sample("tpuwatch_kubernetes_handoffs_dropped_total", self.dropped)]
+
+    def _build_payload(self) -> dict[str, Any]:
         return {"status": "success", "node": self.node, "adopted": self.adopted,
                 "conditions": self.book.api_conditions(self.last_sync or time.time()),
                 "slot": self.slots.slot if self.slots else None,
@@ -300,8 +318,7 @@ class KubernetesAgent:
                 "acks": list(self.processed),
                 "errors": [{"operation": op, "reason": r, "count": n} for (op, r), n in sorted(self.errors.items())]}
 
-    def samples(self) -> list[Sample]:
-        """tpuwatch_kubernetes_* metrics."""
+    def _build_samples(self) -> list[Sample]:
         out = [sample("tpuwatch_kubernetes_node_condition", 1 if s.status else 0, condition=s.type)
                for s in self.book.states.values()]
         out += [sample("tpuwatch_kubernetes_api_errors_total", n, operation=op, reason=r)
@@ -313,7 +330,6 @@ class KubernetesAgent:
             out.append(sample("tpuwatch_kubernetes_slot_held", 1 if self.slots.held else 0))
         if self.last_sync is not None:
             out.append(sample("tpuwatch_kubernetes_last_sync_timestamp_seconds", self.last_sync))
-        out.append(sample("tpuwatch_kubernetes_handoffs_dropped_total", self.dropped))
         out.append(sample("tpuwatch_kubernetes_state_save_failures_total", self.save_failures))
         return out
 
