@@ -125,8 +125,8 @@ def _proc_stats(pid: int) -> tuple[float, int]:
     """(CPU seconds, resident bytes) of a process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
-    rss = next(int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-               if line.startswith("VmRSS"))
+    rss = next((int(line.split()[1]) * 1024 for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if line.startswith("VmRSS")), 0)  # 0: it has exited
     return (int(fields[11]) + int(fields[12])) / ticks, rss
 
 
@@ -333,6 +333,8 @@ def report(spec: Spec, result: Result, command: str, quick: bool) -> str:
         f"| daemons' CPU, all {spec.hosts} together | {result.cpu_seconds / result.wall:.2f} cores over {result.wall:.0f} s |",
         f"| daemon resident memory | median {statistics.median(mib):.1f} MiB, max {max(mib):.1f} MiB |",
         "",
+        "Times are from the first poll (every 0.5 s) that saw the fault on the daemon's /metrics: a node condition and a taint follow in the same sampling cycle as the alert (0-0.5 s here), a page takes a scrape, a rule evaluation and Alertmanager's group_wait. The canary pages once although two rules fire for its chip (TpuwatchCanaryFailed, TpuwatchCanaryFleetOutlier): one Alertmanager group per (instance, device). The official client was installed with `python3 -m venv /tmp/k8sclient-venv && /tmp/k8sclient-venv/bin/pip install kubernetes` (37.0.2).",
+        "",
         f"Machine: {os.cpu_count()} cores ({cpu_model()}), Python {platform.python_version()}, "
         f"{datetime.now(timezone.utc):%Y-%m-%d}. Command: `{command}`.",
     ]
@@ -374,13 +376,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="10 hosts of 4 chips, 3 failing; figures not to quote")
     parser.add_argument("--official-client-python", metavar="PYTHON",
                         help="an interpreter with the official kubernetes client installed, to measure its import cost")
+    parser.add_argument("--workdir", type=Path, help="keep the daemons' configs and logs here (default: a temp dir)")
     parser.add_argument("--output", type=Path, default=BENCHMARKS_MD)
     args = parser.parse_args(argv)
     spec = Spec(args.hosts, args.chips, args.failing, args.limit)
     if args.quick:
         spec = Spec(10, 4, 3, args.limit, interval="5s", scrape="5s", group_wait="5s", fault_after=40.0, settle=20.0)
-    with tempfile.TemporaryDirectory(prefix="tpuwatch-fleet-") as work:
-        result = rehearse(spec, Path(work))
+    if args.workdir:
+        args.workdir.mkdir(parents=True)
+        result = rehearse(spec, args.workdir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="tpuwatch-fleet-") as work:
+            result = rehearse(spec, Path(work))
     command = shlex.join(["python", "benchmarks/fleet.py", *(argv if argv is not None else sys.argv[1:])])
     text = report(spec, result, command, args.quick)
     own = import_cost(sys.executable, official=False)
