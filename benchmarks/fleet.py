@@ -169,12 +169,7 @@ def rehearse(spec: Spec, work: Path) -> Result:
     try:
         for i in range(spec.hosts):
             api.add_node(f"host-{i}", {"pool": "accel"})
-        kubeconfig = work / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fleet",
-            "clusters": [{"name": "fleet", "cluster": {"server": api.url}}],
-            "users": [{"name": "tpuwatch", "user": {"token": api.token}}],
-            "contexts": [{"name": "fleet", "context": {"cluster": "fleet", "user": "tpuwatch"}}]}))
+        kubeconfig = api.write_kubeconfig(work / "kubeconfig")
         am_port, prom_port, exporter_port = free_port(), free_port(), free_port()
         (work / "alertmanager.yml").write_text(yaml.safe_dump({
             "route": {"receiver": "chat", "group_by": ["instance", "device"], "group_wait": spec.group_wait,

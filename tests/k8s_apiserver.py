@@ -36,6 +36,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -148,6 +149,16 @@ class ApiServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def write_kubeconfig(self, path: Path, ca: Path | None = None) -> Path:
+        """A kubeconfig whose current context is this server with its token (and ``ca`` for TLS)."""
+        cluster: dict[str, Any] = {"server": self.url, **({"certificate-authority": str(ca)} if ca else {})}
+        path.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "test", "cluster": cluster}],
+            "users": [{"name": "tpuwatch", "user": {"token": self.token}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "tpuwatch"}}]}))
+        return path
 
     @contextmanager
     def outage(self) -> Iterator[None]:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from k8s_apiserver import ApiServer, strategic_merge
 
 from tpuwatch import config as config_module
@@ -158,22 +157,12 @@ def test_kubeconfig_errors_name_the_problem(tmp_path: Path) -> None:
         from_kubeconfig(str(tmp_path / "missing"))
 
 
-def kubeconfig(tmp_path: Path, api: ApiServer, ca: Path) -> Path:
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "test",
-        "clusters": [{"name": "c", "cluster": {"server": api.url, "certificate-authority": str(ca)}}],
-        "users": [{"name": "u", "user": {"token": api.token}}],
-        "contexts": [{"name": "test", "context": {"cluster": "c", "user": "u"}}]}))
-    return path
-
-
 def test_tls_kubeconfig_client_and_kubectl_read_the_same_node(tmp_path: Path) -> None:
     kubectl = require_tool("kubectl")
     tls = make_tls_files(tmp_path)
     with ApiServer(tls=tls) as api:
         api.add_node("node-0")
-        path = kubeconfig(tmp_path, api, tls.ca_cert)
+        path = api.write_kubeconfig(tmp_path / "kubeconfig", tls.ca_cert)
         agent = KubernetesAgent(section(), "node-0", KubeClient(from_kubeconfig(str(path)), 5), tmp_path / "s")
         cycle(agent, T0, alert("AcceleratorEccUncorrectable", "3"))
         result = subprocess.run([kubectl, "get", "node", "node-0", "-o", "json"], capture_output=True, text=True,

@@ -16,24 +16,15 @@ from certs import make_tls_files
 from conftest import SIM_FAST, run_cli, wait_until
 
 
-def _kubeconfig(tmp_path: Path, api: ApiServer, ca: Path) -> Path:
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "test",
-        "clusters": [{"name": "c", "cluster": {"server": api.url, "certificate-authority": str(ca)}}],
-        "users": [{"name": "u", "user": {"token": api.token}}],
-        "contexts": [{"name": "test", "context": {"cluster": "c", "user": "u"}}]}))
-    return path
-
-
 def test_daemon_sets_condition_and_taint_and_ack_clears_them(start_daemon: Any, tmp_path: Path) -> None:
     tls = make_tls_files(tmp_path)
     with ApiServer(tls=tls) as api:
         api.add_node("tpu-node-1")
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", tls.ca_cert)
         daemon = start_daemon({
             **SIM_FAST, "alerting": {"group_wait": "0s"},
             "devices": {"backend": "sim", "sim": {"count": 4, "fault_after": "2s"}},  # the counter is born at 0
-            "kubernetes": {"node_conditions": True, "kubeconfig": str(_kubeconfig(tmp_path, api, tls.ca_cert)),
+            "kubernetes": {"node_conditions": True, "kubeconfig": str(kubeconfig),
                            "clear_after": "1h", "max_unhealthy_nodes": 1, "lease_namespace": "monitoring",
                            "remediation": [{"trigger": "AcceleratorHardwareProblem",
                                             "actions": [{"type": "taint", "effect": "NoSchedule"}]}]}},
@@ -51,9 +42,11 @@ def test_daemon_sets_condition_and_taint_and_ack_clears_them(start_daemon: Any, 
         assert api.taints("tpu-node-1") == [{"key": "tpuwatch.io/AcceleratorHardwareProblem",
                                              "value": "EccUncorrectable", "effect": "NoSchedule"}]
         assert api.holders("monitoring") == {"tpuwatch-slot-0": "tpu-node-1"}
-        metrics = requests.get(f"{daemon.url}/metrics", timeout=5).text
-        assert 'tpuwatch_kubernetes_node_condition{condition="AcceleratorHardwareProblem"} 1.0' in metrics
-        assert "tpuwatch_kubernetes_slot_held 1.0" in metrics
+        # /metrics shows the agent's round once it has ended, a moment after the taint was written.
+        wanted = ('tpuwatch_kubernetes_node_condition{condition="AcceleratorHardwareProblem"} 1.0',
+                  "tpuwatch_kubernetes_slot_held 1.0")
+        wait_until(lambda: all(w in requests.get(f"{daemon.url}/metrics", timeout=5).text for w in wanted),
+                   what="the agent's metrics")
         payload = wait_until(lambda: (answer := requests.get(f"{daemon.url}/api/kubernetes", timeout=5).json())
                              ["actions"] and answer, what="the taint recorded in /api/kubernetes")
         assert payload["node"] == "tpu-node-1" and payload["slot"] == "tpuwatch-slot-0"
