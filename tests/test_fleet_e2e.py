@@ -178,7 +178,7 @@ def test_prometheus_scrapes_every_daemon_and_loads_the_rules(fleet: Fleet) -> No
     wait_until(lambda: {r["metric"]["instance"] for r in fleet.query('up{job="tpuwatch"} == 1')} == targets,
                timeout=15, what="every target scraped")
     groups = requests.get(f"{fleet.prometheus}/api/v1/rules", timeout=5).json()["data"]["groups"]
-    assert {g["name"] for g in groups} == {"tpuwatch-fleet", "tpuwatch-canary"}
+    assert {g["name"] for g in groups} == {"tpuwatch-fleet", "tpuwatch-canary", "tpuwatch-kubernetes"}
     assert all(r["health"] == "ok" for g in groups for r in g["rules"]), groups
 
 

@@ -127,9 +127,11 @@ def test_resources_cover_the_measured_footprint() -> None:
 def test_pools_schedule_on_their_nodes() -> None:
     tpu, gpu = (_documents(f)["DaemonSet"]["spec"]["template"]["spec"] for f in ("values-tpu.yaml", "values-gpu.yaml"))
     assert tpu["hostNetwork"] is True  # libtpu's metric service listens on the node's localhost
-    assert {t["key"] for t in tpu["tolerations"]} == {"google.com/tpu"}
-    assert gpu["runtimeClassName"] == "nvidia" and {t["key"] for t in gpu["tolerations"]} == {"nvidia.com/gpu"}
-    env = {e["name"]: e["value"] for e in gpu["containers"][0]["env"]}
+    ours = {f"tpuwatch.io/{c}" for c in ("AcceleratorHardwareProblem", "AcceleratorComputeProblem",
+                                          "AcceleratorMemoryProblem")}
+    assert {t["key"] for t in tpu["tolerations"]} == {"google.com/tpu"} | ours  # it keeps watching tainted nodes
+    assert gpu["runtimeClassName"] == "nvidia" and {t["key"] for t in gpu["tolerations"]} == {"nvidia.com/gpu"} | ours
+    env = {e["name"]: e.get("value") for e in gpu["containers"][0]["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
 
 
@@ -172,3 +174,67 @@ def test_prometheusrule_carries_rules_promtool_accepts(rules_file: Path | None, 
 def test_plain_manifests_are_the_charts_rendering() -> None:
     _require_module("helm_python")
     assert render.main(["--check"]) == 0
+
+
+KUBERNETES_ON = {"config": {"kubernetes": {"node_conditions": True}}}
+REMEDIATION_ON = {"config": {"kubernetes": {"node_conditions": True, "remediation": [
+    {"trigger": "AcceleratorHardwareProblem", "actions": [{"type": "taint"}]}]}}}
+RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding"}
+
+
+def _rules(doc: dict[str, Any]) -> dict[str, set[str]]:
+    return {f"{g or 'core'}/{r}": set(rule["verbs"]) for rule in doc["rules"]
+            for g in rule["apiGroups"] for r in rule["resources"]}
+
+
+def test_kubernetes_access_is_off_by_default() -> None:
+    docs = _documents(None)
+    assert not set(docs) & (RBAC_KINDS | {"Role", "RoleBinding", "ValidatingAdmissionPolicy"})
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False and "serviceAccountName" not in pod
+    config = config_module.parse(docs["ConfigMap"]["data"]["config.yaml"], "ConfigMap")
+    assert config.kubernetes.node_conditions is False and config.kubernetes.remediation == []
+
+
+def test_node_conditions_get_least_privilege_rbac_and_the_downward_api() -> None:
+    validate = _require_module("kubernetes_validate")
+    docs = _documents(None, KUBERNETES_ON)
+    assert RBAC_KINDS <= set(docs) and "Role" not in docs  # no Leases without remediation
+    for kind in (*RBAC_KINDS, "DaemonSet"):
+        validate.validate(docs[kind], KUBERNETES_VERSION, strict=True)
+    assert _rules(docs["ClusterRole"]) == {"core/nodes": {"get"}, "core/nodes/status": {"patch"}}
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    account = docs["ServiceAccount"]["metadata"]["name"]
+    assert pod["serviceAccountName"] == account and pod["automountServiceAccountToken"] is True
+    subject = docs["ClusterRoleBinding"]["subjects"][0]
+    assert (subject["name"], subject["namespace"]) == (account, render.NAMESPACE)
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in pod["containers"][0]["env"]}
+    assert env["NODE_NAME"] == "spec.nodeName" and env["POD_NAMESPACE"] == "metadata.namespace"
+    config = config_module.parse(docs["ConfigMap"]["data"]["config.yaml"], "ConfigMap")
+    assert config.kubernetes.node_conditions and config.kubernetes.node_name is None  # $NODE_NAME
+
+
+def test_remediation_adds_node_patch_and_leases_in_one_namespace() -> None:
+    validate = _require_module("kubernetes_validate")
+    docs = _documents(None, REMEDIATION_ON)
+    assert _rules(docs["ClusterRole"]) == {"core/nodes": {"get", "list", "patch"}, "core/nodes/status": {"patch"}}
+    role = docs["Role"]
+    assert role["metadata"]["namespace"] == render.NAMESPACE
+    assert _rules(role) == {"coordination.k8s.io/leases": {"get", "list", "create", "update"}}
+    for kind in ("Role", "RoleBinding"):
+        validate.validate(docs[kind], KUBERNETES_VERSION, strict=True)
+    config = config_module.parse(docs["ConfigMap"]["data"]["config.yaml"], "ConfigMap")
+    assert config.kubernetes.remediation[0].actions[0].type == "taint"
+
+
+def test_own_node_policy_checks_the_tokens_node_name() -> None:
+    validate = _require_module("kubernetes_validate")
+    docs = _documents(None, {**REMEDIATION_ON, "rbac": {"create": True, "ownNodePolicy": True}})
+    policy, binding = docs["ValidatingAdmissionPolicy"], docs["ValidatingAdmissionPolicyBinding"]
+    for doc in (policy, binding):
+        validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    account = f"system:serviceaccount:{render.NAMESPACE}:{docs['ServiceAccount']['metadata']['name']}"
+    assert account in policy["spec"]["matchConditions"][0]["expression"]
+    assert "authentication.kubernetes.io/node-name" in policy["spec"]["validations"][0]["expression"]
+    assert policy["spec"]["matchConstraints"]["resourceRules"][0]["resources"] == ["nodes", "nodes/status"]

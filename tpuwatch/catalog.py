@@ -179,6 +179,24 @@ _SPECS = [
     MetricSpec("tpuwatch_http_requests_total", "counter", "HTTP responses sent, by status code.", ("code",)),
     MetricSpec("tpuwatch_http_connections", "gauge",
                "HTTP connections open, by state (handshake, reading, idle, busy, writing, closing).", ("state",)),
+    # --- kubernetes node agent (kubernetes.node_conditions, docs/kubernetes.md) ---
+    MetricSpec("tpuwatch_kubernetes_node_condition", "gauge",
+               "1 while tpuwatch holds the node condition True (a problem present), 0 while False.", ("condition",)),
+    MetricSpec("tpuwatch_kubernetes_api_errors_total", "counter",
+               "Failed Kubernetes API calls by operation and reason (metav1.Status reason, Timeout, Unavailable).",
+               ("operation", "reason")),
+    MetricSpec("tpuwatch_kubernetes_remediation_actions_total", "counter",
+               "Remediation actions by trigger, action and result (done, failed, dry_run, held_back, rate_limited, "
+               "capped).", ("trigger", "action", "result")),
+    MetricSpec("tpuwatch_kubernetes_remediation_held_back", "gauge",
+               "1 while this node wants to act but max_unhealthy_nodes other nodes already hold every slot."),
+    MetricSpec("tpuwatch_kubernetes_slot_held", "gauge", "1 while this node holds a blast-radius slot (a Lease)."),
+    MetricSpec("tpuwatch_kubernetes_last_sync_timestamp_seconds", "gauge",
+               "Unix time the node's conditions were last written to the API server."),
+    MetricSpec("tpuwatch_kubernetes_handoffs_dropped_total", "counter",
+               "Sampling cycles whose alert state was replaced by a newer one before the agent took it."),
+    MetricSpec("tpuwatch_kubernetes_state_save_failures_total", "counter",
+               "Failed saves of the Kubernetes agent's state (remediation counts, acks) to the state directory."),
 ]
 
 CATALOG: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}

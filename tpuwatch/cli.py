@@ -59,6 +59,16 @@ COMMANDS: dict[str, Command] = {
                           "tpuwatch.alerting.testalert"),
     "alerts": Command("List the running daemon's pending and firing alerts.",
                       {0: "listed", 1: "the daemon cannot be asked", 2: USAGE_EXIT}, "tpuwatch.alerting.listing"),
+    "ack": Command("Tell the daemon chips were repaired: their current alerts stop holding node conditions and "
+                   "remediation (Kubernetes).",
+                   {0: "the daemon applied it", 1: "left for the daemon, which did not confirm within --wait",
+                    2: "kubernetes.node_conditions off, the state directory not writable, or " + USAGE_EXIT},
+                   "tpuwatch.kubernetes.cli"),
+    "set-healthy": Command("Tell the daemon the node was repaired: every current alert, the repeat counts and the "
+                           "marks kept for manual release are cleared (Kubernetes).",
+                           {0: "the daemon applied it", 1: "left for the daemon, which did not confirm within --wait",
+                            2: "kubernetes.node_conditions off, the state directory not writable, or " + USAGE_EXIT},
+                           "tpuwatch.kubernetes.cli"),
     "config": Command("Validate or show the configuration.",
                       {0: "valid (check) or printed (show)", 2: "invalid: path.to.key: reason"}),
 }

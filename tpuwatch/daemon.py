@@ -34,6 +34,7 @@ from tpuwatch.devices.base import reading_samples
 from tpuwatch.exporter import build_registry
 from tpuwatch.health import collector_problems, collector_warnings, device_problems, state_warnings
 from tpuwatch.kernel_log.collector import KernelLogCollector, event_problems
+from tpuwatch.kubernetes import agent as kubernetes_agent
 from tpuwatch.sampler import Sampler, Stage
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
@@ -140,8 +141,9 @@ class Daemon:
             self.trend_state.restore(self.trend, time.time())
         self.alerting = Alerting(config, config.state_dir)
         self._keep_state_where_it_can_be()
+        self.kubernetes = kubernetes_agent.build(config)
         # The alert rules also see tpuwatch's own metrics (collector_success, for one).
-        self._alert_stage = Stage("alerting", lambda samples: _evaluate(self.alerting, samples),
+        self._alert_stage = Stage("alerting", self._evaluate_alerts,
                                   lambda: [*self.store.current(), *self.self_samples()])
         self.sampler = _build_sampler(config, self.store, self.canary, self.trend, self._alert_stage)
         self.scheduler_events: Counter[str] = Counter()
@@ -167,6 +169,8 @@ class Daemon:
         self._schedule()
         self._scheduler.start()
         self.alerting.start()
+        if self.kubernetes is not None:
+            self.kubernetes.start()
         log.info("tpuwatch %s serving %s://%s/metrics, sampling every %ss",
                  __version__, self.endpoint.scheme, self.config.listen, f"{self.config.interval:g}")
         sdnotify.notify("READY=1", f"STATUS={self._status_line()}")
@@ -186,6 +190,8 @@ class Daemon:
         self._save_trend()
         kill_running_workers()
         self.alerting.stop()
+        if self.kubernetes is not None:
+            self.kubernetes.stop()
         self.endpoint.close()
         self.state.close()
         log.info("tpuwatch stopped")
@@ -215,6 +221,9 @@ class Daemon:
             endpoint = self.endpoint
             if new.listen != self.config.listen:
                 endpoint = Endpoint(new.listen, self.registry, self._routes(), web)
+            kubernetes = self.kubernetes
+            if new.kubernetes != self.config.kubernetes or new.state_dir != self.config.state_dir:
+                kubernetes = kubernetes_agent.build(dataclasses.replace(new, state_dir=self.config.state_dir))
             try:
                 self.alerting.reconfigure(new)  # last: it either applies whole or raises, changing nothing
             except ConfigError:
@@ -238,6 +247,12 @@ class Daemon:
                 for guard in self.sampler.guards:
                     store.forget(guard.name)
         self.canary, self.trend, self.store, self.sampler = canary, trend, store, sampler
+        if kubernetes is not self.kubernetes:
+            if self.kubernetes is not None:
+                self.kubernetes.stop()
+            self.kubernetes = kubernetes
+            if kubernetes is not None:
+                kubernetes.start()
         self.config = new
         self._schedule()
         self.reload_ok, self.reload_success_at = True, time.time()
@@ -294,6 +309,12 @@ class Daemon:
     def _sample(self) -> None:
         self.sampler.run_once()
         self.registry.render()
+
+    def _evaluate_alerts(self, samples: list[Sample]) -> list[Sample]:
+        out = _evaluate(self.alerting, samples)
+        if self.kubernetes is not None:  # hands over and returns at once; the agent's thread does the calls
+            self.kubernetes.feed(self.alerting.active_alerts(), kubernetes_agent.pci_map(self._device_readings()))
+        return out
 
     def _current_store(self) -> SeriesStore:
         return self.store
@@ -357,7 +378,13 @@ class Daemon:
         return f"{up}/{len(devices)} devices up, {state}"
 
     def _routes(self) -> dict[str, JsonRoute]:
-        return {"/healthz": self._health_route, "/api/alerts": lambda: (200, self.alerting.api_payload())}
+        return {"/healthz": self._health_route, "/api/alerts": lambda: (200, self.alerting.api_payload()),
+                "/api/kubernetes": self._kubernetes_route}
+
+    def _kubernetes_route(self) -> tuple[int, dict[str, Any]]:
+        if self.kubernetes is None:
+            return 404, {"status": "error", "error": "kubernetes.node_conditions is off"}
+        return 200, self.kubernetes.api_payload()
 
     def _health_route(self) -> tuple[int, dict[str, Any]]:
         healthy, report = self.health()
@@ -433,6 +460,7 @@ class Daemon:
         discarded = statefile.LEDGER.view()[2]
         out += [sample("tpuwatch_state_files_discarded_total", n, file=os.path.relpath(path, self.state.path))
                 for path, n in sorted(discarded.items())]
+        out += self.kubernetes.samples() if self.kubernetes is not None else []
         out.append(sample("tpuwatch_config_last_reload_successful", 1 if self.reload_ok else 0))
         out.append(sample("tpuwatch_config_last_reload_success_timestamp_seconds", self.reload_success_at))
         return out

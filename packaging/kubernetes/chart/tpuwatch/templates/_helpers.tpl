@@ -23,3 +23,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- $forced := dict "listen" (printf "0.0.0.0:%d" (int .Values.port)) "paths" (dict "sysfs" "/host/sys" "procfs" "/host/proc" "dev" "/host/dev") -}}
 {{- toYaml (mergeOverwrite (deepCopy .Values.config) $forced) -}}
 {{- end -}}
+
+{{- define "tpuwatch.serviceAccountName" -}}
+{{- .Values.serviceAccount.name | default (include "tpuwatch.fullname" .) -}}
+{{- end -}}
