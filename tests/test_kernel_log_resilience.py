@@ -125,7 +125,7 @@ def test_file_positions_of_the_wrong_shape_are_ignored(tmp_path: Path, caplog: p
         source = FileSource(str(log), state)  # starts at the end, as without a position
         _append(log, f"after {name}\n")
         assert [r.message for r in source.read(10)] == [f"after {name}"], name
-        assert sum("ignoring the saved position" in r.message for r in caplog.records) == 1, name
+        assert sum("ignoring unusable kernel log position file" in r.message for r in caplog.records) == 1, name
         source.commit()
         assert json.loads(state.read_text())["offset"] == log.stat().st_size  # replaced by a good one
         source.close()
@@ -282,7 +282,7 @@ def test_full_disk_counts_every_event_and_saves_once_there_is_room(tmp_path: Pat
         values = _values(collector.collect())
     assert values[CRITICAL_XID] == 20  # 20 of 20, the disk full all along
     assert values[("tpuwatch_kernel_log_position_save_failures_total", (("source", "file"),))] == 20
-    assert sum("cannot save the read position" in r.message for r in caplog.records) == 1  # logged once
+    assert sum("not saved (kept in memory, retried at each save)" in r.message for r in caplog.records) == 1
     assert not state.exists() and not state.with_name("file.json.tmp").exists()
     (small_tmpfs / "filler").unlink()
     values = _values(collector.collect())  # nothing new read: the failed save is retried all the same
@@ -384,7 +384,7 @@ def test_failed_saves_are_counted_logged_once_and_retried(tmp_path: Path, caplog
     position = Position(tmp_path / "blocker" / "file.json", lambda state: None)
     assert not position.save({"offset": 1}) and not position.save({"offset": 2})
     assert position.failures == 2
-    assert sum("cannot save the read position" in r.message for r in caplog.records) == 1
+    assert sum("not saved (kept in memory, retried at each save)" in r.message for r in caplog.records) == 1
     (tmp_path / "blocker").unlink()
     assert position.save({"offset": 2}) and position.failures == 2
     assert json.loads((tmp_path / "blocker" / "file.json").read_text()) == {"offset": 2}

@@ -160,19 +160,15 @@ class FingerprintHistory:
             removed = _entries(history, device)
             if removed:
                 kept = {key: {d: fp for d, fp in devices.items() if d != device} for key, devices in history.items()}
-                statefile.save(self.path, {key: devices for key, devices in kept.items() if devices})
+                if not statefile.save(self.path, {key: devices for key, devices in kept.items() if devices}):
+                    raise OSError(f"cannot write {self.path}")
             return Removed(self.path, removed)
 
     def _save(self, history: History) -> None:
-        try:
-            statefile.save(self.path, history)
-        except OSError as exc:
-            self._note("write", f"not updated: cannot write it: {exc.strerror or exc}")
-        else:
-            self._note("write", None)
+        statefile.save(self.path, history)  # a failed write is logged there, once until one works again
 
     def _note(self, step: str, problem: str | None) -> None:
-        """Log ``problem`` of ``step`` (read, lock, write) unless it is the one logged last; None clears it."""
+        """Log ``problem`` of ``step`` (read, lock) unless it is the one logged last; None clears it."""
         with self._reported_lock:
             last = self._reported.pop((self.path, step), None)
             if problem is not None:

@@ -58,12 +58,16 @@ class KubernetesAgent:
         self.section, self.node, self.client = section, node, client
         self.state_path = state_dir / STATE_FILE
         self.requests_dir = state_dir / REQUESTS_DIR
-        state = statefile.load(self.state_path, "kubernetes state") or {}
+        state = statefile.load(self.state_path, "kubernetes state", shape=None) or {}
         self.table = condition_table(section)
         self.book = ConditionBook(self.table, section.clear_after, time.time())
         self.gate = PatchGate(section.heartbeat)
-        self.ladders = Ladders(section, node, state.get("ladders"))
-        self.acks: dict[str, float] = {str(k): float(v) for k, v in (state.get("acks") or {}).items()}
+        try:
+            self.ladders = Ladders(section, node, state.get("ladders"))
+            self.acks: dict[str, float] = {str(k): float(v) for k, v in (state.get("acks") or {}).items()}
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:  # a file of the wrong shape: start afresh
+            statefile.discard(self.state_path, "kubernetes state", f"wrong shape: {type(exc).__name__}: {exc}")
+            self.ladders, self.acks = Ladders(section, node, None), {}
         namespace = section.lease_namespace or os.environ.get("POD_NAMESPACE") or in_cluster_namespace() or "default"
         self.slots = SlotLimiter(client, namespace, section.lease_prefix, node, section.lease_duration,
                                  section.node_selector, section.max_unhealthy_nodes) if section.remediation else None
@@ -289,12 +293,9 @@ class KubernetesAgent:
         state = {"ladders": self.ladders.to_json(), "acks": self.acks}
         if state == self._saved:
             return
-        try:
-            statefile.save(self.state_path, state)
+        if statefile.save(self.state_path, state):  # a failure is logged there, once until a save works
             self._saved = json.loads(json.dumps(state))
-        except OSError as exc:
-            if self.save_failures == 0:
-                log.error("cannot save kubernetes state to %s: %s", self.state_path, exc)
+        else:
             self.save_failures += 1
 
     def _publish(self) -> None:
