@@ -27,7 +27,7 @@ from typing import Any
 from tpuwatch import __version__
 from tpuwatch.alerting.state import ZERO_TIME, Alert, label_set_string, rfc3339
 from tpuwatch.config import ReceiverConfig
-from tpuwatch.logsetup import add_secrets, redact
+from tpuwatch.logsetup import add_secrets, redact, redact_data
 from tpuwatch.schema import ConfigError
 
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
@@ -139,14 +139,17 @@ def slack_body(group: tuple[str, str], sent: Sequence[Sent]) -> str:
 
 
 def bodies_for(notifier: Notifier, group: tuple[str, str], sent: Sequence[Sent], external_url: str) -> list[str]:
-    """The bodies one notification about a group becomes for this notifier's kind."""
+    """The bodies one notification about a group becomes for this notifier's kind, every known secret hidden
+    (one pasted into a rule or a log line must not travel to a receiver)."""
     if notifier.type == "webhook":
-        return [webhook_body(notifier.config.name, group, sent, external_url)]
-    if notifier.type == "slack":
-        return [slack_body(group, sent)]
-    if notifier.type == "pagerduty":
-        return pagerduty_bodies(sent)
-    return [alertmanager_body(sent, external_url)]
+        bodies = [webhook_body(notifier.config.name, group, sent, external_url)]
+    elif notifier.type == "slack":
+        bodies = [slack_body(group, sent)]
+    elif notifier.type == "pagerduty":
+        bodies = pagerduty_bodies(sent)
+    else:
+        bodies = [alertmanager_body(sent, external_url)]
+    return [json.dumps(redact_data(json.loads(b)), sort_keys=True) for b in bodies]
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
