@@ -260,7 +260,7 @@ class CompiledRule:
                 merged["pci"] = chip
             merged = {k: v for k, v in {**merged, **rule.labels, "alertname": rule.alert,
                                         "severity": rule.severity}.items() if v != ""}
-            annotations = {k: render(v, merged, value) for k, v in rule.annotations.items()}
+            annotations = {k: render(v, merged, value).strip() for k, v in rule.annotations.items()}
             if rule.runbook_url:
                 annotations["runbook_url"] = render(rule.runbook_url, merged, value)
             out.append(Candidate(rule, merged, annotations, value))
