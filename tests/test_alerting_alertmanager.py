@@ -7,13 +7,10 @@ import hashlib
 import json
 import socket
 import sqlite3
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import requests
 import yaml
 
@@ -22,34 +19,12 @@ from tpuwatch.alerting import Alerting
 from tpuwatch.alerting.db import DB_NAME
 from tpuwatch.samples import Sample, sample
 
-from conftest import free_port, require_tool, wait_until
+from conftest import wait_until
 
 FAST = {"group_wait": "0s", "group_interval": "1s", "rule_files": [], "retry_initial": "20ms",
         "retry_max": "100ms", "resend_delay": "1s"}
 # Label values Go quotes differently from a plain "...": a quote, a backslash, a tab, a soft hyphen, non-ASCII.
 ODD = 'gpu "a"\\b\tc\u00ad\u00e9'
-
-
-@pytest.fixture
-def alertmanager(tmp_path: Path, receivers: Any) -> Iterator[tuple[str, Any]]:
-    """A real Alertmanager grouping by alertname and device, notifying a recording webhook."""
-    binary = require_tool("prometheus-alertmanager")
-    hook = receivers()
-    port = free_port()
-    (tmp_path / "am.yml").write_text(yaml.safe_dump({
-        "route": {"receiver": "hook", "group_by": ["alertname", "device"], "group_wait": "100ms",
-                  "group_interval": "1s", "repeat_interval": "1h"},
-        "receivers": [{"name": "hook", "webhook_configs": [{"url": hook.url(), "send_resolved": True}]}]}))
-    am = subprocess.Popen([binary, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am'}",
-                           f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-                           "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: requests.get(f"{url}/-/ready", timeout=1).ok, 20, "alertmanager")
-        yield url, hook
-    finally:
-        am.terminate()
-        am.wait(10)
 
 
 def make(tmp_path: Path, notify: list[dict[str, Any]], rules: str | None = None) -> Alerting:

@@ -6,16 +6,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from test_alerting_receivers import firing_alert, notifiers_for
 
-from tpuwatch import config as config_module
-from tpuwatch.alerting import Alerting
 from tpuwatch.alerting.dispatch import Dispatcher
 from tpuwatch.alerting.rules import LOOKBACK_S
 from tpuwatch.alerting.tracker import Track, Tracker
@@ -24,24 +19,7 @@ from tpuwatch.samples import Sample, sample
 
 from conftest import wait_until
 
-FAST = {"group_wait": "0s", "group_interval": "1s", "rule_files": [], "retry_initial": "20ms",
-        "retry_max": "100ms", "send_timeout": "2s"}
 T0 = 1_700_000_000.0
-
-
-@pytest.fixture
-def make_alerting(tmp_path: Path) -> Iterator[Callable[..., Alerting]]:
-    made: list[Alerting] = []
-
-    def make(notify: list[dict[str, Any]], **alerting: Any) -> Alerting:
-        config = config_module.parse(yaml.safe_dump({"state_dir": str(tmp_path / "state"),
-                                                     "alerting": {**FAST, **alerting}, "notify": notify}))
-        made.append(Alerting(config, config.state_dir))
-        return made[-1]
-
-    yield make
-    for a in made:
-        a.stop()
 
 
 def chips(down: str | None = None) -> list[Sample]:
