@@ -113,6 +113,14 @@ def test_an_upgrade_rekeys_stored_alerts_without_resending_or_losing_them(tmp_pa
         assert active["AcceleratorLost"]["labels"]["pci"] == "0000:13:00.0"  # it now names the chip's address
         time.sleep(1.5)  # past group_wait and group_interval: a re-announcement would have gone
         assert hook.requests == [] and pd.requests == []
+    finally:
+        alerting.stop()
+    alerting = make(tmp_path, notify)  # and once more, now that the rows are re-keyed
+    alerting.start()
+    try:
+        alerting.evaluate(still)
+        time.sleep(1.5)
+        assert hook.requests == [] and pd.requests == []
         alerting.evaluate([info, sample("tpuwatch_device_up", 1, device="3")], time.time() + 301)
         wait_until(lambda: len(hook.requests) == 2 and len(pd.requests) == 2, 10, "the resolutions")
     finally:

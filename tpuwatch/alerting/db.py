@@ -149,23 +149,24 @@ class AlertDB:
             if new in alerts:  # two old rows for one label set: the first one stands
                 statements.append(("DELETE FROM notified WHERE fingerprint = ?", (old,)))
                 continue
-            statements.append(("UPDATE notified SET fingerprint = ? WHERE fingerprint = ?", (new, old)))
+            statements += _moved(old, new)
             alert.told_as = alert.key if alert.notified else None
             alert.fingerprint, alert.labels = new, labels
             alerts[new] = alert
             statements += _alert_rows(alert)
         return statements
 
-    def save_alerts(self, alerts: Iterable[Alert], deleted: Iterable[str] = ()) -> None:
-        """Store changed alerts and delete ``deleted`` ones; a pending alert that went away is deleted."""
+    def save_alerts(self, alerts: Iterable[Alert], moved: Iterable[tuple[str, str]] = ()) -> None:
+        """Store changed alerts, with what receivers were told moved from old to new ids for ``moved``
+        (old, new) pairs; a pending alert that went away is deleted."""
         statements: list[tuple[str, tuple[object, ...]]] = []
         for a in alerts:
             if a.state == "resolved" and a.fired_at is None:
                 statements += _deletions(a.fingerprint)
                 continue
             statements += _alert_rows(a)
-        for fp in deleted:
-            statements += _deletions(fp)
+        for old, new in moved:
+            statements = _deletions(old) + _moved(old, new) + statements
         self._write(statements)
 
     def delete_alerts(self, fingerprints: Iterable[str]) -> None:
@@ -278,6 +279,10 @@ def _alert_rows(a: Alert) -> list[tuple[str, tuple[object, ...]]]:
     else:
         rows.append(("DELETE FROM alert_keys WHERE fingerprint = ?", (a.fingerprint,)))
     return rows
+
+
+def _moved(old: str, new: str) -> list[tuple[str, tuple[object, ...]]]:
+    return [("UPDATE OR REPLACE notified SET fingerprint = ? WHERE fingerprint = ?", (new, old))]
 
 
 def _deletions(fp: str) -> list[tuple[str, tuple[object, ...]]]:

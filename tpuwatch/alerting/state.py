@@ -106,12 +106,12 @@ class Alert:
 
 @dataclass
 class Changes:
-    """What one ``apply`` changed: alerts to store, those that started or stopped firing, ids to delete."""
+    """What one ``apply`` changed: alerts to store, those that started or stopped firing, ids that moved."""
 
     saved: list[Alert] = field(default_factory=list)
     fired: list[Alert] = field(default_factory=list)
     resolved: list[Alert] = field(default_factory=list)
-    rekeyed: list[str] = field(default_factory=list)
+    rekeyed: list[tuple[str, str]] = field(default_factory=list)
 
     def save(self, alert: Alert) -> None:
         if alert not in self.saved:
@@ -173,7 +173,7 @@ class AlertBook:
         if old is None:
             return None
         del self.alerts[old.fingerprint]
-        changes.rekeyed.append(old.fingerprint)
+        changes.rekeyed.append((old.fingerprint, fp))
         old.told_as = old.key if old.notified else None
         old.fingerprint, old.labels = fp, candidate.labels
         self.alerts[fp] = old
