@@ -36,18 +36,19 @@ def test_a_storm_whose_series_vanishes_every_other_cycle_notifies_once(
         receivers: Any, make_alerting: Any, caplog: pytest.LogCaptureFixture) -> None:
     """100k Xid lines a second: the kernel and device collectors time out every other cycle, so their series
     are missing from every other evaluation.  Each alert is told once, never resolved, and an event on
-    another chip in the middle of the storm is told at once."""
+    another chip in the middle of the storm is told at once.  The lost chip's own events stay inhibited
+    through the cycles its reading is missing."""
     hook = receivers()
     alerting = make_alerting([{"name": "hook", "type": "webhook", "url": hook.url()}])
     alerting.start()
     started = time.monotonic()
     count = 0
     with caplog.at_level(logging.WARNING, logger="tpuwatch.alerting"):
-        alerting.evaluate([*chips(), xid(0)])
+        alerting.evaluate([*chips(), xid(0), xid(0, device="3")])
         for cycle in range(1, 61):  # 60 cycles of 50 ms: three group_intervals
             count += 100_000 // 20
             timed_out = cycle % 2 == 0
-            samples = [] if timed_out else [*chips(down="3"), xid(count)]
+            samples = [] if timed_out else [*chips(down="3"), xid(count), xid(count, device="3")]
             if cycle >= 30 and not timed_out:
                 samples.append(xid(1, device="2"))  # a new event, on another chip, mid-storm
             alerting.evaluate(samples)

@@ -128,3 +128,13 @@ def test_a_daemon_with_echoing_receivers_keeps_every_secret_out_of_everything(
                         ("test-alert", tested.stdout + tested.stderr), ("config show", shown.stdout),
                         ("outbox", outbox)):
         assert_clean(text, where)
+
+
+def test_a_url_file_that_holds_no_url_is_refused_without_showing_it(tmp_path: Path) -> None:
+    (tmp_path / "slack.url").write_text(f"hooks.slack.example/services/{URL_TOKEN}\n")  # the scheme forgotten
+    config = config_module.parse(yaml.safe_dump({"notify": [
+        {"name": "chat", "type": "slack", "url_file": str(tmp_path / "slack.url")}]}))
+    with pytest.raises(config_module.ConfigError) as caught:
+        build_notifiers(config.notify, 10.0)
+    assert str(caught.value) == (f"notify.chat.url_file: {tmp_path / 'slack.url'} does not hold an http:// or "
+                                 "https:// URL with a host")

@@ -284,6 +284,7 @@ def inline_secrets(receivers: Sequence[ReceiverConfig]) -> list[str]:
 def _usable_url(url: str) -> bool:
     try:
         parts = urllib.parse.urlsplit(url)
-        return parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
     except ValueError:
         return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)

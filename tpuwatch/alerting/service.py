@@ -15,7 +15,15 @@ from tpuwatch.alerting.db import OutboxFull, open_db
 from tpuwatch.alerting.delivery import Delivery
 from tpuwatch.alerting.dispatch import Dispatcher
 from tpuwatch.alerting.notifiers import Notifier, build_notifiers
-from tpuwatch.alerting.rules import THRESHOLD_SETTINGS, CompiledRule, Rule, human_duration, load_rules, tracks
+from tpuwatch.alerting.rules import (
+    LOOKBACK_S,
+    THRESHOLD_SETTINGS,
+    CompiledRule,
+    Rule,
+    human_duration,
+    load_rules,
+    tracks,
+)
 from tpuwatch.alerting.state import Alert, AlertBook, Changes
 from tpuwatch.alerting.tracker import Tracker
 from tpuwatch.config import Config
@@ -87,6 +95,7 @@ class Alerting:
         self._thread: threading.Thread | None = None
         self._refusing = False
         self._unsaved = False
+        self._unsaved_moves: list[tuple[str, str]] = []
         # Chips' PCI addresses, first from the alerts that name them, so that held alerts keep their labels.
         self._pci = {a.labels["device"]: a.labels["pci"] for a in self.book.alerts.values()
                      if a.labels.get("device") and a.labels.get("pci")}
@@ -140,13 +149,16 @@ class Alerting:
         """Run every rule over the current samples (readings plus tpuwatch's own metrics)."""
         now = time.time() if now is None else now
         current = list(samples)
-        down = {dict(s.labels).get("device", "") for s in current if s.name == "tpuwatch_device_up" and s.value == 0}
         chips = _inventory(current)
         with self._lock:
             self._learn_pci(current)
             self.tracker.observe(current, self._tracks, now)
             held = [(s, seen) for s, seen in self.tracker.held(now)
                     if chips is None or not dict(s.labels).get("device") or dict(s.labels)["device"] in chips]
+            # A chip is down by this cycle's reading, or by its last one when the devices collector missed a cycle.
+            down = {dict(s.labels).get("device", "") for s in (*current, *(s for s, seen in held
+                                                                          if now - seen <= LOOKBACK_S))
+                    if s.name == "tpuwatch_device_up" and s.value == 0}
             candidates = [c for rule in self._rules for c in rule.evaluate(current, self.tracker, now,
                                                                           {"host": self.host}, held, self._pci)]
             if chips is not None:  # alerts about chips the backend no longer reports are not held
@@ -180,20 +192,25 @@ class Alerting:
             log.log(level, "%s resolved after %s: %s", describe(alert), lasted, alert.annotations.get("summary", ""))
 
     def _save(self, changes: Changes) -> None:
-        """Persist alert state and counter memory; a failure is logged once per streak, the state kept in memory."""
-        alerts = [*changes.saved, *(a for a in self.book.alerts.values() if a not in changes.saved)] \
-            if self._unsaved else changes.saved
+        """Persist alert state and counter memory; a failure is logged once per streak, the state kept in memory
+        and written whole at the next success."""
+        alerts = changes.saved
+        if self._unsaved:
+            saved = {id(a) for a in alerts}
+            alerts = [*alerts, *(a for a in self.book.alerts.values() if id(a) not in saved)]
+        moves = [*self._unsaved_moves, *changes.rekeyed]
         try:
-            self.db.save_alerts(alerts, changes.rekeyed)
+            self.db.save_alerts(alerts, moves)
             self.db.save_counters(*self.tracker.changes(everything=self._unsaved))
         except OutboxFull as exc:
             if not self._unsaved:
                 log.error("cannot persist alert state (%s); kept in memory, retried every cycle", exc)
-            self._unsaved = True
+            self._unsaved, self._unsaved_moves = True, moves
             return
         if self._unsaved:
             log.info("alert state persisted again")
-            self._unsaved = False
+        self._unsaved, self._unsaved_moves = False, []
+
     def flush(self, now: float | None = None) -> float:
         """Queue every notification that is due; seconds until the next may be due."""
         now = time.time() if now is None else now

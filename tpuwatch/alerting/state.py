@@ -114,7 +114,7 @@ class Changes:
     rekeyed: list[tuple[str, str]] = field(default_factory=list)
 
     def save(self, alert: Alert) -> None:
-        if alert not in self.saved:
+        if all(a is not alert for a in self.saved):
             self.saved.append(alert)
 
 
