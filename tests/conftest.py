@@ -151,6 +151,52 @@ SIM_FAST = {"interval": "200ms", "collector_timeout": "150ms", "canary": {"enabl
             "devices": {"backend": "sim", "sim": {"count": 4, "fault_after": "0s"}}}
 
 
+ALERTING_FAST = {"group_wait": "0s", "group_interval": "1s", "rule_files": [], "retry_initial": "20ms",
+                 "retry_max": "100ms", "send_timeout": "2s", "breaker_reset": "300ms"}
+
+
+@pytest.fixture
+def make_alerting(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Make ``Alerting`` facades on one state_dir with fast grouping and retries; all are stopped at teardown."""
+    from tpuwatch import config as config_module
+    from tpuwatch.alerting import Alerting
+
+    made: list[Alerting] = []
+
+    def make(notify: list[dict[str, Any]], **alerting: Any) -> Alerting:
+        config = config_module.parse(yaml.safe_dump({"state_dir": str(tmp_path / "state"),
+                                                     "alerting": {**ALERTING_FAST, **alerting}, "notify": notify}))
+        made.append(Alerting(config, config.state_dir))
+        return made[-1]
+
+    yield make
+    for a in made:
+        a.stop()
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path) -> Iterator[tuple[str, Receiver]]:
+    """A real Alertmanager grouping by alertname and device, notifying a recording webhook: (its URL, the hook)."""
+    binary = require_tool("prometheus-alertmanager")
+    hook = Receiver()
+    port = free_port()
+    (tmp_path / "am.yml").write_text(yaml.safe_dump({
+        "route": {"receiver": "hook", "group_by": ["alertname", "device"], "group_wait": "100ms",
+                  "group_interval": "1s", "repeat_interval": "1h"},
+        "receivers": [{"name": "hook", "webhook_configs": [{"url": hook.url(), "send_resolved": True}]}]}))
+    am = subprocess.Popen([binary, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am'}",
+                           f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+                           "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: requests.get(f"{url}/-/ready", timeout=1).ok, 20, "alertmanager")
+        yield url, hook
+    finally:
+        am.terminate()
+        am.wait(10)
+        hook.close()
+
+
 @pytest.fixture
 def receivers() -> Iterator[Any]:
     """Make receivers; all are closed at teardown."""

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tpuwatch.alerting.rules import CompiledRule, default_rules_text, load_rules, parse_rules, render, tracked_windows
-from tpuwatch.alerting.state import AlertBook, fingerprint
-from tpuwatch.alerting.tracker import Tracker
+from tpuwatch.alerting.rules import CompiledRule, default_rules_text, load_rules, parse_rules, render, tracks
+from tpuwatch.alerting.state import AlertBook, fingerprint, label_set_string
+from tpuwatch.alerting.tracker import Track, Tracker
 from tpuwatch.catalog import CATALOG
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
@@ -94,34 +94,55 @@ def test_ratio_age_and_absent_denominator() -> None:
     assert fire(age, [sample("tpuwatch_last_sample_timestamp_seconds", T0 - 59)]) == {}
 
 
-def test_increase_handles_resets_windows_and_counters_born_while_watching() -> None:
+def test_increase_handles_resets_and_windows() -> None:
     compiled = rule("{alert: Ecc, metric: tpuwatch_device_ecc_errors_total, function: increase, window: 1m}")
     tracker = Tracker()
+    tracked = {"tpuwatch_device_ecc_errors_total": Track("external", 60, 60)}
     series = [(0, 5), (10, 5), (20, 7), (30, 1), (40, 2)]  # a reset between 20 and 30
     for t, value in series:
         samples = [sample("tpuwatch_device_ecc_errors_total", value, device="0", kind="corrected")]
-        tracker.observe(samples, {"tpuwatch_device_ecc_errors_total": 60}, T0 + t)
+        tracker.observe(samples, tracked, T0 + t)
     assert fire(compiled, samples, tracker, T0 + 40) == {"0": 4.0}  # +2, then 1 after the reset, +1
     for t in range(50, 130, 10):
-        tracker.observe(samples, {"tpuwatch_device_ecc_errors_total": 60}, T0 + t)
+        tracker.observe(samples, tracked, T0 + t)
     assert fire(compiled, samples, tracker, T0 + 120) == {}  # nothing new within the last minute
-    born = samples + [sample("tpuwatch_device_ecc_errors_total", 1, device="1", kind="corrected")]
-    tracker.observe(born, {"tpuwatch_device_ecc_errors_total": 60}, T0 + 130)
-    assert fire(compiled, born, tracker, T0 + 130) == {"1": 1.0}
 
 
-def test_series_present_at_start_count_from_their_first_value() -> None:
+@pytest.mark.parametrize("kind,count_initial,expected", [
+    ("external", False, {"0": 0.0, "1": 0.0}),  # a driver's count, seen first: the baseline
+    ("external", True, {"0": 7.0, "1": 1.0}),   # ... unless the rule counts what it already holds
+    ("tpuwatch", False, {"0": 7.0, "1": 1.0}),  # tpuwatch's own counter starts with the daemon: all of it is new
+])
+def test_what_a_counter_holds_at_first_sight_counts_as(kind: str, count_initial: bool,
+                                                        expected: dict[str, float]) -> None:
+    compiled = rule("{alert: Ecc, metric: tpuwatch_device_ecc_errors_total, function: increase, window: 1h, "
+                    f"op: '>=', counter: {kind}, count_initial: {str(count_initial).lower()}}}")
     tracker = Tracker()
-    samples = [sample("tpuwatch_device_ecc_errors_total", 7, device="0", kind="uncorrected")]
-    tracker.observe(samples, {"tpuwatch_device_ecc_errors_total": 3600}, T0)
-    assert tracker.increase(("tpuwatch_device_ecc_errors_total", samples[0].labels), 3600, T0) == 0
+    tracked = tracks([compiled.rule])
+    first = [sample("tpuwatch_device_ecc_errors_total", 7, device="0", kind="uncorrected")]
+    tracker.observe(first, tracked, T0)
+    later = first + [sample("tpuwatch_device_ecc_errors_total", 1, device="1", kind="uncorrected")]  # seen later
+    tracker.observe(later, tracked, T0 + 10)
+    assert fire(compiled, later, tracker, T0 + 10) == expected
+    for t in range(20, 3700, 60):
+        tracker.observe(later, tracked, T0 + t)
+    assert set(fire(compiled, later, tracker, T0 + 3690).values()) == {0.0}  # an hour later it is old news
+
+
+def test_count_initial_only_for_increase_over_an_external_counter() -> None:
+    with pytest.raises(ConfigError, match=r"rules\[0\]\.count_initial: only for increase over an external"):
+        parse_rules("rules: [{alert: X, metric: m, function: increase, counter: tpuwatch, count_initial: true}]",
+                    "test.yaml")
+    with pytest.raises(ConfigError, match="counter: tpuwatch disagrees with another rule's counter: external"):
+        tracks(parse_rules("rules: [{alert: X, metric: m, function: increase},\n"
+                           "        {alert: Y, metric: m, function: increase, counter: tpuwatch}]", "test.yaml"))
 
 
 def test_windows_longer_than_the_store_history_keep_few_points() -> None:
     tracker = Tracker()
     for t in range(0, 7 * 3600, 10):
         samples = [sample("tpuwatch_canary_runs_total", t // 3600, result="error")]
-        tracker.observe(samples, {"tpuwatch_canary_runs_total": 6 * 3600}, T0 + t)
+        tracker.observe(samples, {"tpuwatch_canary_runs_total": Track("tpuwatch", 6 * 3600, 6 * 3600)}, T0 + t)
     key = samples[0][:2]
     assert tracker.increase(key, 6 * 3600, T0 + 7 * 3600 - 10) == 6
     assert len(tracker._series[key].points) <= 70
@@ -131,7 +152,7 @@ def test_aggregate_and_unchanged() -> None:
     compiled = rule("{alert: NoCanary, metric: tpuwatch_canary_runs_total, function: unchanged, aggregate: min, "
                     "threshold: 100}")
     tracker = Tracker()
-    windows = {"tpuwatch_canary_runs_total": 300.0}
+    windows = tracks([compiled.rule])
 
     def at(t: float, ok: int, error: int) -> dict[str, float]:
         samples = [sample("tpuwatch_canary_runs_total", ok, result="pass"),
@@ -151,7 +172,8 @@ def test_states_pending_firing_resolved_with_for() -> None:
     hot = [sample("tpuwatch_device_temperature_celsius", 90, device="0")]
 
     def step(t: float, samples: list[Sample]) -> list[str]:
-        return [a.state for a in book.apply(compiled.evaluate(samples, Tracker(), T0 + t, HOST), set(), T0 + t)]
+        changes = book.apply(compiled.evaluate(samples, Tracker(), T0 + t, HOST), set(), T0 + t)
+        return [a.state for a in changes.saved]
 
     assert step(0, hot) == ["pending"]
     assert step(299, hot) == []
@@ -164,9 +186,17 @@ def test_states_pending_firing_resolved_with_for() -> None:
     assert step(330, []) == ["resolved"] and book.alerts == {}  # a pending alert that goes away is forgotten
 
 
-def test_fingerprints_ignore_label_order() -> None:
+def test_fingerprints_are_alertmanagers_and_ignore_label_order() -> None:
     assert fingerprint({"a": "1", "b": "2"}) == fingerprint({"b": "2", "a": "1"}) != fingerprint({"a": "2", "b": "1"})
-    assert len(fingerprint({})) == 16
+    assert fingerprint({}) == "cbf29ce484222325"  # FNV-1a 64's offset basis: prometheus/common's empty label set
+    # The separator byte keeps {"ab": "c"} and {"a": "bc"} apart.
+    assert fingerprint({"ab": "c"}) != fingerprint({"a": "bc"})
+
+
+def test_group_keys_quote_label_values_as_go_does() -> None:
+    assert label_set_string({"device": "0", "alertname": "X"}) == '{alertname="X", device="0"}'
+    assert label_set_string({"a": 'say "hi"\\n\n\t\x01\x7f\u00ad\u00e9\U0001f600'}) == \
+        '{a="say \\"hi\\"\\\\n\\n\\t\\x01\\x7f\\u00ad\u00e9\U0001f600"}'
 
 
 def test_alerts_about_a_lost_chip_are_inhibited_but_the_loss_itself_is_not() -> None:
@@ -188,6 +218,13 @@ DEFAULT_CASES = [
     ("uncorrectable ECC", [("tpuwatch_device_ecc_errors_total", 0, {"device": "0", "kind": "uncorrected"})],
      [("tpuwatch_device_ecc_errors_total", 1, {"device": "0", "kind": "uncorrected"})],
      "AcceleratorEccUncorrectable", "critical"),
+    ("uncorrectable ECC already counted", [],  # a fault that predates tpuwatch (install, or the ecc-errors drill)
+     [("tpuwatch_device_ecc_errors_total", 2, {"device": "0", "kind": "uncorrected"})],
+     "AcceleratorEccUncorrectable", "critical"),
+    ("row remap failed", [], [("tpuwatch_device_row_remap_failed", 1, {"device": "0"})],
+     "AcceleratorRowRemapFailed", "critical"),
+    ("memory repair pending", [], [("tpuwatch_device_memory_repair_pending", 1, {"device": "0"})],
+     "AcceleratorMemoryRepairPending", "warning"),
     ("corrected ECC rising", [("tpuwatch_device_ecc_errors_total", 0, {"device": "0", "kind": "corrected"})],
      [("tpuwatch_device_ecc_errors_total", 150, {"device": "0", "kind": "corrected"})],
      "AcceleratorEccCorrectedRising", "warning"),
@@ -231,7 +268,7 @@ DEFAULT_CASES = [
 def test_default_rules_cover_the_mission(before: list, after: list, alertname: str, severity: str) -> None:
     rules = [CompiledRule(r) for r in parse_rules(default_rules_text(), "built-in")]
     tracker, book = Tracker(), AlertBook()
-    windows = tracked_windows(r.rule for r in rules)
+    windows = tracks(r.rule for r in rules)
     for t, rows in ((0, before), (10, after), (400, after)):
         samples = [sample(name, value, **labels) for name, value, labels in rows]
         tracker.observe(samples, windows, T0 + t)
@@ -257,11 +294,11 @@ def test_default_rules_stay_quiet_on_a_healthy_chip() -> None:
                sample("tpuwatch_device_temperature_celsius", 60, device="0"),
                sample("tpuwatch_device_memory_used_bytes", 50, device="0"),
                sample("tpuwatch_device_memory_total_bytes", 100, device="0"),
-               sample("tpuwatch_device_ecc_errors_total", 3, device="0", kind="corrected"),
                sample("tpuwatch_collector_success", 1, collector="devices")]
+    samples.append(sample("tpuwatch_device_ecc_errors_total", 500, device="0", kind="corrected"))  # old news
     tracker = Tracker()
     for t in (0, 10):
-        tracker.observe(samples, {"tpuwatch_device_ecc_errors_total": 3600}, T0 + t)
+        tracker.observe(samples, tracks(r.rule for r in rules), T0 + t)
     assert [c for r in rules for c in r.evaluate(samples, tracker, T0 + 10, HOST)] == []
 
 
@@ -276,4 +313,16 @@ def test_every_built_in_rule_links_a_runbook_that_exists() -> None:
     anchors = {line[4:].strip().lower() for line in docs.splitlines() if line.startswith("### ")}
     for rule in load_rules(True, []):
         assert rule.runbook_url, rule.alert
-        assert rule.runbook_url.split("#", 1)[1] in anchors, rule.runbook_url
+        page, _, anchor = rule.runbook_url.partition("#")
+        assert page == "alerting.md" and anchor in anchors, rule.runbook_url
+
+
+@pytest.mark.parametrize("base,expected", [
+    ("file:///usr/share/doc/tpuwatch/", "file:///usr/share/doc/tpuwatch/alerting.md#acceleratorlost"),
+    ("https://wiki.example/ops/tpuwatch", "https://wiki.example/ops/tpuwatch/alerting.md#acceleratorlost"),
+])
+def test_runbook_links_join_alerting_runbook_base_url(base: str, expected: str) -> None:
+    (lost,) = [r for r in load_rules(True, [], runbook_base=base) if r.alert == "AcceleratorLost"]
+    assert lost.runbook_url == expected
+    (mine,) = parse_rules("rules: [{alert: X, metric: m, runbook_url: 'https://rb.example/x'}]", "test.yaml")
+    assert load_rules(False, [], runbook_base=base) == [] and mine.runbook_url == "https://rb.example/x"

@@ -157,7 +157,8 @@ def test_simulate_shows_the_fault_on_its_chip(start_daemon: Callable[..., Daemon
     assert metric(daemon, 'tpuwatch_device_ecc_errors_total{device="2",kind="uncorrected"}') >= 1
     assert metric(daemon, 'tpuwatch_device_ecc_errors_total{device="0",kind="uncorrected"}') == 0
     problems = requests.get(f"{daemon.url}/healthz", timeout=5).json()["checks"]["devices"]["problems"]
-    assert problems == ["device 2 (v5e, pci 0000:12:00.0): 1 uncorrectable ECC error(s)"]
+    assert problems == [
+        "device 2 (v5e, pci 0000:12:00.0): 1 uncorrectable ECC error(s) since the driver loaded"]
 
 
 def test_sd_notify_protocol(start_daemon: Callable[..., DaemonProcess], tmp_path: Path) -> None:
@@ -201,7 +202,8 @@ def test_check_json_verdicts(tmp_path: Path) -> None:
     assert device["memory_total_bytes"] == 16 << 30 and 0 < device["memory_used_bytes"] < 16 << 30
     bad = run_cli("check", "--json", "--config", str(faulty))
     assert bad.returncode == 1
-    assert json.loads(bad.stdout)["problems"] == ["device 1 (v5e, pci 0000:11:00.0): 1 uncorrectable ECC error(s)"]
+    assert json.loads(bad.stdout)["problems"] == [
+        "device 1 (v5e, pci 0000:11:00.0): 1 uncorrectable ECC error(s) since the driver loaded"]
     table = run_cli("check", "--config", str(faulty))
     assert table.returncode == 1
     assert "DEVICE" in table.stdout and "UNHEALTHY: 1 problem(s)" in table.stdout
@@ -313,7 +315,9 @@ def test_a_simulated_fault_pages_through_the_webhook(start_daemon: Callable[...,
         alert = wait_until(ecc_alert, timeout=30, what="the ECC alert at the webhook")
         assert alert["status"] == "firing" and alert["labels"]["device"] == "2"
         assert alert["labels"]["severity"] == "critical" and alert["annotations"]["summary"]
-        assert alert["annotations"]["runbook_url"].endswith("docs/alerting.md#acceleratoreccuncorrectable")
+        runbook = "file:///usr/share/doc/tpuwatch/alerting.md#acceleratoreccuncorrectable"  # the .deb's docs
+        assert alert["annotations"]["runbook_url"] == runbook
+        assert alert["labels"]["pci"] == "0000:12:00.0"
         listed = run_cli("alerts", "--json", "--config", str(daemon.config_path))
         assert listed.returncode == 0, listed.stderr
         assert any(a["labels"]["alertname"] == "AcceleratorEccUncorrectable"

@@ -123,7 +123,7 @@ def test_health_names_the_lost_gpu_the_uncorrectable_error_and_the_pending_repai
     assert device_problems(collector.last_readings) == [
         ("device 1 (NVIDIA H100 80GB HBM3, pci 0000:2a:00.0): memory repair pending (page retirement or row remap "
          "needs a GPU reset)"),
-        "device 1 (NVIDIA H100 80GB HBM3, pci 0000:2a:00.0): 1 uncorrectable ECC error(s)",
+        "device 1 (NVIDIA H100 80GB HBM3, pci 0000:2a:00.0): 1 uncorrectable ECC error(s) since the driver loaded",
         "device 2 (unknown) is down: GPU is lost (nvmlDeviceGetHandleByIndex: GPU is lost)",
     ]
 

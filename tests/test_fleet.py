@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 RULE_FILES = sorted((REPO / "alerts").glob("*.rules.yml"))
 TEST_FILES = sorted((REPO / "alerts").glob("*.test.yml"))
 DASHBOARD = REPO / "packaging" / "grafana" / "tpuwatch.json"
-RUNBOOK_PREFIX = "https://github.com/tpuwatch/tpuwatch/blob/main/"
+RUNBOOK_PREFIX = "file:///usr/share/doc/tpuwatch/"  # where the .deb installs docs/*.md
 NAME = re.compile(r"\btpuwatch(?::[a-z0-9_]+)+|\btpuwatch_[a-z0-9_]+")
 # What the fleet must be paged for (issue #8): chip down, uncorrectable errors, canary failing or stale,
 # fingerprint disagreement, leak ETA, exporter absent, notifications failing.
@@ -86,7 +86,7 @@ def test_every_alert_has_severity_summary_description_and_a_runbook_that_exists(
         url = annotations["runbook_url"]
         assert url.startswith(RUNBOOK_PREFIX), url
         doc, _, anchor = url.removeprefix(RUNBOOK_PREFIX).partition("#")
-        text = (REPO / doc).read_text()
+        text = (REPO / "docs" / doc).read_text()
         anchors = {slug(line.lstrip("#")) for line in text.splitlines() if line.startswith("#")}
         assert not anchor or anchor in anchors, f"{rule['alert']}: no heading for #{anchor} in {doc}"
 

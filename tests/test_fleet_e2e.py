@@ -187,7 +187,7 @@ def test_hardware_faults_page_through_prometheus_and_alertmanager(fleet: Fleet) 
     ecc = wait_until(lambda: firing(fleet.am_hook, "TpuwatchEccUncorrectable", instance=instance_a, device="0"),
                      timeout=30, what="the ECC alert through Prometheus and Alertmanager")
     assert {"job": "tpuwatch", "kind": "uncorrected", "severity": "critical"}.items() <= ecc["labels"].items()
-    assert ecc["annotations"]["runbook_url"].endswith("docs/fleet.md#tpuwatcheccuncorrectable")
+    assert ecc["annotations"]["runbook_url"] == "file:///usr/share/doc/tpuwatch/fleet.md#tpuwatcheccuncorrectable"
     assert ecc["generatorURL"].startswith(fleet.prometheus)
     # The Xid line was the counter's birth at 1: only the recording rule's birth clause sees it.
     xid = wait_until(lambda: firing(fleet.am_hook, "TpuwatchKernelHardwareError", instance=instance_a, device="1"),

@@ -36,6 +36,40 @@ def test_plain_lines_with_time_and_level(tmp_path: Path) -> None:
     assert lines[0].endswith("ERROR tpuwatch.test: chip 3 lost") and lines[1].endswith("INFO tpuwatch.test: all good")
 
 
+LEAKY = """
+import logging, sys, urllib.parse
+sys.modules["systemd"] = None
+from tpuwatch import logsetup
+logsetup.configure("debug")
+secret = "hunter2-" + "Pa ss/w"
+logsetup.add_secrets([secret])
+log = logging.getLogger("tpuwatch.test")
+log.error("receiver said %s and %r", secret, {"auth": urllib.parse.quote(secret)})
+try:
+    raise ValueError(f"cannot parse {secret!r}")
+except ValueError:
+    log.exception("failed for %s", "chip 3")
+log.warning("stack", stack_info=True, extra={"x": secret})
+log.info("%s %d", "bad", "format")
+"""
+
+
+def test_every_record_is_redacted_message_arguments_exception_and_stack(tmp_path: Path) -> None:
+    for journal in (False, True):
+        log_file = tmp_path / f"stderr-{journal}.log"
+        with open(log_file, "wb") as stderr:
+            env = {k: v for k, v in os.environ.items() if k != "JOURNAL_STREAM"}
+            if journal:
+                stat = os.fstat(stderr.fileno())
+                env["JOURNAL_STREAM"] = f"{stat.st_dev}:{stat.st_ino}"
+            subprocess.run([sys.executable, "-c", LEAKY], stderr=stderr, env=env, check=True, timeout=60)
+        text = log_file.read_text()
+        assert "hunter2" not in text and "Pa%20ss" not in text, text
+        assert "receiver said <secret> and {'auth': '<secret>'}" in text
+        assert "failed for chip 3" in text and "ValueError: cannot parse '<secret>'" in text
+        assert "Stack (most recent call last)" in text
+
+
 def test_journal_stream_gets_syslog_priorities(tmp_path: Path) -> None:
     assert run_logging(tmp_path, journal=True).splitlines() == ["<3>tpuwatch.test: chip 3 lost",
                                                                  "<6>tpuwatch.test: all good"]

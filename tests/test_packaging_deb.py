@@ -114,6 +114,11 @@ def test_ships_unit_config_sysusers_and_tmpfiles_verbatim(unpacked: Path) -> Non
         assert (unpacked / installed_path).read_bytes() == source.read_bytes(), installed_path
 
 
+def test_ships_the_docs_uncompressed_where_runbook_links_point(unpacked: Path) -> None:
+    for doc in sorted((REPO / "docs").glob("*.md")):  # alerting.runbook_base_url's default
+        assert (unpacked / "usr/share/doc/tpuwatch" / doc.name).read_bytes() == doc.read_bytes(), doc.name
+
+
 def test_ships_every_file_of_the_package_and_no_bytecode(unpacked: Path) -> None:
     def tree(root: Path) -> set[str]:
         return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}

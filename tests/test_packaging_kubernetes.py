@@ -171,6 +171,14 @@ def test_prometheusrule_carries_rules_promtool_accepts(rules_file: Path | None, 
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_prometheusrule_runbook_links_follow_runbook_base_url() -> None:
+    base = "https://wiki.example/ops/tpuwatch/"
+    rule = _documents(None, {"prometheusRule": {"enabled": True, "runbookBaseUrl": base}})["PrometheusRule"]
+    links = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert links and all(link.startswith(base) for link in links), links
+    assert f"{base}fleet.md#tpuwatchchipdown" in links
+
+
 def test_plain_manifests_are_the_charts_rendering() -> None:
     _require_module("helm_python")
     assert render.main(["--check"]) == 0

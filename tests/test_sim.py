@@ -98,7 +98,8 @@ def test_ecc_errors_count_up_on_the_fault_device() -> None:
     assert corrected == sorted(corrected) and corrected[-1] > 10
     assert series(history, 1, "ecc_uncorrected_total")[-1] == 2
     assert series(history, 0, "ecc_corrected_total")[-1] == 0
-    assert device_problems(history[-1]) == ["device 1 (v5e, pci 0000:11:00.0): 2 uncorrectable ECC error(s)"]
+    assert device_problems(history[-1]) == [
+        "device 1 (v5e, pci 0000:11:00.0): 2 uncorrectable ECC error(s) since the driver loaded"]
 
 
 def test_overheat_passes_the_limit() -> None:

@@ -203,10 +203,14 @@ class AlertingConfig:
     outbox_max_bytes: Annotated[int, Range(1 << 20, 1 << 40)] = 256 << 20
     breaker_failures: Annotated[int, Range(1, 1000)] = 5
     breaker_reset: Annotated[float, Duration(minimum=0.1)] = 300.0
+    # Where the runbooks of rules with a relative runbook_url live: the docs the .deb installs, by default.
+    runbook_base_url: str = "file:///usr/share/doc/tpuwatch/"
 
     def validate(self, path: str) -> None:
         if self.retry_max < self.retry_initial:
             raise ConfigError(f"{path}.retry_max", "must not be below retry_initial")
+        if not self.runbook_base_url.startswith(("http://", "https://", "file:///")):
+            raise ConfigError(f"{path}.runbook_base_url", "must start with http://, https:// or file:///")
 
 
 # --- kubernetes (docs/kubernetes.md) ---------------------------------------------------------

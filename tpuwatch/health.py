@@ -27,7 +27,8 @@ def device_problems(readings: Iterable[DeviceReading]) -> list[str]:
         elif r.memory_repair_pending:
             problems.append(f"{where}: memory repair pending (page retirement or row remap needs a GPU reset)")
         if r.ecc_uncorrected_total:
-            problems.append(f"{where}: {int(r.ecc_uncorrected_total)} uncorrectable ECC error(s)")
+            problems.append(f"{where}: {int(r.ecc_uncorrected_total)} uncorrectable ECC error(s) "
+                            "since the driver loaded")
         if r.temperature_celsius is not None and r.temperature_celsius >= TEMPERATURE_LIMIT_C:
             problems.append(f"{where}: temperature {r.temperature_celsius:.1f} C "
                             f"(limit {TEMPERATURE_LIMIT_C:.0f} C)")

@@ -17,7 +17,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 src="$work/tpuwatch-$version"
 mkdir "$src"
-tar -C "$root" --exclude=__pycache__ -c tpuwatch packaging/config.example.yaml | tar -C "$src" -x
+tar -C "$root" --exclude=__pycache__ -c tpuwatch packaging/config.example.yaml docs | tar -C "$src" -x
 tar -C "$root/packaging" --exclude=build.sh -c debian | tar -C "$src" -x
 for name in service sysusers tmpfiles; do
 	cp "$root/systemd/tpuwatch.$name" "$src/debian/tpuwatch.$name"

@@ -1,4 +1,4 @@
-"""SQLite in ``state_dir`` (WAL): alert state, what each receiver was told, and the notification outbox.
+"""SQLite in ``state_dir`` (WAL): alert state, what each receiver was told, counter memory, and the outbox.
 
 One connection guarded by a lock serves every thread of the process; other
 processes (``tpuwatch test-alert``) share the file safely through WAL, a busy
@@ -20,7 +20,8 @@ from pathlib import Path
 
 from tpuwatch import statefile
 from tpuwatch.alerting import sqlitefile
-from tpuwatch.alerting.state import Alert
+from tpuwatch.alerting.state import Alert, fingerprint
+from tpuwatch.alerting.tracker import Row
 from tpuwatch.schema import ConfigError
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,11 @@ CREATE TABLE IF NOT EXISTS outbox (
     created REAL NOT NULL, next_attempt REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
     claimed_until REAL NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS outbox_by_receiver ON outbox (receiver, id);
+CREATE TABLE IF NOT EXISTS alert_keys (fingerprint TEXT PRIMARY KEY, told_as TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS counters (
+    name TEXT NOT NULL, labels TEXT NOT NULL, boot TEXT NOT NULL, last REAL NOT NULL, seen_at REAL NOT NULL,
+    total REAL NOT NULL, changed_at REAL NOT NULL, points TEXT NOT NULL, born REAL NOT NULL, born_at REAL,
+    PRIMARY KEY (name, labels));
 """
 
 
@@ -162,34 +168,87 @@ class AlertDB:
     # --- alert state -------------------------------------------------------
 
     def load_alerts(self) -> list[Alert]:
-        """Every stored alert with what each receiver was told about it."""
+        """Every stored alert with what each receiver was told about it.
+
+        Rows stored by an older tpuwatch (another fingerprint, empty label values)
+        are re-keyed to today's fingerprint in the same transaction; an alert a
+        receiver was already told about keeps the id it was told (``told_as``).
+        """
         with self._lock:
             rows = self._conn.execute("SELECT fingerprint, labels, annotations, state, active_at, fired_at, "
                                       "resolved_at, value FROM alerts").fetchall()
             told = self._conn.execute("SELECT receiver, fingerprint, at FROM notified").fetchall()
-        alerts = {r[0]: Alert(r[0], json.loads(r[1]), json.loads(r[2]), r[3], r[4], r[5], r[6], r[7])
-                  for r in rows}
+            keys = dict(self._conn.execute("SELECT fingerprint, told_as FROM alert_keys").fetchall())
+        alerts: dict[str, Alert] = {}
+        for r in rows:
+            alerts[r[0]] = Alert(r[0], json.loads(r[1]), json.loads(r[2]), r[3], r[4], r[5], r[6], r[7],
+                                 told_as=keys.get(r[0]))
         for receiver, fp, at in told:
             if fp in alerts:
                 alerts[fp].notified[receiver] = at
+        moves = self._rekey(alerts)
+        try:
+            self._write(moves)
+        except OutboxFull as exc:
+            log.error("cannot re-key %d stored alert(s) to today's fingerprints (%s); done again at the next start",
+                      len(moves), exc)
         return list(alerts.values())
 
-    def save_alerts(self, alerts: Iterable[Alert]) -> None:
-        """Store changed alerts; a pending alert that went away is deleted."""
+    @staticmethod
+    def _rekey(alerts: dict[str, Alert]) -> list[tuple[str, tuple[object, ...]]]:
+        """Statements that move rows of ``alerts`` (changed in place) to today's fingerprints."""
+        statements: list[tuple[str, tuple[object, ...]]] = []
+        for old, alert in list(alerts.items()):
+            labels = {k: v for k, v in alert.labels.items() if v != ""}
+            new = fingerprint(labels)
+            if new == old:
+                continue
+            del alerts[old]
+            statements += _deletions(old)
+            if new in alerts:  # two old rows for one label set: the first one stands
+                statements.append(("DELETE FROM notified WHERE fingerprint = ?", (old,)))
+                continue
+            statements += _moved(old, new)
+            alert.told_as = alert.key if alert.notified else None
+            alert.fingerprint, alert.labels = new, labels
+            alerts[new] = alert
+            statements += _alert_rows(alert)
+        return statements
+
+    def save_alerts(self, alerts: Iterable[Alert], moved: Iterable[tuple[str, str]] = ()) -> None:
+        """Store changed alerts, with what receivers were told moved from old to new ids for ``moved``
+        (old, new) pairs; a pending alert that went away is deleted."""
         statements: list[tuple[str, tuple[object, ...]]] = []
         for a in alerts:
             if a.state == "resolved" and a.fired_at is None:
-                statements.append(("DELETE FROM alerts WHERE fingerprint = ?", (a.fingerprint,)))
+                statements += _deletions(a.fingerprint)
                 continue
-            statements.append((
-                "INSERT OR REPLACE INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (a.fingerprint, json.dumps(a.labels), json.dumps(a.annotations), a.state, a.active_at,
-                 a.fired_at, a.resolved_at, a.value)))
+            statements += _alert_rows(a)
+        for old, new in moved:
+            statements = _deletions(old) + _moved(old, new) + statements
         self._write(statements)
 
     def delete_alerts(self, fingerprints: Iterable[str]) -> None:
         """Forget alerts for good."""
-        self._write(("DELETE FROM alerts WHERE fingerprint = ?", (fp,)) for fp in fingerprints)
+        self._write(s for fp in fingerprints for s in _deletions(fp))
+
+    # --- counter memory ----------------------------------------------------------
+
+    def load_counters(self) -> list[Row]:
+        """Every counter's saved state."""
+        with self._lock:
+            rows = self._conn.execute("SELECT name, labels, boot, last, seen_at, total, changed_at, points, born, "
+                                      "born_at FROM counters").fetchall()
+        return [Row(*r) for r in rows]
+
+    def save_counters(self, rows: Iterable[Row], forgotten: Iterable[tuple[str, str]]) -> None:
+        """Store changed counters and delete forgotten ones, in one transaction."""
+        statements: list[tuple[str, tuple[object, ...]]] = [
+            ("INSERT OR REPLACE INTO counters VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             (r.name, r.labels, r.boot, r.last, r.seen_at, r.total, r.changed_at, r.points, r.born, r.born_at))
+            for r in rows]
+        statements += [("DELETE FROM counters WHERE name = ? AND labels = ?", key) for key in forgotten]
+        self._write(statements)
 
     def forget_receivers(self, keep: set[str]) -> None:
         """Forget what receivers no longer configured were told (their queued messages expire)."""
@@ -269,10 +328,32 @@ class AlertDB:
             return {r: (int(n), float(oldest)) for r, n, oldest in rows.fetchall()}
 
 
+def _alert_rows(a: Alert) -> list[tuple[str, tuple[object, ...]]]:
+    rows: list[tuple[str, tuple[object, ...]]] = [(
+        "INSERT OR REPLACE INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (a.fingerprint, json.dumps(a.labels), json.dumps(a.annotations), a.state, a.active_at, a.fired_at,
+         a.resolved_at, a.value))]
+    if a.told_as:
+        rows.append(("INSERT OR REPLACE INTO alert_keys VALUES (?, ?)", (a.fingerprint, a.told_as)))
+    else:
+        rows.append(("DELETE FROM alert_keys WHERE fingerprint = ?", (a.fingerprint,)))
+    return rows
+
+
+def _moved(old: str, new: str) -> list[tuple[str, tuple[object, ...]]]:
+    return [("UPDATE OR REPLACE notified SET fingerprint = ? WHERE fingerprint = ?", (new, old))]
+
+
+def _deletions(fp: str) -> list[tuple[str, tuple[object, ...]]]:
+    return [(f"DELETE FROM {table} WHERE fingerprint = ?", (fp,)) for table in ("alerts", "alert_keys")]
+
+
 # Merging an in-memory database (attached as ``outage``) into a file it did not copy whole.
 _MERGE = [
     "INSERT OR REPLACE INTO main.alerts SELECT * FROM outage.alerts",
     "INSERT OR REPLACE INTO main.notified SELECT * FROM outage.notified",
+    "INSERT OR REPLACE INTO main.alert_keys SELECT * FROM outage.alert_keys",
+    "INSERT OR REPLACE INTO main.counters SELECT * FROM outage.counters",
     "INSERT INTO main.outbox (receiver, key, body, created, next_attempt, attempts) "
     "SELECT receiver, key, body, created, next_attempt, attempts FROM outage.outbox ORDER BY id",
 ]
@@ -285,6 +366,10 @@ _SHAPES = {
     "notified": {"receiver": "text", "fingerprint": "text", "at": "number"},
     "outbox": {"receiver": "text", "key": "text", "body": "text", "created": "number", "next_attempt": "number",
                "attempts": "integer", "claimed_until": "number"},
+    "alert_keys": {"fingerprint": "text", "told_as": "text"},
+    "counters": {"name": "text", "labels": "text", "boot": "text", "last": "number", "seen_at": "number",
+                 "total": "number", "changed_at": "number", "points": "text", "born": "number",
+                 "born_at": "number?"},
 }
 _FITS = {
     "text": "typeof({c}) = 'text'",

@@ -106,8 +106,15 @@ class Delivery:
 
     def _run(self, name: str) -> None:
         event = self._wake[name]
+        failing = False
         while not self._stop.is_set():
-            wait = self.step(name, time.time())
+            try:
+                wait = self.step(name, time.time())
+                failing = False
+            except Exception:  # noqa: BLE001 - a delivery thread must outlive any one message (logged once)
+                if not failing:
+                    log.exception("receiver %s: delivery step failed; retrying", name)
+                failing, wait = True, IDLE_POLL_S
             if wait > 0:
                 event.wait(min(wait, IDLE_POLL_S))
                 event.clear()

@@ -4,7 +4,9 @@ Pure logic over the alert book and what each receiver was told
 (``Alert.notified``): :meth:`Dispatcher.due` returns the notifications to queue
 now and when to look again.  Group timers live in memory; after a restart a
 group's last notification is the latest time its alerts were told, so firing
-alerts are not announced again before ``repeat_interval``.
+alerts are not announced again before ``repeat_interval``.  A group's timer
+outlives its alerts by ``group_interval``, so an alert that resolves and fires
+again is told at most once per ``group_interval``.
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ class Dispatcher:
         groups: dict[GroupKey, list[Alert]] = {}
         for a in alerts:
             groups.setdefault(a.group_key, []).append(a)
-        for stale in [k for k in self._timers if k[0] == notifier.name and k[1] not in groups]:
+        for stale in [k for k, t in self._timers.items() if k[0] == notifier.name and k[1] not in groups
+                      and self._expired(t, now)]:
             del self._timers[stale]
         out, wake = [], None
         for key, members in groups.items():
@@ -82,7 +85,7 @@ class Dispatcher:
             elif firing and timer.last_flush is not None:
                 due = timer.last_flush + self.config.repeat_interval
             else:
-                if not firing:
+                if not firing and self._expired(timer, now):
                     del self._timers[(notifier.name, key)]
                 continue
             if due > now:
@@ -92,6 +95,10 @@ class Dispatcher:
             out.append(self._group_notification(notifier, key, firing, gone))
             wake = (now + self.config.repeat_interval) if wake is None else min(wake, now + self.config.repeat_interval)
         return out, wake
+
+    def _expired(self, timer: _Timer, now: float) -> bool:
+        """Whether a group without firing alerts may forget its timer (its next notice would wait group_wait)."""
+        return timer.last_flush is None or now >= timer.last_flush + self.config.group_interval
 
     def _group_notification(self, notifier: Notifier, key: GroupKey, firing: list[Alert],
                             gone: list[Alert]) -> Notification:

@@ -1,4 +1,7 @@
-"""``tpuwatch alerts``: list the running daemon's active alerts from its ``/api/alerts`` endpoint."""
+"""``tpuwatch alerts``: list the running daemon's active alerts from its ``/api/alerts`` endpoint.
+
+The table is sorted by severity (critical first), then by age (oldest first).
+"""
 
 from __future__ import annotations
 
@@ -9,11 +12,14 @@ from typing import Any
 
 import requests
 
+from tpuwatch.alerting.notifiers import inline_secrets
 from tpuwatch.config import Config
+from tpuwatch.logsetup import add_secrets, redact
 from tpuwatch.schema import ConfigError, parse_listen_address
 from tpuwatch.webconfig import load_web_config
 
 _WILDCARDS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
+_SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,18 +36,22 @@ def endpoint_url(config: Config) -> str:
     return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}/api/alerts"
 
 
+def _order(alert: dict[str, Any]) -> tuple[int, str]:
+    return _SEVERITY_ORDER.get(alert["labels"].get("severity", ""), 3), alert.get("activeAt") or ""
+
+
 def render(alerts: list[dict[str, Any]]) -> str:
-    """A table of alerts, or a line saying there are none."""
+    """A table of alerts, most severe and oldest first, or a line saying there are none."""
     if not alerts:
         return "no active alerts"
-    rows = [("STATE", "SEVERITY", "ALERT", "DEVICE", "SINCE", "SUMMARY")]
-    for a in alerts:
+    rows = [("STATE", "SEVERITY", "ALERT", "DEVICE", "PCI", "SINCE", "SUMMARY")]
+    for a in sorted(alerts, key=_order):
         labels = a["labels"]
         state = a["state"] + (" (inhibited)" if a.get("inhibited") else "")
         rows.append((state, labels.get("severity", ""), labels.get("alertname", ""), labels.get("device", "-"),
-                     a.get("startsAt") or a["activeAt"], a["annotations"].get("summary", "")))
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True)) + "  " + r[5] for r in rows)
+                     labels.get("pci", "-"), a.get("startsAt") or a["activeAt"], a["annotations"].get("summary", "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(6)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:6], widths, strict=True)) + "  " + r[6] for r in rows)
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
@@ -53,11 +63,24 @@ def run(args: argparse.Namespace, config: Config) -> int:
         return 2
     try:
         response = requests.get(url, timeout=10, verify=args.ca or True)
+    except requests.exceptions.SSLError:
+        print(f"tpuwatch: cannot list alerts from {url}: its TLS certificate is not trusted (--ca FILE)",
+              file=sys.stderr)
+        return 1
+    except requests.ConnectionError:
+        where = url.split("://", 1)[1].split("/", 1)[0]
+        print(f"tpuwatch: no tpuwatch daemon answering at {where}: is it running?", file=sys.stderr)
+        return 1
+    except requests.RequestException as exc:
+        print(f"tpuwatch: cannot list alerts from {url}: {type(exc).__name__}", file=sys.stderr)
+        return 1
+    try:
         response.raise_for_status()
         answer = response.json()
         alerts = answer["alerts"]
     except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
         print(f"tpuwatch: cannot list alerts from {url}: {type(exc).__name__}", file=sys.stderr)
         return 1
-    print(json.dumps(answer, indent=2) if args.json else render(alerts))
+    add_secrets(inline_secrets(config.notify))
+    print(redact(json.dumps(answer, indent=2) if args.json else render(alerts)))
     return 0

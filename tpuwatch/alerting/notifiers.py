@@ -3,7 +3,9 @@
 Bodies are built when a notification is queued and stored without secrets;
 the routing key, signature and custom headers are added at send time.  Every
 notifier has one ``send(body, key) -> Answer``.  Error details never contain a
-URL or a secret: only the HTTP status, a short reason, and the start of a body.
+secret: the HTTP status, a short reason, where a redirect points, and the
+start of a body, each with every known secret (:mod:`tpuwatch.logsetup`,
+which also hides them from every log line) replaced by ``<secret>``.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from tpuwatch import __version__
-from tpuwatch.alerting.state import ZERO_TIME, Alert, rfc3339
+from tpuwatch.alerting.state import ZERO_TIME, Alert, label_set_string, rfc3339
 from tpuwatch.config import ReceiverConfig
+from tpuwatch.logsetup import add_secrets, redact, redact_data
 from tpuwatch.schema import ConfigError
 
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
@@ -79,11 +82,10 @@ def _common(items: Sequence[dict[str, str]]) -> dict[str, str]:
 def webhook_body(receiver: str, group: tuple[str, str], sent: Sequence[Sent], external_url: str) -> str:
     """Alertmanager's webhook JSON, version 4, for one group."""
     alerts = [{"status": "firing" if s.firing else "resolved", **s.am_alert(external_url),
-               "fingerprint": s.alert.fingerprint} for s in sent]
+               "fingerprint": s.alert.key} for s in sent]
     group_labels = {"alertname": group[0], **({"device": group[1]} if group[1] else {})}
-    group_key = "{}:{" + ", ".join(f'{k}="{v}"' for k, v in sorted(group_labels.items())) + "}"
     return json.dumps({
-        "version": "4", "groupKey": group_key, "truncatedAlerts": 0,
+        "version": "4", "groupKey": "{}:" + label_set_string(group_labels), "truncatedAlerts": 0,
         "status": "firing" if any(s.firing for s in sent) else "resolved", "receiver": receiver,
         "groupLabels": group_labels,
         "commonLabels": _common([s.alert.labels for s in sent]),
@@ -103,7 +105,7 @@ def pagerduty_bodies(sent: Sequence[Sent]) -> list[str]:
         a = s.alert
         summary = a.annotations.get("summary") or a.labels.get("alertname", "alert")
         event: dict[str, Any] = {
-            "event_action": "trigger" if s.firing else "resolve", "dedup_key": a.fingerprint,
+            "event_action": "trigger" if s.firing else "resolve", "dedup_key": a.key,
             "client": "tpuwatch",
             "payload": {"summary": summary[:1024], "source": a.labels.get("host", "tpuwatch"),
                         "severity": _PD_SEVERITY.get(a.labels.get("severity", ""), "error"),
@@ -137,14 +139,17 @@ def slack_body(group: tuple[str, str], sent: Sequence[Sent]) -> str:
 
 
 def bodies_for(notifier: Notifier, group: tuple[str, str], sent: Sequence[Sent], external_url: str) -> list[str]:
-    """The bodies one notification about a group becomes for this notifier's kind."""
+    """The bodies one notification about a group becomes for this notifier's kind, every known secret hidden
+    (one pasted into a rule or a log line must not travel to a receiver)."""
     if notifier.type == "webhook":
-        return [webhook_body(notifier.config.name, group, sent, external_url)]
-    if notifier.type == "slack":
-        return [slack_body(group, sent)]
-    if notifier.type == "pagerduty":
-        return pagerduty_bodies(sent)
-    return [alertmanager_body(sent, external_url)]
+        bodies = [webhook_body(notifier.config.name, group, sent, external_url)]
+    elif notifier.type == "slack":
+        bodies = [slack_body(group, sent)]
+    elif notifier.type == "pagerduty":
+        bodies = pagerduty_bodies(sent)
+    else:
+        bodies = [alertmanager_body(sent, external_url)]
+    return [json.dumps(redact_data(json.loads(b)), sort_keys=True) for b in bodies]
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
@@ -158,6 +163,7 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 # dependencies would add about 15 MB to the resident memory of a daemon that must stay small.
 _OPENER = urllib.request.build_opener(_NoRedirects())
 _BODY_PREFIX = 4096
+_TAIL_DROP = 512
 
 
 class Notifier:
@@ -167,6 +173,7 @@ class Notifier:
         self.config = config
         self.name = name
         self.type = config.type
+        self._configured_url = url
         self._url, self._authorization = _split_credentials(url)
         self._timeout = timeout
         self._routing_key = config.routing_key
@@ -176,9 +183,17 @@ class Notifier:
                         if config.secret_file is not None else None)
 
     def secrets(self) -> list[str]:
-        """Every secret this notifier holds (tests check none leaks)."""
-        return [s for s in (self._url, self._authorization, self._routing_key, self._secret and self._secret.decode(),
-                            *(self.config.headers or {}).values()) if s]
+        """Every secret this notifier holds, in each form it is sent in (registered for redaction)."""
+        parts = urllib.parse.urlsplit(self._configured_url)
+        password = urllib.parse.unquote(parts.password) if parts.password else None
+        token = self._authorization.split(" ", 1)[1] if self._authorization else None
+        url_secret = self.config.url_file is not None  # a URL kept in a file is itself the secret (Slack's)
+        path = urllib.parse.urlsplit(self._url)
+        return [s for s in (
+            password, parts.password, self._authorization, token, self._routing_key,
+            self._secret and self._secret.decode(), *(self.config.headers or {}).values(),
+            *((self._configured_url, self._url, path.path + (f"?{path.query}" if path.query else ""))
+              if url_secret else ())) if s]
 
     def send(self, body: str, key: str) -> Answer:
         """POST one body; never raises for network trouble."""
@@ -192,28 +207,35 @@ class Notifier:
         if self._secret is not None:
             headers[SIGNATURE_HEADER] = "sha256=" + hmac.new(self._secret, data, hashlib.sha256).hexdigest()
         url = self._url.rstrip("/") + "/api/v2/alerts" if self.type == "alertmanager" else self._url
-        request = urllib.request.Request(url, data=data, headers=headers, method="POST")
         try:
+            request = urllib.request.Request(url, data=data, headers=headers, method="POST")
             with _OPENER.open(request, timeout=self._timeout) as response:
                 status, reason, raw = response.status, response.reason, response.read(_BODY_PREFIX)
+                location = None
         except urllib.error.HTTPError as exc:
-            status, reason, raw = exc.code, exc.reason, exc.read(_BODY_PREFIX)
-        except (TimeoutError, urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            status, reason, raw, location = exc.code, exc.reason, exc.read(_BODY_PREFIX), exc.headers.get("Location")
+        except (TimeoutError, urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
             reason_of = getattr(exc, "reason", exc)
             if isinstance(exc, TimeoutError) or isinstance(reason_of, TimeoutError):
                 return Answer(False, True, f"no answer within {self._timeout:g}s")
-            return Answer(False, True, self._redacted(f"connection failed: {reason_of}"))
-        text = self._redacted(" ".join(raw.decode("utf-8", "replace").split())[:200])
-        detail = f"HTTP {status} {reason or ''}".rstrip() + (f": {text}" if text else "")
+            return Answer(False, True, redact(f"connection failed: {reason_of}")[:300])
+        detail = f"HTTP {status} {reason or ''}".rstrip()
+        if location is not None and 300 <= status < 400:
+            detail += f" to {redact(location)[:300]} (redirects are not followed)"
+        text = _body_text(raw)
+        detail = redact(detail + (f": {text}" if text else ""))
         if 200 <= status < 300:
             return Answer(True, False, detail)
         retry = status >= 500 or status in (408, 429)
         return Answer(False, retry, detail)
 
-    def _redacted(self, text: str) -> str:
-        for secret in self.secrets():
-            text = text.replace(secret, "<secret>")
-        return text
+
+def _body_text(raw: bytes) -> str:
+    """The start of an answer's body on one line, secrets removed before it is cut (never half a secret)."""
+    text = redact(raw.decode("utf-8", "replace"))
+    if len(raw) >= _BODY_PREFIX:  # the read stopped mid-body: what ends it may be the start of a secret
+        text = text[:-_TAIL_DROP]
+    return redact(" ".join(text.split()))[:200]
 
 
 def _split_credentials(url: str) -> tuple[str, str | None]:
@@ -239,5 +261,30 @@ def build_notifiers(receivers: Sequence[ReceiverConfig], timeout: float) -> list
         url = receiver.url
         if receiver.url_file is not None:
             url = read_secret(receiver.url_file, f"notify.{receiver.name}.url_file")
+            if not _usable_url(url):
+                raise ConfigError(f"notify.{receiver.name}.url_file",
+                                  f"{receiver.url_file} does not hold an http:// or https:// URL with a host")
         out.append(Notifier(receiver, receiver.name, url or PAGERDUTY_URL, timeout))
+    for notifier in out:
+        add_secrets(notifier.secrets())
     return out
+
+
+def inline_secrets(receivers: Sequence[ReceiverConfig]) -> list[str]:
+    """The secrets written in the config itself (secret files are not read): URL passwords, keys, headers."""
+    out: list[str] = []
+    for r in receivers:
+        for url in (r.url, *r.urls):
+            password = urllib.parse.urlsplit(url).password if url else None
+            out += [password, urllib.parse.unquote(password)] if password else []
+        out += [r.routing_key or "", *(r.headers or {}).values()]
+    return [s for s in out if s]
+
+
+def _usable_url(url: str) -> bool:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)

@@ -4,7 +4,10 @@ A rule selects the series of one metric by label regexes, turns each into a
 number (``value``, ``increase`` over a window, ``ratio`` to another metric with
 the same labels, ``age`` of a timestamp, seconds ``unchanged``), optionally
 aggregates by labels, and compares with a threshold.  Every series that passes
-becomes an alert candidate.
+becomes an alert candidate.  A series missing from this cycle (its collector
+failed or timed out) is still evaluated from what the tracker last saw: for
+``increase`` while it was seen within the window (as Prometheus's increase()
+over a range), otherwise for ``LOOKBACK_S`` (Prometheus's default lookback).
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Annotated, Literal
+from urllib.parse import urljoin, urlsplit
 
 from tpuwatch import yamlfile
-from tpuwatch.alerting.tracker import Tracker
+from tpuwatch.alerting.tracker import Kind, Track, Tracker
 from tpuwatch.samples import Labels, Sample
 from tpuwatch.schema import ConfigError, Duration, Regex, build
 
@@ -54,6 +58,8 @@ _FILTERS: dict[str, Callable[[float], str]] = {
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Settings a rule may take its threshold from (``threshold_from``), so that it agrees with the detector it reads.
 THRESHOLD_SETTINGS = ("trend.critical_eta", "trend.max_eta")
+# How long a series missing from the samples is still evaluated from its last value (rules other than increase).
+LOOKBACK_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,8 @@ class Rule:
     annotations: dict[str, str] = field(default_factory=dict)
     runbook_url: str | None = None
     inhibit_when_device_down: bool = True
+    counter: Literal["external", "tpuwatch"] = "external"
+    count_initial: bool = False
 
     def validate(self, path: str) -> None:
         for key, name in (("alert", self.alert), ("metric", self.metric)):
@@ -86,6 +94,9 @@ class Rule:
             raise ConfigError(f"{path}.ratio_to", "required when function is ratio")
         if self.by and self.aggregate is None:
             raise ConfigError(f"{path}.by", "needs aggregate")
+        if self.count_initial and (self.function != "increase" or self.counter != "external"):
+            raise ConfigError(f"{path}.count_initial", "only for increase over an external counter "
+                                                       "(tpuwatch's own counters always count their first value)")
         if self.threshold_from is not None and self.threshold_from not in THRESHOLD_SETTINGS:
             raise ConfigError(f"{path}.threshold_from",
                               f"unknown setting {self.threshold_from!r} (known: {', '.join(THRESHOLD_SETTINGS)})")
@@ -136,11 +147,20 @@ def default_rules_text() -> str:
     return resources.files("tpuwatch.alerting").joinpath("rules/default.yaml").read_text(encoding="utf-8")
 
 
-def load_rules(default: bool, patterns: Iterable[str], settings: Mapping[str, float] | None = None) -> list[Rule]:
+def runbook(base: str, url: str) -> str:
+    """A rule's ``runbook_url``: absolute as written, or relative to ``alerting.runbook_base_url``."""
+    if urlsplit(url).scheme:
+        return url
+    return urljoin(base if base.endswith("/") else base + "/", url)
+
+
+def load_rules(default: bool, patterns: Iterable[str], settings: Mapping[str, float] | None = None,
+               runbook_base: str = "") -> list[Rule]:
     """The built-in rules (when ``default``) plus every file matching ``patterns`` (none is fine).
 
     A rule with ``threshold_from`` takes its threshold from ``settings`` (values of
     THRESHOLD_SETTINGS); without them it keeps the threshold written beside it.
+    Relative runbook URLs are joined to ``runbook_base`` when one is given.
     """
     rules = parse_rules(default_rules_text(), "built-in rules") if default else []
     for pattern in patterns:
@@ -151,16 +171,35 @@ def load_rules(default: bool, patterns: Iterable[str], settings: Mapping[str, fl
                 raise ConfigError("", f"cannot read rule file {path}: {getattr(exc, 'strerror', None) or exc}") \
                     from None
             rules += parse_rules(text, path)
-    return [replace(r, threshold=settings[r.threshold_from]) if settings and r.threshold_from else r for r in rules]
+    if settings:
+        rules = [replace(r, threshold=settings[r.threshold_from]) if r.threshold_from else r for r in rules]
+    if runbook_base:
+        rules = [replace(r, runbook_url=runbook(runbook_base, r.runbook_url)) if r.runbook_url else r for r in rules]
+    return rules
 
 
-def tracked_windows(rules: Iterable[Rule]) -> dict[str, float]:
-    """Metric -> longest window, for every metric a rule needs remembered (increase, unchanged)."""
-    windows: dict[str, float] = {}
+def tracks(rules: Iterable[Rule]) -> dict[str, Track]:
+    """How the tracker follows every metric a rule reads; ConfigError when rules disagree on a counter's kind."""
+    found: dict[str, Track] = {}
     for rule in rules:
-        if rule.function in ("increase", "unchanged"):
-            windows[rule.metric] = max(windows.get(rule.metric, 0.0), rule.window)
-    return windows
+        counting = rule.function in ("increase", "unchanged")
+        kind: Kind = rule.counter if counting else "gauge"
+        wanted = [Track(kind, rule.window if counting else 0.0,
+                        rule.window if rule.function == "increase" else LOOKBACK_S)]
+        names = [rule.metric]
+        if rule.ratio_to:
+            wanted.append(Track("gauge", 0.0, LOOKBACK_S))
+            names.append(rule.ratio_to)
+        for metric, track in zip(names, wanted, strict=True):
+            have = found.get(metric)
+            if have is not None:
+                if "gauge" not in (have.kind, track.kind) and have.kind != track.kind:
+                    raise ConfigError("", f"rule {rule.alert}: counter: {track.kind} disagrees with another "
+                                          f"rule's counter: {have.kind} for {metric}")
+                track = Track(track.kind if have.kind == "gauge" else have.kind, max(track.window, have.window),
+                              max(track.retention, have.retention))
+            found[metric] = track
+    return found
 
 
 def render(template: str, labels: dict[str, str], value: float) -> str:
@@ -184,14 +223,21 @@ class CompiledRule:
         self.rule = rule
         self._match = {label: re.compile(p) for label, p in rule.match.items()}
 
-    def evaluate(self, samples: list[Sample], tracker: Tracker, now: float,
-                 external: dict[str, str]) -> list[Candidate]:
-        """Candidates for which the condition holds now; ``external`` labels (host) are added to each."""
+    def evaluate(self, samples: list[Sample], tracker: Tracker, now: float, external: dict[str, str],
+                 held: Iterable[tuple[Sample, float]] = (), pci: Mapping[str, str] | None = None) -> list[Candidate]:
+        """Candidates for which the condition holds now.
+
+        ``held`` are the series missing from ``samples`` with when each was last
+        seen; ``external`` labels (host) are added to every candidate, and ``pci``
+        (device -> PCI address) names the chip of those with a ``device`` label.
+        """
         rule = self.rule
+        hold = rule.window if rule.function == "increase" else LOOKBACK_S
+        present = [*samples, *(s for s, seen in held if now - seen <= hold)]
         values: list[tuple[Labels, float]] = []
-        denominators = ({s.labels: s.value for s in samples if s.name == rule.ratio_to}
-                        if rule.function == "ratio" else {})
-        for s in samples:
+        denominators = ({s.labels: s.value for s in (*samples, *(s for s, seen in held if now - seen <= LOOKBACK_S))
+                         if s.name == rule.ratio_to} if rule.function == "ratio" else {})
+        for s in present:
             if s.name != rule.metric or not _matches(s.labels, self._match):
                 continue
             value = self._function(s, tracker, denominators, now)
@@ -204,8 +250,13 @@ class CompiledRule:
         for labels, value in values:
             if not compare(value, rule.threshold):
                 continue
-            merged = {**dict(labels), **external, **rule.labels, "alertname": rule.alert, "severity": rule.severity}
-            annotations = {k: render(v, merged, value) for k, v in rule.annotations.items()}
+            merged = {**dict(labels), **external}
+            chip = (pci or {}).get(merged.get("device", ""))
+            if chip and not merged.get("pci"):
+                merged["pci"] = chip
+            merged = {k: v for k, v in {**merged, **rule.labels, "alertname": rule.alert,
+                                        "severity": rule.severity}.items() if v != ""}
+            annotations = {k: render(v, merged, value).strip() for k, v in rule.annotations.items()}
             if rule.runbook_url:
                 annotations["runbook_url"] = render(rule.runbook_url, merged, value)
             out.append(Candidate(rule, merged, annotations, value))
@@ -222,7 +273,7 @@ class CompiledRule:
             total = denominators.get(s.labels)
             return s.value / total if total else None
         if function == "increase":
-            return tracker.increase((s.name, s.labels), self.rule.window, now)
+            return tracker.increase((s.name, s.labels), self.rule.window, now, self.rule.count_initial)
         return tracker.unchanged_for((s.name, s.labels), now)
 
     def _aggregate(self, values: list[tuple[Labels, float]]) -> list[tuple[Labels, float]]:

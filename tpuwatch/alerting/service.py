@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import operator
+import os
 import socket
 import threading
 import time
@@ -14,14 +15,26 @@ from tpuwatch.alerting.db import OutboxFull, open_db
 from tpuwatch.alerting.delivery import Delivery
 from tpuwatch.alerting.dispatch import Dispatcher
 from tpuwatch.alerting.notifiers import Notifier, build_notifiers
-from tpuwatch.alerting.rules import THRESHOLD_SETTINGS, CompiledRule, Rule, load_rules, tracked_windows
-from tpuwatch.alerting.state import AlertBook
+from tpuwatch.alerting.rules import (
+    LOOKBACK_S,
+    THRESHOLD_SETTINGS,
+    CompiledRule,
+    Rule,
+    human_duration,
+    load_rules,
+    tracks,
+)
+from tpuwatch.alerting.state import Alert, AlertBook, Changes
 from tpuwatch.alerting.tracker import Tracker
 from tpuwatch.config import Config
+from tpuwatch.logsetup import redact_data
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import parse_listen_address
 
 log = logging.getLogger(__name__)
+
+MAX_PCI_ENTRIES = 4096
+_SEVERITY_LEVEL = {"critical": logging.ERROR}
 
 
 def rules_and_notifiers(config: Config) -> tuple[list[Rule], list[Notifier]]:
@@ -30,8 +43,35 @@ def rules_and_notifiers(config: Config) -> tuple[list[Rule], list[Notifier]]:
     if not section.enabled:
         return [], []
     settings = {name: float(operator.attrgetter(name)(config)) for name in THRESHOLD_SETTINGS}
-    return (load_rules(section.default_rules, section.rule_files, settings),
+    return (load_rules(section.default_rules, section.rule_files, settings, section.runbook_base_url),
             build_notifiers(config.notify, section.send_timeout))
+
+
+def boot_id(procfs: str) -> str:
+    """This boot's id (a driver's counters start again at every boot); "" when it cannot be read."""
+    try:
+        with open(os.path.join(procfs, "sys", "kernel", "random", "boot_id"), encoding="ascii") as f:
+            return f.read(64).strip()
+    except (OSError, ValueError):
+        return ""
+
+
+def describe(alert: Alert) -> str:
+    """``AcceleratorLost (critical) on device 3, pci 0000:13:00.0``: what and where, for log lines."""
+    labels = alert.labels
+    where = f" on device {labels['device']}" if labels.get("device") else f" on host {labels.get('host', '?')}"
+    if labels.get("pci"):
+        where += f", pci {labels['pci']}"
+    return f"{labels.get('alertname', '?')} ({labels.get('severity', '?')}){where}"
+
+
+def _inventory(samples: list[Sample]) -> set[str] | None:
+    """The chips the device backend reported this cycle, or None when it did not answer in full."""
+    answered = any(s.name == "tpuwatch_collector_success" and s.labels == (("collector", "devices"),) and s.value == 1
+                   for s in samples)
+    if not answered:
+        return None
+    return {dict(s.labels).get("device", "") for s in samples if s.name == "tpuwatch_device_info"}
 
 
 class Alerting:
@@ -49,16 +89,25 @@ class Alerting:
         self.host = socket.gethostname()
         self.db = open_db(state_dir, config.alerting.outbox_max_bytes, repair=True)
         self.book = AlertBook(self.db.load_alerts())
-        self.tracker = Tracker()
+        self.tracker = Tracker(boot_id(config.paths.procfs))
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._refusing = False
+        self._unsaved = False
+        self._unsaved_moves: list[tuple[str, str]] = []
+        # Chips' PCI addresses, first from the alerts that name them, so that held alerts keep their labels.
+        self._pci = {a.labels["device"]: a.labels["pci"] for a in self.book.alerts.values()
+                     if a.labels.get("device") and a.labels.get("pci")}
         self._install(config, None)
-        # Rules that remember (increase, unchanged) start with an empty memory: hold their firing
-        # alerts for one window rather than resolve them for want of history.
+        self.tracker.restore(self.db.load_counters(), self._tracks)
         started = time.time()
+        self._retire(started)
+        if self.tracker.loaded:
+            return
+        # No counter memory (a first start, or one after an upgrade from a tpuwatch that kept none): hold firing
+        # alerts of rules that remember for one window rather than resolve them for want of history.
         for alert in self.book.alerts.values():
             windows = [r.rule.window for r in self._rules if r.rule.function in ("increase", "unchanged")
                        and r.rule.alert == alert.labels.get("alertname")
@@ -71,11 +120,11 @@ class Alerting:
         section = config.alerting
         rules, notifiers = rules_and_notifiers(config)
         _, port = parse_listen_address(config.listen)
-        windows = tracked_windows(rules)
+        tracked = tracks(rules)
         delivery = Delivery(self.db, section, notifiers)
         if previous is not None:
             delivery.results.update(previous.totals())
-        self.config, self._windows, self.delivery = config, windows, delivery
+        self.config, self._tracks, self.delivery = config, tracked, delivery
         self._rules = [CompiledRule(r) for r in rules]
         self.dispatcher = Dispatcher(section, notifiers, config.interval, f"http://{self.host}:{port}")
         names = {n.name for n in notifiers}
@@ -84,25 +133,84 @@ class Alerting:
                 del alert.notified[receiver]
         self.db.forget_receivers(names)
 
+    def _retire(self, now: float) -> None:
+        """Resolve the active alerts of rules that are no longer loaded (removed, renamed, or alerting off)."""
+        known = {(r.rule.alert, r.rule.severity) for r in self._rules}
+        changes = Changes()
+        for fp, alert in list(self.book.alerts.items()):
+            if alert.state != "resolved" and (alert.labels.get("alertname"), alert.labels.get("severity")) not in known:
+                self.book.resolve(fp, now, changes)
+        for alert in changes.resolved:
+            log.warning("%s resolved: its rule is no longer loaded", describe(alert))
+        self._save(changes)
+
     # --- the daemon's hooks ------------------------------------------------------
 
     def evaluate(self, samples: Iterable[Sample], now: float | None = None) -> None:
         """Run every rule over the current samples (readings plus tpuwatch's own metrics)."""
         now = time.time() if now is None else now
         current = list(samples)
-        down = {dict(s.labels).get("device", "") for s in current if s.name == "tpuwatch_device_up" and s.value == 0}
+        chips = _inventory(current)
         with self._lock:
-            self.tracker.observe(current, self._windows, now)
+            self._learn_pci(current)
+            self.tracker.observe(current, self._tracks, now)
+            held = [(s, seen) for s, seen in self.tracker.held(now)
+                    if chips is None or not dict(s.labels).get("device") or dict(s.labels)["device"] in chips]
+            # A chip is down by this cycle's reading, or by its last one when the devices collector missed a cycle.
+            down = {dict(s.labels).get("device", "") for s in (*current, *(s for s, seen in held
+                                                                          if now - seen <= LOOKBACK_S))
+                    if s.name == "tpuwatch_device_up" and s.value == 0}
             candidates = [c for rule in self._rules for c in rule.evaluate(current, self.tracker, now,
-                                                                          {"host": self.host})]
-            changed = self.book.apply(candidates, down, now)
-            for alert in changed:
-                log.info("alert %s %s %s", alert.labels.get("alertname"), alert.fingerprint, alert.state)
-            try:
-                self.db.save_alerts(changed)
-            except OutboxFull as exc:
-                log.error("cannot persist alert state (%s); kept in memory", exc)
+                                                                          {"host": self.host}, held, self._pci)]
+            if chips is not None:  # alerts about chips the backend no longer reports are not held
+                for alert in self.book.alerts.values():
+                    if alert.labels.get("device") and alert.labels["device"] not in chips:
+                        alert.hold_until = 0.0
+            changes = self.book.apply(candidates, down, now)
+            self._log(changes, now)
+            self._save(changes)
         self._wake.set()
+
+    def _learn_pci(self, samples: list[Sample]) -> None:
+        for s in samples:
+            if s.name == "tpuwatch_device_info":
+                labels = dict(s.labels)
+                if labels.get("device") and labels.get("pci"):
+                    if len(self._pci) >= MAX_PCI_ENTRIES and labels["device"] not in self._pci:
+                        self._pci.clear()
+                    self._pci[labels["device"]] = labels["pci"]
+
+    @staticmethod
+    def _log(changes: Changes, now: float) -> None:
+        """One line per alert that fires or resolves: WARNING, ERROR for critical ones."""
+        for alert in changes.fired:
+            level = _SEVERITY_LEVEL.get(alert.labels.get("severity", ""), logging.WARNING)
+            inhibited = " (inhibited: its chip is down)" if alert.inhibited else ""
+            log.log(level, "%s firing%s: %s", describe(alert), inhibited, alert.annotations.get("summary", ""))
+        for alert in changes.resolved:
+            level = _SEVERITY_LEVEL.get(alert.labels.get("severity", ""), logging.WARNING)
+            lasted = human_duration(now - (alert.fired_at or alert.active_at))
+            log.log(level, "%s resolved after %s: %s", describe(alert), lasted, alert.annotations.get("summary", ""))
+
+    def _save(self, changes: Changes) -> None:
+        """Persist alert state and counter memory; a failure is logged once per streak, the state kept in memory
+        and written whole at the next success."""
+        alerts = changes.saved
+        if self._unsaved:
+            saved = {id(a) for a in alerts}
+            alerts = [*alerts, *(a for a in self.book.alerts.values() if id(a) not in saved)]
+        moves = [*self._unsaved_moves, *changes.rekeyed]
+        try:
+            self.db.save_alerts(alerts, moves)
+            self.db.save_counters(*self.tracker.changes(everything=self._unsaved))
+        except OutboxFull as exc:
+            if not self._unsaved:
+                log.error("cannot persist alert state (%s); kept in memory, retried every cycle", exc)
+            self._unsaved, self._unsaved_moves = True, moves
+            return
+        if self._unsaved:
+            log.info("alert state persisted again")
+        self._unsaved, self._unsaved_moves = False, []
 
     def flush(self, now: float | None = None) -> float:
         """Queue every notification that is due; seconds until the next may be due."""
@@ -168,6 +276,7 @@ class Alerting:
         with self._lock:
             old = self.delivery
             self._install(config, old)
+            self._retire(time.time())
         old.stop(0.0)
         if self._thread is not None:
             self.delivery.start()
@@ -187,7 +296,7 @@ class Alerting:
 
     def api_payload(self) -> dict[str, Any]:
         """What the daemon's ``GET /api/alerts`` answers (``tpuwatch alerts`` reads it)."""
-        return {"status": "success", "alerts": self.active_alerts()}
+        return {"status": "success", "alerts": redact_data(self.active_alerts())}
 
     def samples(self) -> list[Sample]:
         """tpuwatch_alerts, notification counters, queue length and age, circuit state."""
