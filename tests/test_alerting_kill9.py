@@ -65,7 +65,7 @@ def test_kill_9_at_random_points_during_delivery_loses_nothing(tmp_path: Path, r
     final = DaemonProcess(workdir, config, args=["--simulate", "ecc-errors"])
     try:
         final.wait_ready()
-        state = tmp_path / "state" / "alerting.db"
+        state = tmp_path / "state" / "simulated" / "alerting.db"  # simulated chips keep their state apart
 
         def outbox() -> int:
             with sqlite3.connect(state) as conn:

@@ -122,7 +122,7 @@ def test_a_daemon_with_echoing_receivers_keeps_every_secret_out_of_everything(
     shown = run_cli("config", "show", "--config", str(daemon.config_path))
     assert tested.returncode == 1 and tested.stdout.count("FAILED") == len(notify)
     daemon.stop()
-    with sqlite3.connect(tmp_path / "daemon0" / "state" / "alerting.db") as conn:
+    with sqlite3.connect(tmp_path / "daemon0" / "state" / "simulated" / "alerting.db") as conn:  # sim namespace
         outbox = json.dumps(conn.execute("SELECT body FROM outbox").fetchall())
     for where, text in (("daemon log", daemon.log()), ("/api/alerts", api), ("tpuwatch alerts", listed.stdout),
                         ("test-alert", tested.stdout + tested.stderr), ("config show", shown.stdout),

@@ -14,7 +14,7 @@ import pytest
 from tpuwatch import statefile
 from tpuwatch.alerting.db import DB_NAME, AlertDB, Notification, open_db
 from tpuwatch.alerting.sqlitefile import KEEP_MOVED_ASIDE, MEMORY_MAX_BYTES
-from tpuwatch.alerting.state import Alert
+from tpuwatch.alerting.state import Alert, fingerprint
 from tpuwatch.schema import ConfigError
 
 from conftest import Tmpfs
@@ -22,15 +22,23 @@ from conftest import Tmpfs
 MAX = 1 << 20
 
 
-def firing(fingerprint: str, device: str) -> Alert:
-    return Alert(fingerprint, {"alertname": "AcceleratorEccUncorrectable", "device": device}, {"summary": "s"},
-                 "firing", 1.0, fired_at=2.0)
+def labels(device: str) -> dict[str, str]:
+    return {"alertname": "AcceleratorEccUncorrectable", "device": device}
+
+
+def fp(device: str) -> str:
+    """The fingerprint of device's alert, as Alertmanager computes it (what load_alerts keys rows by)."""
+    return fingerprint(labels(device))
+
+
+def firing(device: str) -> Alert:
+    return Alert(fp(device), labels(device), {"summary": "s"}, "firing", 1.0, fired_at=2.0)
 
 
 def fill(db: AlertDB, device: str) -> None:
     """One firing alert and one queued message for it."""
-    db.save_alerts([firing(f"fp{device}", device)])
-    db.enqueue([Notification("hook", (f'{{"device": "{device}"}}',), told_firing=(f"fp{device}",))], 3.0)
+    db.save_alerts([firing(device)])
+    db.enqueue([Notification("hook", (f'{{"device": "{device}"}}',), told_firing=(fp(device),))], 3.0)
 
 
 def contents(db: AlertDB) -> tuple[set[str], list[str]]:
@@ -77,7 +85,7 @@ def test_a_corrupt_database_is_moved_aside_with_its_wal_and_made_afresh(
     assert caplog.text.count("is corrupt") == 1 and moved in caplog.text
     assert str(path) in {p for _, p, _ in statefile.LEDGER.view()[1]}
     fill(db, "7")  # the fresh database takes new state
-    assert contents(db) == ({"fp7"}, ['{"device": "7"}'])
+    assert contents(db) == ({fp("7")}, ['{"device": "7"}'])
 
 
 def test_only_the_last_few_corrupt_databases_are_kept(tmp_path: Path) -> None:
@@ -103,7 +111,7 @@ def test_rows_of_the_wrong_shape_are_deleted_and_the_rest_kept(tmp_path: Path) -
     conn.commit()
     conn.close()
     db = open_db(str(tmp_path), MAX, repair=True)
-    assert contents(db) == ({"fp1"}, ['{"device": "1"}'])
+    assert contents(db) == ({fp("1")}, ['{"device": "1"}'])
     assert moved_aside(tmp_path) == []
     assert "6 row(s) of the wrong shape deleted" in statefile.LEDGER.view()[1][-1][2]
 
@@ -117,13 +125,13 @@ def test_an_unwritable_database_goes_on_in_memory_with_what_the_file_held(tmpfs:
     db = open_db(str(fs.path), MAX, repair=True)
     assert db.in_memory and (db.problem or "").startswith(f"cannot write {fs.path / DB_NAME}")
     fill(db, "2")  # writes go on, in memory
-    assert contents(db) == ({"fp1", "fp2"}, ['{"device": "1"}', '{"device": "2"}'])
+    assert contents(db) == ({fp("1"), fp("2")}, ['{"device": "1"}', '{"device": "2"}'])
     fs.remount("rw")
     fill(db, "3")
     assert db.use_file() and not db.in_memory and db.problem is None
     db.close()
     again = open_db(str(fs.path), MAX, repair=True)  # what memory held is in the file now
-    assert contents(again) == ({"fp1", "fp2", "fp3"}, ['{"device": "3"}'])
+    assert contents(again) == ({fp("1"), fp("2"), fp("3")}, ['{"device": "3"}'])
 
 
 def test_a_full_disk_moves_the_database_into_memory_and_back(tmpfs: Callable[..., Tmpfs]) -> None:
@@ -141,7 +149,7 @@ def test_a_full_disk_moves_the_database_into_memory_and_back(tmpfs: Callable[...
     db.close()
     db = open_db(str(fs.path), MAX, repair=True)
     alerts, bodies = contents(db)
-    assert alerts == {f"fp{d}" for d in "123456789"} and len(bodies) == 9
+    assert alerts == {fp(d) for d in "123456789"} and len(bodies) == 9
 
 
 def test_a_database_that_cannot_even_be_made_is_in_memory(tmpfs: Callable[..., Tmpfs]) -> None:
@@ -150,7 +158,7 @@ def test_a_database_that_cannot_even_be_made_is_in_memory(tmpfs: Callable[..., T
     db = open_db(str(fs.path / "missing"), MAX, repair=True)
     assert db.in_memory
     fill(db, "1")
-    assert contents(db) == ({"fp1"}, ['{"device": "1"}'])
+    assert contents(db) == ({fp("1")}, ['{"device": "1"}'])
 
 
 def test_without_repair_a_broken_database_is_a_config_error(tmp_path: Path) -> None:
@@ -174,5 +182,5 @@ def test_a_database_too_large_for_memory_is_merged_into_not_replaced(tmpfs: Call
     filler.unlink()
     assert db.use_file() and db.problem is None
     alerts, bodies = contents(db)
-    assert alerts == {"fp1", "fp2"} and len(bodies) == MEMORY_MAX_BYTES // len(big) + 4
+    assert alerts == {fp("1"), fp("2")} and len(bodies) == MEMORY_MAX_BYTES // len(big) + 4
     assert bodies[-1] == '{"device": "2"}'
