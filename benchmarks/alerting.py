@@ -78,7 +78,7 @@ def ecc(device: int, value: float, earlier: int = 0) -> list[Sample]:
 
 def evaluate_cost(workdir: Path, cycles: int = 2000) -> tuple[float, int]:
     """CPU milliseconds of one evaluate() over 8 healthy simulated chips' samples, all built-in rules."""
-    from tpuwatch.collectors import build_collectors
+    from tpuwatch.registry import build_sources
     from tpuwatch.sampler import Sampler
     from tpuwatch.store import SeriesStore
 
@@ -86,8 +86,7 @@ def evaluate_cost(workdir: Path, cycles: int = 2000) -> tuple[float, int]:
                                                  "devices": {"backend": "sim", "sim": {"count": 8}},
                                                  "kernel_log": {"source": "none"}, "canary": {"enabled": False}}))
     store = SeriesStore(360, 10_000)
-    collectors, _ = build_collectors(config)
-    Sampler(collectors, store, 5.0).run_once()
+    Sampler([list(build_sources(config))], store, 5.0).run_once()
     samples = store.current()
     alerting = Alerting(config, config.state_dir)
     now = time.time()

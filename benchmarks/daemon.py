@@ -50,9 +50,9 @@ from common import BENCHMARKS_MD, REPO_ROOT, cpu_model, write_section
 sys.path.insert(0, str(REPO_ROOT))  # measure the tpuwatch of this checkout, whatever else is installed
 import tpuwatch  # noqa: E402
 from tpuwatch import config as config_module  # noqa: E402
-from tpuwatch.collectors import build_collectors  # noqa: E402
 from tpuwatch.collectors.host import scan_holders  # noqa: E402
 from tpuwatch.config import Config  # noqa: E402
+from tpuwatch.registry import build_sources  # noqa: E402
 from tpuwatch.sampler import Sampler  # noqa: E402
 from tpuwatch.store import SeriesStore  # noqa: E402
 
@@ -244,9 +244,8 @@ def daemon_config(port: int, state_dir: str) -> str:
 
 def cycle_cpu_ms(config: Config, cycles: int, only: str | None = None) -> float:
     """Mean process CPU (ms) of one ``Sampler.run_once()``, with all collectors or only the named one."""
-    collectors, _ = build_collectors(config)
-    collectors = [c for c in collectors if only is None or c.name == only]
-    sampler = Sampler(collectors, SeriesStore(config.store.points_per_series, config.store.max_series),
+    collectors = [c for c in build_sources(config) if only is None or c.name == only]
+    sampler = Sampler([collectors], SeriesStore(config.store.points_per_series, config.store.max_series),
                       config.collector_deadline)
     for _ in range(WARMUP_CYCLES):
         sampler.run_once()

@@ -107,7 +107,8 @@ def test_circuit_opens_after_consecutive_failures_then_closes(receivers: Any, ma
     attempts = dropping.attempts
     assert attempts == 3
     dropping.mode = "record"
-    time.sleep(0.5)  # the circuit is open: no attempt in this window
+    # On the delivery's own clock: while the circuit is open a step waits for its reset and attempts nothing.
+    assert alerting.delivery.step("flaky", time.time()) > 0
     assert dropping.attempts == attempts
     wait_until(lambda: dropping.requests, 5, "delivery after the reset time")
     assert metric(alerting, "tpuwatch_notifier_circuit_open", receiver="flaky") == 0
@@ -174,8 +175,9 @@ def test_restart_neither_reannounces_nor_forgets_to_resolve(receivers: Any, make
     second.start()
     second.evaluate(ecc([2]))  # chip 5 is back; chip 2's error is still within the rule's hour
     wait_until(lambda: len(hook.requests) == 3, 5, "the resolved notification")
-    time.sleep(1.5)  # longer than group_wait and group_interval: a re-announcement would have gone
-    assert len(hook.requests) == 3
+    # On the dispatcher's own clock, past group_wait and group_interval: a re-announcement would be queued now.
+    second.flush(time.time() + 2.0)
+    assert second.db.queue_stats() == {} and len(hook.requests) == 3
     resolved = hook.json()[2]
     assert (resolved["status"], resolved["groupLabels"]["alertname"]) == ("resolved", "AcceleratorLost")
     # The counter memory came through the restart: the ECC alert is neither re-announced nor resolved.
@@ -190,18 +192,30 @@ def test_kill_9_with_notifications_queued_then_restart(receivers: Any, tmp_path:
                                       "notify": [{"name": "hook", "type": "webhook", "url": hook.url()}]}))
     samples = tmp_path / "samples.json"
     samples.write_text(json.dumps([[s.name, s.value, dict(s.labels)] for s in ecc([])]))
+    evaluations = tmp_path / "evaluations.log"  # a line per evaluation the agent made
 
     def start() -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, str(AGENT), str(config), str(samples)],
-                                stdout=subprocess.DEVNULL, stderr=open(tmp_path / "agent.log", "ab"))
+                                stdout=open(evaluations, "ab"), stderr=open(tmp_path / "agent.log", "ab"))
 
     def queued() -> int:
         with sqlite3.connect(state / DB_NAME) as conn:
             return conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]
 
+    def count(query: str) -> int:  # -1 until the agent has made its tables
+        try:
+            with sqlite3.connect(state / DB_NAME) as conn:
+                return conn.execute(query).fetchone()[0]
+        except sqlite3.OperationalError:
+            return -1
+
+    def told() -> int:
+        return count("SELECT COUNT(*) FROM notified WHERE receiver = 'hook'")
+
     agent = start()
     try:
-        wait_until(lambda: (state / DB_NAME).exists() and time.sleep(0.3) is None, 10, "agent running")
+        wait_until(lambda: evaluations.exists() and evaluations.read_text().count("\n") >= 2, 10,
+                   "the agent's first evaluations, counters at 0")
         samples.write_text(json.dumps([[s.name, s.value, dict(s.labels)] for s in ecc([0, 1, 2])]))
         wait_until(lambda: queued() == 3 and hook.attempts >= 3, 10, "three queued notifications")
         agent.send_signal(signal.SIGKILL)
@@ -209,7 +223,8 @@ def test_kill_9_with_notifications_queued_then_restart(receivers: Any, tmp_path:
         hook.mode = "record"
         agent = start()
         wait_until(lambda: len(hook.requests) == 3, 10, "delivery after restart")
-        time.sleep(1.5)  # group_interval passed: nothing is announced again
+        # Delivered and recorded as told: the dispatcher announces them again only after repeat_interval.
+        wait_until(lambda: queued() == 0 and told() == 3, 10, "the deliveries recorded")
     finally:
         agent.kill()
         agent.wait()

@@ -57,7 +57,7 @@ def hanging() -> Iterator[Hanging]:
 def test_one_failing_and_one_hung_collector_leave_the_others_untouched(hanging: Hanging) -> None:
     good = Fixed("good", [sample("tpuwatch_host_memory_total_bytes", 42)])
     store = SeriesStore(10, 100)
-    sampler = Sampler([Raising(), hanging, good], store, timeout=0.2)
+    sampler = Sampler([[Raising(), hanging, good]], store, timeout=0.2)
     started = time.monotonic()
     sampler.run_once()
     assert time.monotonic() - started < 1.0
@@ -117,7 +117,7 @@ def test_failures_are_logged_once_per_streak(caplog: pytest.LogCaptureFixture) -
     assert +guard.status.errors == {"error": 5}
 
 
-def test_derived_collectors_see_the_same_cycles_readings() -> None:
+def test_a_later_stage_sees_the_same_cycles_readings() -> None:
     store = SeriesStore(10, 100)
 
     class Doubler:
@@ -128,7 +128,7 @@ def test_derived_collectors_see_the_same_cycles_readings() -> None:
             return [sample("tpuwatch_host_memory_available_bytes", total * 2)]
 
     source = Fixed("source", [sample("tpuwatch_host_memory_total_bytes", 21)])
-    sampler = Sampler([source], store, timeout=1.0, derived=[Doubler()])
+    sampler = Sampler([[source], [Doubler()]], store, timeout=1.0)
     sampler.run_once()
     assert sample("tpuwatch_host_memory_available_bytes", 42) in store.current()
     source.readings = [sample("tpuwatch_host_memory_total_bytes", 50)]

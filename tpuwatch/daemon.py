@@ -1,108 +1,40 @@
-"""``tpuwatch run``: wire collectors, store, scheduler and endpoint; handle signals and reload."""
+"""``tpuwatch run``: the lifecycle: the state directory, the parts, the schedule, the endpoint, signals, reload.
+
+What runs is built by ``tpuwatch.assembly`` (the same function at start and
+on reload); what /healthz says comes from ``tpuwatch.health``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
 import math
 import os
-import platform
 import signal
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from tpuwatch import __version__, logsetup, sdnotify, statefile
+from tpuwatch import __version__, health, logsetup, sdnotify, statefile
 from tpuwatch import config as config_module
-from tpuwatch.alerting.service import Alerting
-from tpuwatch.analysis.state import SAVE_EVERY_S, TrendStateFile
-from tpuwatch.analysis.trend import TrendAnalyzer
-from tpuwatch.canary.collector import CanaryCollector
+from tpuwatch.analysis.state import SAVE_EVERY_S
+from tpuwatch.assembly import Parts, assemble, retire
 from tpuwatch.canary.runner import kill_running_workers
-from tpuwatch.collectors import build_collectors
 from tpuwatch.config import Config, Scenario
-from tpuwatch.devices import DeviceCollector, sim
-from tpuwatch.devices.base import reading_samples
 from tpuwatch.exporter import build_registry
-from tpuwatch.health import collector_problems, collector_warnings, device_problems, state_warnings
-from tpuwatch.kernel_log.collector import KernelLogCollector, event_problems
-from tpuwatch.kubernetes import agent as kubernetes_agent
-from tpuwatch.sampler import Sampler, Stage
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
 from tpuwatch.statedir import StateDir, is_simulated, namespaced, probe_every
-from tpuwatch.store import SeriesStore
 from tpuwatch.web import Endpoint, JsonRoute
-from tpuwatch.webconfig import load_web_config
 
 log = logging.getLogger(__name__)
 
-# Simulated chips come with this much past, so that the leak detector, which
-# learns for 2 h, judges the hbm-leak drill from the first minute.
-SIM_HISTORY_S = 3 * 3600.0
-SIM_HISTORY_STEP_S = 10.0
-
 _SCHEDULER_EVENTS = {EVENT_JOB_ERROR: "error", EVENT_JOB_MISSED: "missed", EVENT_JOB_MAX_INSTANCES: "max_instances"}
-
-
-def _build_sampler(config: Config, store: SeriesStore, canary: CanaryCollector | None, trend: TrendAnalyzer,
-                   alerts: Stage) -> Sampler:
-    collectors, _ = build_collectors(config)
-    derived = [Stage("trend", lambda samples: trend.observe(samples, time.time()), store.current), alerts]
-    return Sampler([*collectors, *([canary] if canary else [])], store, config.collector_deadline, derived)
-
-
-def _trend(config: Config) -> TrendAnalyzer:
-    """The trend analyzer; with simulated chips, already fed with their simulated history."""
-    trend = TrendAnalyzer(config.trend)
-    if is_simulated(config):
-        now = time.time()
-        for offset, readings in sim.history(config.devices.sim, SIM_HISTORY_S, SIM_HISTORY_STEP_S):
-            trend.observe([s for r in readings for s in reading_samples(r, sim.SimBackend.name)], now + offset)
-    return trend
-
-
-def _carry_over(old: TrendAnalyzer, new: TrendAnalyzer) -> None:
-    """Hand what ``old``'s detectors learned to ``new``; if that fails, ``new`` learns afresh (logged)."""
-    now = time.time()
-    try:
-        new.restore(old.snapshot(now), now)
-    except Exception as exc:  # a reload must never fail on this
-        log.warning("trend detectors learn afresh after the reload: %s", exc)
-
-
-def _trend_key(config: Config) -> tuple[Any, ...]:
-    """What the trend analyzer is built from: a change means a new one (real chips keep their learned floors)."""
-    return config.trend, config.devices.sim if is_simulated(config) else None
-
-
-def _evaluate(alerting: Alerting, samples: list[Sample]) -> list[Sample]:
-    alerting.evaluate(samples)
-    return alerting.samples()
-
-
-def _sampling_section(config: Config) -> tuple[Any, ...]:
-    return (config.devices, config.paths, config.host, config.collector_deadline, config.canary,
-            config.kernel_log, config.state_dir)
-
-
-def _canary(config: Config, store: Callable[[], SeriesStore]) -> CanaryCollector | None:
-    if not config.canary.enabled:
-        return None
-    if config.canary.python is None and importlib.util.find_spec("jax") is None:
-        log.warning("canary off: jax is not installed for %s (pip install 'tpuwatch[canary]', or point "
-                    "canary.python at an interpreter with jax)", sys.executable)
-        return None
-    return CanaryCollector(config, lambda: {dict(s.labels)["device"] for s in store().current()
-                                            if s.name == "tpuwatch_device_up"})
 
 
 def _canary_drill(config: Config) -> dict[str, Any]:
@@ -128,27 +60,14 @@ class Daemon:
         config = namespaced(config)
         self.state = StateDir(config.state_dir)
         self.state.open()  # before anything reads state
-        self.config = config
         self.config_path = config_path
         self.simulate = simulate  # ``--simulate``: applied again to every reloaded config
         self.started_at = time.time()
-        self.store = SeriesStore(config.store.points_per_series, config.store.max_series)
-        self.canary = _canary(config, self._current_store)
-        self.trend = _trend(config)
-        # Simulated chips neither read nor write the learned state of the host's real ones.
-        self.trend_state = None if is_simulated(config) else TrendStateFile(config.state_dir)
-        if self.trend_state is not None:
-            self.trend_state.restore(self.trend, time.time())
-        self.alerting = Alerting(config, config.state_dir)
-        self._keep_state_where_it_can_be()
-        self.kubernetes = kubernetes_agent.build(config)
-        # The alert rules also see tpuwatch's own metrics (collector_success, for one).
-        self._alert_stage = Stage("alerting", self._evaluate_alerts,
-                                  lambda: [*self.store.current(), *self.self_samples()])
-        self.sampler = _build_sampler(config, self.store, self.canary, self.trend, self._alert_stage)
         self.scheduler_events: Counter[str] = Counter()
         self.reload_ok = True
         self.reload_success_at = self.started_at
+        self.parts: Parts = assemble(config, None, self._lifecycle_samples)
+        self._keep_state_where_it_can_be()
         self._stop = threading.Event()
         self._reload_requested = threading.Event()
         # Before anything is served: a signal that comes during start-up is honoured, not fatal.
@@ -157,9 +76,13 @@ class Daemon:
         signal.signal(signal.SIGHUP, self._on_reload_signal)
         self._scheduler = BackgroundScheduler(timezone="UTC")
         self._scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
-        self.registry = build_registry(lambda: self.store.current(), self.self_samples,
-                                       lambda: self.endpoint.samples())
-        self.endpoint = Endpoint(config.listen, self.registry, self._routes(), load_web_config(config.web_config))
+        self.registry = build_registry(lambda: self.parts.store.current())
+        self.endpoint = Endpoint(config.listen, self.registry, self._routes(), self.parts.web)
+
+    @property
+    def config(self) -> Config:
+        """The running config."""
+        return self.parts.config
 
     # --- lifecycle -------------------------------------------------------
 
@@ -168,12 +91,12 @@ class Daemon:
         self._sample()
         self._schedule()
         self._scheduler.start()
-        self.alerting.start()
-        if self.kubernetes is not None:
-            self.kubernetes.start()
+        self.parts.alerting.start()
+        if self.parts.kubernetes is not None:
+            self.parts.kubernetes.start()
         log.info("tpuwatch %s serving %s://%s/metrics, sampling every %ss",
                  __version__, self.endpoint.scheme, self.config.listen, f"{self.config.interval:g}")
-        sdnotify.notify("READY=1", f"STATUS={self._status_line()}")
+        sdnotify.notify("READY=1", f"STATUS={health.status_line(self.parts)}")
 
     def wait(self) -> None:
         """Block until SIGTERM/SIGINT, performing reloads on SIGHUP."""
@@ -189,9 +112,9 @@ class Daemon:
         self._scheduler.shutdown(wait=False)
         self._save_trend()
         kill_running_workers()
-        self.alerting.stop()
-        if self.kubernetes is not None:
-            self.kubernetes.stop()
+        self.parts.alerting.stop()
+        if self.parts.kubernetes is not None:
+            self.parts.kubernetes.stop()
         self.endpoint.close()
         self.state.close()
         log.info("tpuwatch stopped")
@@ -204,29 +127,12 @@ class Daemon:
             if self.simulate:
                 new = config_module.simulated(new, self.simulate)
             new = self._pin_state_dir(namespaced(new))
-            web = load_web_config(new.web_config)
-            canary = _canary(new, self._current_store) if new.canary != self.config.canary else self.canary
-            trend = self.trend
-            if _trend_key(new) != _trend_key(self.config):
-                trend = _trend(new)
-                if not is_simulated(new) and not is_simulated(self.config):  # real chips keep what they have learned
-                    _carry_over(self.trend, trend)
-            store = self.store
-            if new.store != self.config.store:
-                store = SeriesStore(new.store.points_per_series, new.store.max_series)
-            sampler = self.sampler
-            if (store is not self.store or trend is not self.trend
-                    or _sampling_section(new) != _sampling_section(self.config)):
-                sampler = _build_sampler(new, store, canary, trend, self._alert_stage)
             endpoint = self.endpoint
-            if new.listen != self.config.listen:
-                endpoint = Endpoint(new.listen, self.registry, self._routes(), web)
-            kubernetes = self.kubernetes
-            if new.kubernetes != self.config.kubernetes or new.state_dir != self.config.state_dir:
-                kubernetes = kubernetes_agent.build(dataclasses.replace(new, state_dir=self.config.state_dir))
+            if new.listen != self.config.listen:  # before anything else changes: a taken port refuses the reload
+                endpoint = Endpoint(new.listen, self.registry, self._routes(), self.parts.web)
             try:
-                self.alerting.reconfigure(new)  # last: it either applies whole or raises, changing nothing
-            except ConfigError:
+                parts = assemble(new, self.parts, self._lifecycle_samples)
+            except BaseException:
                 if endpoint is not self.endpoint:
                     endpoint.close()
                 raise
@@ -235,29 +141,19 @@ class Daemon:
             log.error("reload refused, keeping the running config: %s", exc)
             sdnotify.notify("READY=1", "STATUS=reload refused: keeping the running config")
             return False
+        old, self.parts = self.parts, parts
+        retire(old, parts)
+        if parts.kubernetes is not None and parts.kubernetes is not old.kubernetes:
+            parts.kubernetes.start()
         if endpoint is not self.endpoint:
             self.endpoint.close()
             self.endpoint = endpoint
-        else:
-            self.endpoint.set_web_config(web)
+        self.endpoint.set_web_config(parts.web)
         logsetup.configure(new.log_level)
-        if sampler is not self.sampler:
-            self.sampler.close()
-            if store is self.store:
-                for guard in self.sampler.guards:
-                    store.forget(guard.name)
-        self.canary, self.trend, self.store, self.sampler = canary, trend, store, sampler
-        if kubernetes is not self.kubernetes:
-            if self.kubernetes is not None:
-                self.kubernetes.stop()
-            self.kubernetes = kubernetes
-            if kubernetes is not None:
-                kubernetes.start()
-        self.config = new
         self._schedule()
         self.reload_ok, self.reload_success_at = True, time.time()
         log.info("config reloaded from %s", self.config_path or "defaults")
-        sdnotify.notify("READY=1", f"STATUS={self._status_line()}")
+        sdnotify.notify("READY=1", f"STATUS={health.status_line(self.parts)}")
         return True
 
     def _pin_state_dir(self, new: Config) -> Config:
@@ -279,7 +175,7 @@ class Daemon:
         self._schedule_canary()
         self._scheduler.add_job(self._probe_state, "interval", seconds=probe_every(self.config.interval),
                                 id="state-probe", replace_existing=True, coalesce=True, max_instances=1)
-        if self.trend_state is not None and self._scheduler.get_job("trend-save") is None:  # a reload keeps its pace
+        if self.parts.trend_state is not None and self._scheduler.get_job("trend-save") is None:  # keeps its pace
             self._scheduler.add_job(self._save_trend, "interval", seconds=SAVE_EVERY_S, id="trend-save",
                                     coalesce=True, max_instances=1)
         ping = sdnotify.watchdog_interval()
@@ -289,10 +185,11 @@ class Daemon:
 
     def _schedule_canary(self) -> None:
         existing = self._scheduler.get_job("canary")
-        if self.canary is None or self.sampler.guard("devices") is None:
+        canary = self.parts.canary
+        if canary is None or self.parts.sources.devices is None:
             if existing:
                 existing.remove()
-            if self.canary is not None:
+            if canary is not None:
                 log.info("canary not scheduled: no accelerator (`tpuwatch canary` runs it by hand on the CPU)")
             return
         every = self.config.canary.every
@@ -302,26 +199,18 @@ class Daemon:
                                 misfire_grace_time=math.ceil(every), **({"next_run_time": first} if first else {}))
 
     def _run_canary(self) -> None:
-        canary = self.canary
+        canary = self.parts.canary
         if canary is not None:
             canary.run_once(**_canary_drill(self.config))
 
     def _sample(self) -> None:
-        self.sampler.run_once()
+        self.parts.sampler.run_once()
         self.registry.render()
 
-    def _evaluate_alerts(self, samples: list[Sample]) -> list[Sample]:
-        out = _evaluate(self.alerting, samples)
-        if self.kubernetes is not None:  # hands over and returns at once; the agent's thread does the calls
-            self.kubernetes.feed(self.alerting.active_alerts(), kubernetes_agent.pci_map(self._device_readings()))
-        return out
-
-    def _current_store(self) -> SeriesStore:
-        return self.store
-
     def _save_trend(self) -> None:
-        if self.trend_state is not None and not is_simulated(self.config):
-            self.trend_state.save(self.trend, time.time())
+        parts = self.parts
+        if parts.trend_state is not None:
+            parts.trend_state.save(parts.trend, time.time())
 
     def _probe_state(self) -> None:
         was_writable = self.state.writable
@@ -332,15 +221,15 @@ class Daemon:
 
     def _keep_state_where_it_can_be(self) -> None:
         """The alerting database in memory while state_dir cannot be written, back in its file once it can."""
-        db = self.alerting.db
+        db = self.parts.alerting.db
         if not self.state.writable:
             db.use_memory(f"state_dir {self.state.path} cannot be written: {self.state.reason}")
         elif db.in_memory and db.use_file():
             log.info("alert state and outbox written back to %s", db.path)
 
     def _watchdog(self) -> None:
-        if self._sampling_fresh():
-            sdnotify.notify("WATCHDOG=1", f"STATUS={self._status_line()}")
+        if health.sampling_fresh(self.parts, time.time()):
+            sdnotify.notify("WATCHDOG=1", f"STATUS={health.status_line(self.parts)}")
 
     def _on_job_event(self, event: JobExecutionEvent) -> None:
         name = _SCHEDULER_EVENTS.get(event.code, "other")
@@ -356,111 +245,30 @@ class Daemon:
     def _on_reload_signal(self, signum: int, frame: object) -> None:
         self._reload_requested.set()
 
-    # --- views -----------------------------------------------------------
-
-    def _sampling_fresh(self) -> bool:
-        last = self.sampler.last_cycle_end
-        return last is not None and time.time() - last <= 3 * self.config.interval + self.config.collector_deadline
-
-    def _device_readings(self) -> list[Any]:
-        guard = self.sampler.guard("devices")
-        return guard.collector.last_readings if guard and isinstance(guard.collector, DeviceCollector) else []
-
-    def _kernel_log(self) -> KernelLogCollector | None:
-        guard = self.sampler.guard("kernel_log")
-        return guard.collector if guard and isinstance(guard.collector, KernelLogCollector) else None
-
-    def _status_line(self) -> str:
-        devices = self._device_readings()
-        up = sum(1 for r in devices if r.up)
-        problems = device_problems(devices) + collector_problems(self.sampler.guards)
-        state = f"{len(problems)} problem(s)" if problems else "healthy"
-        return f"{up}/{len(devices)} devices up, {state}"
+    # --- what the endpoint serves ------------------------------------------
 
     def _routes(self) -> dict[str, JsonRoute]:
-        return {"/healthz": self._health_route, "/api/alerts": lambda: (200, self.alerting.api_payload()),
+        return {"/healthz": self._health_route, "/api/alerts": lambda: (200, self.parts.alerting.api_payload()),
                 "/api/kubernetes": self._kubernetes_route}
 
     def _kubernetes_route(self) -> tuple[int, dict[str, Any]]:
-        if self.kubernetes is None:
+        if self.parts.kubernetes is None:
             return 404, {"status": "error", "error": "kubernetes.node_conditions is off"}
-        return 200, self.kubernetes.api_payload()
+        return 200, self.parts.kubernetes.api_payload()
 
     def _health_route(self) -> tuple[int, dict[str, Any]]:
-        healthy, report = self.health()
+        healthy, report = health.health_report(self.parts, self.state, self.reload_ok, self.started_at)
         return (200 if healthy else 503), report
 
-    def health(self) -> tuple[bool, dict[str, Any]]:
-        """(healthy, report) for /healthz: healthy means tpuwatch itself can monitor."""
-        last = self.sampler.last_cycle_end
-        checks: dict[str, Any] = {
-            "sampling": {"status": "ok" if self._sampling_fresh() else "stale",
-                         "last_sample_age_seconds": round(time.time() - last, 3) if last else None},
-            "config": {"status": "ok" if self.reload_ok else "reload_failed"},
-        }
-        for guard in self.sampler.guards:
-            status = {True: "ok", False: "failing", None: "pending"}[guard.status.success]
-            checks[f"collector:{guard.name}"] = {
-                "status": "degraded" if status == "ok" and guard.status.degraded else status,
-                "duration_seconds": round(guard.status.duration_seconds, 6),
-                "error": guard.status.last_error,
-                **({"degraded": guard.status.degraded} if guard.status.degraded else {}),
-            }
-        problems = device_problems(self._device_readings())
-        checks["devices"] = {"status": "problems" if problems else "ok", "problems": problems}
-        kernel_log = self._kernel_log()
-        if kernel_log is not None:
-            events = kernel_log.recent_events()
-            critical = event_problems(events)
-            checks["kernel_log"] = {"status": "critical_events" if critical else "ok",
-                                    "recent_events": [e.to_json() for e in events]}
-        checks["state"] = self._state_check()
-        healthy = self._sampling_fresh() and all(g.status.success for g in self.sampler.guards)
-        warnings = collector_warnings(self.sampler.guards) + checks["state"]["warnings"]
-        report = {"status": ("degraded" if warnings else "healthy") if healthy else "unhealthy",
-                  "warnings": warnings,
-                  "uptime_seconds": round(time.time() - self.started_at, 3),
-                  "version": __version__, "checks": checks}
-        return healthy, report
-
-    def _state_check(self) -> dict[str, Any]:
-        failing, discarded, _ = statefile.LEDGER.view()
-        warnings = state_warnings(self.state.path, self.state.reason, self.alerting.state_problem, failing,
-                                  discarded, time.time())
-        return {"status": "degraded" if warnings else "ok", "dir": self.state.path,
-                "writable": self._state_writable(), "reason": self.state.reason,
-                "alerting_db": "memory" if self.alerting.db.in_memory else "file", "warnings": warnings,
-                "discarded": [{"file": path, "at": at, "reason": why} for at, path, why in discarded]}
-
-    def _state_writable(self) -> bool:
-        return self.state.writable and not self.alerting.db.in_memory
-
-    def self_samples(self) -> list[Sample]:
-        """tpuwatch's own metrics: collectors, scheduler, store, config, build."""
-        out = [sample("tpuwatch_build_info", 1, version=__version__, python=platform.python_version())]
-        for guard in self.sampler.guards:
-            status, name = guard.status, guard.name
-            if status.success is not None:
-                out.append(sample("tpuwatch_collector_success", 1 if status.success else 0, collector=name))
-                out.append(sample("tpuwatch_collector_duration_seconds", status.duration_seconds, collector=name))
-                out.append(sample("tpuwatch_collector_samples", status.samples, collector=name))
-            out += [sample("tpuwatch_collector_errors_total", n, collector=name, reason=r)
-                    for r, n in status.errors.items()]
-            out += [sample("tpuwatch_readings_dropped_total", n, collector=name, reason=r)
-                    for r, n in status.dropped.items()]
-        out += [sample("tpuwatch_scheduler_events_total", self.scheduler_events[e], event=e)
-                for e in _SCHEDULER_EVENTS.values()]
-        if self.sampler.last_cycle_end is not None:
-            out.append(sample("tpuwatch_last_sample_timestamp_seconds", self.sampler.last_cycle_end))
-        out.append(sample("tpuwatch_store_series", self.store.series_count()))
-        out.append(sample("tpuwatch_store_evicted_series_total", self.store.evicted_total))
-        if self.trend_state is not None:
-            out.append(sample("tpuwatch_trend_state_save_failures_total", self.trend_state.save_failures))
-        out.append(sample("tpuwatch_state_writable", 1 if self._state_writable() else 0))
+    def _lifecycle_samples(self) -> list[Sample]:
+        """The daemon's own metrics (scheduler, state, endpoint, reloads), stored by the self-metrics collector."""
+        out = [sample("tpuwatch_scheduler_events_total", self.scheduler_events[e], event=e)
+               for e in _SCHEDULER_EVENTS.values()]
+        out.append(sample("tpuwatch_state_writable", 1 if health.state_writable(self.parts, self.state) else 0))
         discarded = statefile.LEDGER.view()[2]
         out += [sample("tpuwatch_state_files_discarded_total", n, file=os.path.relpath(path, self.state.path))
                 for path, n in sorted(discarded.items())]
-        out += self.kubernetes.samples() if self.kubernetes is not None else []
+        out += self.endpoint.samples()
         out.append(sample("tpuwatch_config_last_reload_successful", 1 if self.reload_ok else 0))
         out.append(sample("tpuwatch_config_last_reload_success_timestamp_seconds", self.reload_success_at))
         return out

@@ -1,12 +1,22 @@
-"""Verdicts on the latest readings: what is wrong, and on which chip."""
+"""Verdicts on the latest readings (what is wrong, and on which chip) and the daemon's /healthz report.
+
+A view: it reads the running parts and changes nothing.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
+from tpuwatch import __version__, statefile
 from tpuwatch.collectors import GuardedCollector
 from tpuwatch.devices import DeviceReading
-from tpuwatch.statedir import holder, probe
+from tpuwatch.kernel_log.collector import event_problems
+from tpuwatch.statedir import StateDir, holder, probe
+
+if TYPE_CHECKING:
+    from tpuwatch.assembly import Parts
 
 TEMPERATURE_LIMIT_C = 85.0
 MEMORY_FULL_RATIO = 0.98
@@ -79,3 +89,67 @@ def state_dir_warnings(state_dir: str) -> list[str]:
     return [f"state_dir {state_dir} cannot be written ({problem}): "
             + (f"the daemon (pid {running}) keeps its state in memory" if running else
                "a daemon would keep its state in memory only")]
+
+
+def sampling_fresh(parts: Parts, now: float) -> bool:
+    """Whether a sampling cycle ended recently enough (three intervals and a deadline)."""
+    last = parts.sampler.last_cycle_end
+    return last is not None and now - last <= 3 * parts.config.interval + parts.config.collector_deadline
+
+
+def status_line(parts: Parts) -> str:
+    """systemd's STATUS=: chips up and how many problems."""
+    devices = parts.device_readings()
+    up = sum(1 for r in devices if r.up)
+    problems = device_problems(devices) + collector_problems(parts.sampler.guards)
+    state = f"{len(problems)} problem(s)" if problems else "healthy"
+    return f"{up}/{len(devices)} devices up, {state}"
+
+
+def state_writable(parts: Parts, state: StateDir) -> bool:
+    """True when state is kept on disk (state_dir writable and the alert database in its file)."""
+    return state.writable and not parts.alerting.db.in_memory
+
+
+def state_check(parts: Parts, state: StateDir, now: float) -> dict[str, Any]:
+    """The ``state`` entry of /healthz: where state is kept and what went wrong with it."""
+    failing, discarded, _ = statefile.LEDGER.view()
+    warnings = state_warnings(state.path, state.reason, parts.alerting.state_problem, failing, discarded, now)
+    return {"status": "degraded" if warnings else "ok", "dir": state.path, "writable": state_writable(parts, state),
+            "reason": state.reason, "alerting_db": "memory" if parts.alerting.db.in_memory else "file",
+            "warnings": warnings,
+            "discarded": [{"file": path, "at": at, "reason": why} for at, path, why in discarded]}
+
+
+def health_report(parts: Parts, state: StateDir, reload_ok: bool, started_at: float) -> tuple[bool, dict[str, Any]]:
+    """(healthy, report) for /healthz: healthy means tpuwatch itself can monitor; degraded, that it can but
+    misses something (each in ``warnings``)."""
+    now = time.time()
+    fresh = sampling_fresh(parts, now)
+    last = parts.sampler.last_cycle_end
+    checks: dict[str, Any] = {
+        "sampling": {"status": "ok" if fresh else "stale",
+                     "last_sample_age_seconds": round(now - last, 3) if last else None},
+        "config": {"status": "ok" if reload_ok else "reload_failed"},
+    }
+    for guard in parts.sampler.guards:
+        status = {True: "ok", False: "failing", None: "pending"}[guard.status.success]
+        checks[f"collector:{guard.name}"] = {
+            "status": "degraded" if status == "ok" and guard.status.degraded else status,
+            "duration_seconds": round(guard.status.duration_seconds, 6),
+            "error": guard.status.last_error,
+            **({"degraded": guard.status.degraded} if guard.status.degraded else {}),
+        }
+    problems = device_problems(parts.device_readings())
+    checks["devices"] = {"status": "problems" if problems else "ok", "problems": problems}
+    kernel_log = parts.sources.kernel_log
+    if kernel_log is not None:
+        events = kernel_log.recent_events()
+        checks["kernel_log"] = {"status": "critical_events" if event_problems(events) else "ok",
+                                "recent_events": [e.to_json() for e in events]}
+    checks["state"] = state_check(parts, state, now)
+    healthy = fresh and all(g.status.success for g in parts.sampler.guards)
+    warnings = collector_warnings(parts.sampler.guards) + checks["state"]["warnings"]
+    report = {"status": ("degraded" if warnings else "healthy") if healthy else "unhealthy", "warnings": warnings,
+              "uptime_seconds": round(now - started_at, 3), "version": __version__, "checks": checks}
+    return healthy, report

@@ -1,8 +1,10 @@
-"""One sampling cycle: run every collector behind its guard and store what they read.
+"""One sampling cycle: the pipeline's stages in order, each part behind its guard, everything into the store.
 
-A cycle has stages.  Collectors of one stage run concurrently under one
-deadline; a later stage (analysis, alert evaluation) starts once the readings
-of the earlier ones are in the store, so it sees this cycle's data.
+A cycle runs its stages one after the other: the sources (host, devices,
+kernel log, canary results), then analysis (trend detectors, tpuwatch's own
+metrics), then alerting, then actions.  The collectors of one stage run
+concurrently under one deadline; a stage starts once the samples of the
+stages before it are in the store, so it sees this cycle's data.
 """
 
 from __future__ import annotations
@@ -11,38 +13,35 @@ import time
 from collections.abc import Callable, Sequence
 
 from tpuwatch.collectors import Collector, GuardedCollector
-from tpuwatch.samples import Sample
+from tpuwatch.samples import Sample, sample
 from tpuwatch.store import SeriesStore
 
 
 class Stage:
-    """A derived collector: ``step`` applied to what the earlier stage just stored (analysis, alert rules)."""
+    """A step of the pipeline after the sources, run as a collector of its own: ``step()`` reads what the earlier
+    stages stored and returns its own samples (trend findings, alert counters; [] for an action)."""
 
-    def __init__(self, name: str, step: Callable[[list[Sample]], list[Sample]],
-                 current: Callable[[], list[Sample]]) -> None:
+    def __init__(self, name: str, step: Callable[[], list[Sample]]) -> None:
         self.name = name
         self._step = step
-        self._current = current
 
     def collect(self) -> list[Sample]:
-        """Run the step over the current samples; its own samples."""
-        return self._step(self._current())
+        """Run the step."""
+        return self._step()
 
 
 class Sampler:
-    """Runs the collectors stage by stage into the store."""
+    """Runs the stages in order into the store."""
 
-    def __init__(self, collectors: Sequence[Collector], store: SeriesStore, timeout: float,
-                 derived: Sequence[Collector] = ()) -> None:
-        self.stages = [[GuardedCollector(c) for c in stage] for stage in (collectors, derived) if stage]
+    def __init__(self, stages: Sequence[Sequence[Collector]], store: SeriesStore, timeout: float) -> None:
+        self.stages = [[GuardedCollector(c) for c in stage] for stage in stages if stage]
         self.guards = [guard for stage in self.stages for guard in stage]
         self.store = store
         self.timeout = timeout
-        self.cycles = 0
         self.last_cycle_end: float | None = None
 
     def run_once(self) -> None:
-        """Sample every collector once; failed ones contribute no readings this cycle."""
+        """Run every stage once; failed collectors contribute no samples this cycle."""
         now = time.time()
         for stage in self.stages:
             for guard in stage:
@@ -51,16 +50,25 @@ class Sampler:
             for guard in stage:
                 readings = guard.finish(deadline)
                 self.store.replace(guard.name, readings or (), now)
-        self.cycles += 1
         self.last_cycle_end = time.time()
-
-    def close(self) -> None:
-        """Release the collectors' resources (file descriptors, channels) once this sampler is replaced."""
-        for guard in self.guards:
-            close = getattr(guard.collector, "close", None)
-            if close is not None:
-                close()
 
     def guard(self, name: str) -> GuardedCollector | None:
         """The guard of the named collector, if enabled."""
         return next((g for g in self.guards if g.name == name), None)
+
+    def samples(self) -> list[Sample]:
+        """How each collector did (success, duration, samples, failures, dropped readings) and the last cycle."""
+        out = []
+        for guard in self.guards:
+            status, name = guard.status, guard.name
+            if status.success is not None:
+                out.append(sample("tpuwatch_collector_success", 1 if status.success else 0, collector=name))
+                out.append(sample("tpuwatch_collector_duration_seconds", status.duration_seconds, collector=name))
+                out.append(sample("tpuwatch_collector_samples", status.samples, collector=name))
+            out += [sample("tpuwatch_collector_errors_total", n, collector=name, reason=r)
+                    for r, n in status.errors.items()]
+            out += [sample("tpuwatch_readings_dropped_total", n, collector=name, reason=r)
+                    for r, n in status.dropped.items()]
+        if self.last_cycle_end is not None:
+            out.append(sample("tpuwatch_last_sample_timestamp_seconds", self.last_cycle_end))
+        return out

@@ -7,7 +7,7 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from tpuwatch.samples import Labels, Sample
+from tpuwatch.samples import Labels, Sample, sample
 
 SeriesKey = tuple[str, Labels]
 
@@ -102,3 +102,8 @@ class SeriesStore:
         """Number of series with history."""
         with self._lock:
             return len(self._history)
+
+    def samples(self) -> list[Sample]:
+        """The store's own metrics: series held and series evicted."""
+        return [sample("tpuwatch_store_series", self.series_count()),
+                sample("tpuwatch_store_evicted_series_total", self.evicted_total)]

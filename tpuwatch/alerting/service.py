@@ -100,7 +100,7 @@ class Alerting:
         # Chips' PCI addresses, first from the alerts that name them, so that held alerts keep their labels.
         self._pci = {a.labels["device"]: a.labels["pci"] for a in self.book.alerts.values()
                      if a.labels.get("device") and a.labels.get("pci")}
-        self._install(config, None)
+        self._install(config, None, *rules_and_notifiers(config))
         self.tracker.restore(self.db.load_counters(), self._tracks)
         started = time.time()
         self._retire(started)
@@ -115,10 +115,10 @@ class Alerting:
             if alert.state == "firing" and windows:
                 alert.hold_until = started + max(windows)
 
-    def _install(self, config: Config, previous: Delivery | None) -> None:
-        """Build rules, notifiers and delivery for ``config`` (raising before anything changes), then switch."""
+    def _install(self, config: Config, previous: Delivery | None, rules: list[Rule],
+                 notifiers: list[Notifier]) -> None:
+        """Switch to ``config``'s rules, notifiers and delivery."""
         section = config.alerting
-        rules, notifiers = rules_and_notifiers(config)
         _, port = parse_listen_address(config.listen)
         tracked = tracks(rules)
         delivery = Delivery(self.db, section, notifiers)
@@ -272,10 +272,14 @@ class Alerting:
             self._wake.clear()
 
     def reconfigure(self, config: Config) -> None:
-        """Apply a reloaded config; raises ConfigError, keeping the old one, for bad rules or secrets."""
+        """Apply a reloaded config; raises ConfigError, keeping the old one, for bad rules or secrets.
+
+        The rule and secret files are read before the lock is taken, so evaluation goes on meanwhile.
+        """
+        rules, notifiers = rules_and_notifiers(config)
         with self._lock:
             old = self.delivery
-            self._install(config, old)
+            self._install(config, old, rules, notifiers)
             self._retire(time.time())
         old.stop(0.0)
         if self._thread is not None:

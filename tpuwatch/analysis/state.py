@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tpuwatch import statefile
 from tpuwatch.analysis.trend import TrendAnalyzer
+from tpuwatch.samples import Sample, sample
 
 log = logging.getLogger(__name__)
 
@@ -52,3 +53,7 @@ class TrendStateFile:
         with self._lock:
             if not statefile.save(self.path, trend.snapshot(now)):  # logged there, once until it works again
                 self.save_failures += 1
+
+    def samples(self) -> list[Sample]:
+        """How many saves failed."""
+        return [sample("tpuwatch_trend_state_save_failures_total", self.save_failures)]

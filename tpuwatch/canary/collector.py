@@ -43,7 +43,7 @@ class CanaryCollector:
         """``known_devices`` names the chips the device backend sees: their run counters exist at 0 from the start,
         so that Prometheus's ``increase()`` sees a chip's very first failure."""
         self.config = config
-        self._known_devices = known_devices
+        self.known_devices = known_devices  # replaced when the device backend is rebuilt on reload
         self._lock = threading.Lock()
         self._results: deque[CanaryResult] = deque(maxlen=KEPT_RESULTS)
         self._runs: Counter[str] = Counter()
@@ -83,7 +83,7 @@ class CanaryCollector:
 
     def collect(self) -> list[Sample]:
         """Samples of the kept results; before the first run only run counters at 0, if chips are known."""
-        known = set(self._known_devices())
+        known = set(self.known_devices())
         with self._lock:
             devices = sorted(known | set(self._chip_runs))
             if not self._results and not devices:

@@ -12,8 +12,9 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from tpuwatch.catalog import spec_of
 from tpuwatch.samples import INVALID_REASONS, Sample, invalid_reason
@@ -52,12 +53,39 @@ class CollectorStatus:
     dropped: Counter[str] = field(default_factory=lambda: Counter(dict.fromkeys(INVALID_REASONS, 0)))
 
 
+# A reading the guard dropped: metric name, labels, and why (an INVALID_REASONS entry).
+_Drop = tuple[str, dict[str, str], str]
+
+
+def checked(readings: Sequence[Any]) -> tuple[list[Sample], list[_Drop]]:
+    """The readings worth keeping and those dropped as invalid (nan, inf, negative).
+
+    Raises ValueError for output no collector may give: something that is not a Sample, or a metric the
+    catalogue does not list.  It runs in the collector's own call, so that it fails that collector alone.
+    """
+    kept: list[Sample] = []
+    dropped: list[_Drop] = []
+    for reading in readings:
+        if not isinstance(reading, Sample):
+            raise ValueError(f"returned {type(reading).__name__}, not a Sample")
+        try:
+            spec = spec_of(reading.name)
+        except KeyError:
+            raise ValueError(f"metric {reading.name[:100]!r} is not in the catalogue (tpuwatch/catalog.py)") from None
+        reason = invalid_reason(reading.value, spec.allow_negative)
+        if reason is None:
+            kept.append(reading)
+        else:
+            dropped.append((reading.name, dict(reading.labels), reason))
+    return kept, dropped
+
+
 class _Call:
-    """One collect() call in a daemon thread."""
+    """One collect() call, with the check of its output, in a daemon thread."""
 
     def __init__(self, collector: Collector) -> None:
         self.done = threading.Event()
-        self.result: list[Sample] | None = None
+        self.result: tuple[list[Sample], list[_Drop]] = ([], [])
         self.error: BaseException | None = None
         self.started = time.monotonic()
         self.finished = self.started
@@ -66,7 +94,7 @@ class _Call:
 
     def _run(self) -> None:
         try:
-            self.result = list(self._collector.collect())
+            self.result = checked(list(self._collector.collect()))
         except BaseException as exc:  # noqa: BLE001 - isolate every failure of a collector
             self.error = exc
         finally:
@@ -105,7 +133,8 @@ class GuardedCollector:
         if call.error is not None:
             self._fail("error", f"{type(call.error).__name__}: {call.error}", call.finished - call.started)
             return None
-        readings = self._valid(call.result or [])
+        readings, dropped = call.result
+        self._count_drops(dropped)
         self.status.success = True
         self.status.duration_seconds = call.finished - call.started
         self.status.samples = len(readings)
@@ -125,17 +154,9 @@ class GuardedCollector:
             log.error("collector %s failed (%s): %s", self.name, reason, detail)
             self._failing = True
 
-    def _valid(self, readings: list[Sample]) -> list[Sample]:
-        kept = []
-        for reading in readings:
-            spec = spec_of(reading.name)
-            reason = invalid_reason(reading.value, spec.allow_negative)
-            if reason is None:
-                kept.append(reading)
-                continue
+    def _count_drops(self, dropped: list[_Drop]) -> None:
+        for name, labels, reason in dropped:
             self.status.dropped[reason] += 1
-            if (reading.name, reason) not in self._logged_drops:
-                self._logged_drops.add((reading.name, reason))
-                log.warning("collector %s: dropped %s reading of %s %s (logged once)",
-                            self.name, reason, reading.name, dict(reading.labels))
-        return kept
+            if (name, reason) not in self._logged_drops:
+                self._logged_drops.add((name, reason))
+                log.warning("collector %s: dropped %s reading of %s %s (logged once)", self.name, reason, name, labels)

@@ -1,7 +1,8 @@
 """A stand-in for the daemon's alerting loop, run as a real process by the kill -9 test.
 
 Usage: python agent.py CONFIG SAMPLES_JSON -- evaluates the samples in the JSON
-file ([[name, value, {labels}], ...]) every 100 ms with delivery running.
+file ([[name, value, {labels}], ...]) every 100 ms with delivery running, and
+prints a line on stdout after each evaluation (so that a test knows it ran).
 """
 
 import json
@@ -21,4 +22,5 @@ while True:
     with open(sys.argv[2]) as f:
         rows = json.load(f)
     alerting.evaluate([sample(name, value, **labels) for name, value, labels in rows])
+    print("evaluated", flush=True)
     time.sleep(0.1)

@@ -1,0 +1,214 @@
+"""One assembly for start and reload: the running parts built from a config and the parts running before.
+
+``assemble(config, previous)`` keeps every part whose config did not change,
+carries learned state into those that must be rebuilt (the trend detectors'
+floors), and builds the rest; ``previous`` None is a start.  It raises
+ConfigError, changing nothing, when the new config cannot run: alerting's
+rules and secrets are taken last, as they apply whole or not at all.  The
+caller switches to the new parts and then ``retire()``s what was replaced.
+
+The pipeline the sampler runs, in order within each cycle:
+
+    sources (host, devices, kernel log, canary results) -> store
+    analysis (trend detectors; tpuwatch's own metrics)   -> store
+    alerting (rules over the store; delivery runs in its own threads)
+    actions (the Kubernetes node agent, fed the alert state)
+
+The exporter and the views read the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from tpuwatch import __version__
+from tpuwatch.alerting.service import Alerting
+from tpuwatch.analysis.state import TrendStateFile
+from tpuwatch.analysis.trend import TrendAnalyzer
+from tpuwatch.canary.collector import CanaryCollector
+from tpuwatch.config import Config
+from tpuwatch.devices import sim
+from tpuwatch.devices.base import DeviceReading, reading_samples
+from tpuwatch.kubernetes import agent as kubernetes_agent
+from tpuwatch.registry import Sources, build_canary, build_sources
+from tpuwatch.sampler import Sampler, Stage
+from tpuwatch.samples import Sample, sample
+from tpuwatch.statedir import is_simulated
+from tpuwatch.store import SeriesStore
+from tpuwatch.webconfig import WebConfig, load_web_config
+
+log = logging.getLogger(__name__)
+
+# Simulated chips come with this much past, so that the leak detector, which
+# learns for 2 h, judges the hbm-leak drill from the first minute.
+SIM_HISTORY_S = 3 * 3600.0
+SIM_HISTORY_STEP_S = 10.0
+
+SampleSource = Callable[[], Iterable[Sample]]
+
+
+class SelfMetrics:
+    """tpuwatch's own metrics as a collector of the analysis stage: build, collectors, store, state, lifecycle."""
+
+    name = "tpuwatch"
+
+    def __init__(self, sources: list[SampleSource]) -> None:
+        self.sources = sources
+
+    def collect(self) -> list[Sample]:
+        """The build and every source's samples."""
+        out = [sample("tpuwatch_build_info", 1, version=__version__, python=platform.python_version())]
+        for source in self.sources:
+            out.extend(source())
+        return out
+
+
+@dataclass
+class Parts:
+    """Everything one config runs."""
+
+    config: Config
+    web: WebConfig
+    store: SeriesStore
+    trend: TrendAnalyzer
+    trend_state: TrendStateFile | None
+    sources: Sources
+    canary: CanaryCollector | None
+    alerting: Alerting
+    kubernetes: kubernetes_agent.KubernetesAgent | None
+    sampler: Sampler
+
+    def device_readings(self) -> list[DeviceReading]:
+        """The device backend's latest readings (none without a backend)."""
+        return self.sources.device_readings()
+
+
+def _sources_key(config: Config) -> tuple[Any, ...]:
+    return (config.devices, config.paths, config.host, config.collector_deadline, config.kernel_log,
+            config.state_dir)
+
+
+def _trend_key(config: Config) -> tuple[Any, ...]:
+    """What the trend analyzer is built from: a change means a new one (real chips keep their learned floors)."""
+    return config.trend, config.devices.sim if is_simulated(config) else None
+
+
+def _trend(config: Config, previous: Parts | None) -> TrendAnalyzer:
+    """The trend analyzer: the previous one if its settings held; with simulated chips, fed their past."""
+    if previous is not None and _trend_key(previous.config) == _trend_key(config):
+        return previous.trend
+    trend = TrendAnalyzer(config.trend)
+    now = time.time()
+    if is_simulated(config):
+        for offset, readings in sim.history(config.devices.sim, SIM_HISTORY_S, SIM_HISTORY_STEP_S):
+            trend.observe([s for r in readings for s in reading_samples(r, sim.SimBackend.name)], now + offset)
+    elif previous is not None:  # real chips keep what their detectors learned
+        try:
+            trend.restore(previous.trend.snapshot(now), now)
+        except Exception as exc:  # noqa: BLE001 - a reload must never fail on this
+            log.warning("trend detectors learn afresh after the reload: %s", exc)
+    return trend
+
+
+def _trend_state(config: Config, previous: Parts | None, trend: TrendAnalyzer) -> TrendStateFile | None:
+    """The learned state's file (the state_dir does not change while running); simulated chips have none."""
+    if previous is not None:
+        return previous.trend_state
+    if is_simulated(config):
+        return None
+    state = TrendStateFile(config.state_dir)
+    state.restore(trend, time.time())
+    return state
+
+
+def _same(previous: Parts | None, config: Config, key: Callable[[Config], Any]) -> Parts | None:
+    """``previous`` when what ``key`` picks from the config did not change, else None."""
+    return previous if previous is not None and key(previous.config) == key(config) else None
+
+
+def _pipeline(config: Config, store: SeriesStore, trend: TrendAnalyzer, trend_state: TrendStateFile | None,
+              sources: Sources, canary: CanaryCollector | None, alerting: Alerting,
+              kubernetes: kubernetes_agent.KubernetesAgent | None, daemon_samples: SampleSource) -> Sampler:
+    """The stages of one cycle (module docstring), each part behind its guard."""
+    own = SelfMetrics([store.samples, daemon_samples, *([trend_state.samples] if trend_state else []),
+                       *([kubernetes.samples] if kubernetes else [])])
+
+    def evaluate() -> list[Sample]:
+        alerting.evaluate(store.current())
+        return alerting.samples()
+
+    def act() -> list[Sample]:  # hands over and returns at once: the agent's own thread calls the API
+        assert kubernetes is not None
+        kubernetes.feed(alerting.active_alerts(), kubernetes_agent.pci_map(sources.device_readings()))
+        return []
+
+    stages: list[list[Any]] = [[*sources, *([canary] if canary is not None else [])],
+                               [own, Stage("trend", lambda: trend.observe(store.current(), time.time()))],
+                               [Stage("alerting", evaluate)]]
+    if kubernetes is not None:
+        stages.append([Stage("actions", act)])
+    sampler = Sampler(stages, store, config.collector_deadline)
+    own.sources.insert(0, sampler.samples)
+    return sampler
+
+
+def assemble(config: Config, previous: Parts | None, daemon_samples: SampleSource) -> Parts:
+    """The parts ``config`` runs, reusing ``previous``'s where nothing they are built from changed.
+
+    ``daemon_samples`` gives the daemon's own lifecycle metrics (scheduler, reloads, state, endpoint), which
+    the self-metrics collector stores with the rest.  Raises ConfigError, leaving ``previous`` as it was,
+    when the config cannot be used.
+    """
+    web = load_web_config(config.web_config)
+    kept_store = _same(previous, config, lambda c: c.store)
+    store = kept_store.store if kept_store else SeriesStore(config.store.points_per_series, config.store.max_series)
+    trend = _trend(config, previous)
+    trend_state = _trend_state(config, previous, trend)
+    kept_sources = _same(previous, config, _sources_key)
+    sources = kept_sources.sources if kept_sources else build_sources(config)
+    try:
+        kept_canary = _same(previous, config, lambda c: c.canary)
+        canary = kept_canary.canary if kept_canary else build_canary(config, sources.devices)
+        if canary is not None:
+            canary.known_devices = lambda: [r.device for r in sources.device_readings()]
+        kept_agent = _same(previous, config, lambda c: c.kubernetes)
+        kubernetes = kept_agent.kubernetes if kept_agent else kubernetes_agent.build(config)
+        if previous is None:
+            alerting = Alerting(config, config.state_dir)
+        else:  # last: it applies whole or raises, changing nothing
+            previous.alerting.reconfigure(config)
+            alerting = previous.alerting
+    except BaseException:
+        if kept_sources is None:
+            sources.close()
+        raise
+    sampler = None
+    if previous is not None and previous.config.collector_deadline == config.collector_deadline and all(
+            new is old for new, old in ((store, previous.store), (trend, previous.trend),
+                                        (sources, previous.sources), (canary, previous.canary),
+                                        (kubernetes, previous.kubernetes))):
+        sampler = previous.sampler
+    return Parts(config, web, store, trend, trend_state, sources, canary, alerting, kubernetes,
+                 sampler or _pipeline(config, store, trend, trend_state, sources, canary, alerting, kubernetes,
+                                      daemon_samples))
+
+
+def retire(old: Parts, new: Parts) -> None:
+    """Release what ``old`` held that ``new`` does not reuse (collectors' descriptors, the node agent)."""
+    kept = {id(c) for c in new.sources}
+    for collector in old.sources:
+        close = getattr(collector, "close", None)
+        if id(collector) not in kept and close is not None:
+            close()
+    if old.kubernetes is not None and old.kubernetes is not new.kubernetes:
+        old.kubernetes.stop()
+    if new.store is not old.store:
+        return
+    gone = {g.name for g in old.sampler.guards} - {g.name for g in new.sampler.guards}
+    for name in gone:
+        new.store.forget(name)

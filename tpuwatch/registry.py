@@ -1,0 +1,119 @@
+"""What a config makes: the source collectors, registered by name, and the canary; used by ``run`` and ``check``.
+
+A source is built by a factory from the config and the sources built before
+it (the kernel log attributes events to chips through the devices); each
+says in one sentence what it chose.  Adding a source is one factory here and
+one entry in ``SOURCES``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import psutil
+
+from tpuwatch.canary.collector import CanaryCollector
+from tpuwatch.collectors import Collector
+from tpuwatch.collectors.host import HostCollector
+from tpuwatch.config import Config
+from tpuwatch.devices import DeviceCollector, DeviceReading, select_backend
+from tpuwatch.kernel_log.collector import KernelLogCollector, device_lookup
+from tpuwatch.kernel_log.collector import build_collector as build_kernel_log
+
+log = logging.getLogger(__name__)
+
+# A factory gets the config, the sources built before it (by name) and whether it may save state.
+Factory = Callable[[Config, dict[str, Collector], bool], tuple[Collector | None, str]]
+
+
+def _host(config: Config, built: dict[str, Collector], persist: bool) -> tuple[Collector | None, str]:
+    psutil.PROCFS_PATH = config.paths.procfs
+    collector = HostCollector(config.paths.procfs, config.paths.dev, config.host.device_files,
+                              config.host.holder_scan_interval)
+    note = f"host: memory, CPU and device holders from {config.paths.procfs}"
+    log.info("%s", note)
+    return collector, note
+
+
+def _devices(config: Config, built: dict[str, Collector], persist: bool) -> tuple[Collector | None, str]:
+    backend, why = select_backend(config)
+    return (DeviceCollector(backend) if backend is not None else None), f"device backend: {why}"
+
+
+def _kernel_log(config: Config, built: dict[str, Collector], persist: bool) -> tuple[Collector | None, str]:
+    devices = built.get("devices")
+    readings = (lambda: devices.last_readings) if isinstance(devices, DeviceCollector) else (lambda: [])
+    return build_kernel_log(config, device_lookup(readings), persist)
+
+
+SOURCES: dict[str, Factory] = {
+    "host": _host,
+    "devices": _devices,
+    "kernel_log": _kernel_log,
+}
+
+
+@dataclass
+class Sources:
+    """The source collectors a config enables, by name in pipeline order, and what was chosen for each."""
+
+    collectors: dict[str, Collector]
+    notes: list[str]
+
+    @property
+    def devices(self) -> DeviceCollector | None:
+        """The device collector, if a backend was chosen."""
+        found = self.collectors.get("devices")
+        return found if isinstance(found, DeviceCollector) else None
+
+    @property
+    def kernel_log(self) -> KernelLogCollector | None:
+        """The kernel log collector, if a source is read."""
+        found = self.collectors.get("kernel_log")
+        return found if isinstance(found, KernelLogCollector) else None
+
+    def device_readings(self) -> list[DeviceReading]:
+        """The device backend's latest readings (none without a backend)."""
+        devices = self.devices
+        return devices.last_readings if devices is not None else []
+
+    def __iter__(self) -> Iterator[Collector]:
+        return iter(self.collectors.values())
+
+    def close(self) -> None:
+        """Release what the collectors hold (file descriptors, channels)."""
+        for collector in self:
+            close = getattr(collector, "close", None)
+            if close is not None:
+                close()
+
+
+def build_sources(config: Config, persist: bool = True) -> Sources:
+    """The sources this config enables (each choice logged).
+
+    Raises ConfigError when a source's configuration cannot be used (a broken rule file, say).
+    ``persist=False`` (one-shot commands) keeps sources from moving the daemon's saved positions.
+    """
+    built: dict[str, Collector] = {}
+    notes = []
+    for name, factory in SOURCES.items():
+        collector, note = factory(config, built, persist)
+        notes.append(note)
+        if collector is not None:
+            built[name] = collector
+    return Sources(built, notes)
+
+
+def build_canary(config: Config, devices: DeviceCollector | None) -> CanaryCollector | None:
+    """The daemon's canary, or None when it is off or jax is missing (said once at WARNING)."""
+    if not config.canary.enabled:
+        return None
+    if config.canary.python is None and importlib.util.find_spec("jax") is None:
+        log.warning("canary off: jax is not installed for %s (pip install 'tpuwatch[canary]', or point "
+                    "canary.python at an interpreter with jax)", sys.executable)
+        return None
+    return CanaryCollector(config, lambda: [r.device for r in devices.last_readings] if devices is not None else [])
