@@ -75,13 +75,14 @@ def test_reload_applies_a_good_config_and_refuses_a_bad_one(start_daemon: Callab
     daemon.write_config(good)
     daemon.signal(signal.SIGHUP)
     wait_until(lambda: up_devices(daemon) == {"0", "1"}, what="the reload to two chips")
-    assert metric(daemon, "tpuwatch_config_last_reload_successful") == 1.0
+    wait_until(lambda: metric(daemon, "tpuwatch_config_last_reload_successful") == 1.0, what="the reload metric")
 
     daemon.config_path.write_text("interval: 200ms\ndevices:\n  backend: quantum\n")
     daemon.signal(signal.SIGHUP)
     wait_until(lambda: "reload refused" in daemon.log(), what="the refusal to be logged")
     assert "devices.backend: must be one of auto, " in daemon.log() and "got 'quantum'" in daemon.log()
-    assert metric(daemon, "tpuwatch_config_last_reload_successful") == 0.0
+    # /metrics shows what the last sampling cycle stored: the refusal within a cycle.
+    wait_until(lambda: metric(daemon, "tpuwatch_config_last_reload_successful") == 0.0, what="the refusal metric")
     assert requests.get(f"{daemon.url}/healthz", timeout=5).json()["checks"]["config"]["status"] == "reload_failed"
     before = metric(daemon, "tpuwatch_last_sample_timestamp_seconds")
     wait_until(lambda: metric(daemon, "tpuwatch_last_sample_timestamp_seconds") > before,

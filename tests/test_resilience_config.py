@@ -387,7 +387,7 @@ def test_sighup_with_an_alias_bomb_is_refused_and_sampling_goes_on(start_daemon:
     daemon.config_path.write_text(bomb.replace("log_level: info\n", "") + f"log_level: {alias_bomb()}\n")
     daemon.signal(signal.SIGHUP)
     wait_until(lambda: "reload refused" in daemon.log(), what="the reload to be refused")
-    assert _metric(url, "tpuwatch_config_last_reload_successful") == 0
+    wait_until(lambda: _metric(url, "tpuwatch_config_last_reload_successful") == 0, what="the refusal metric")
     refused = [line for line in daemon.log().splitlines() if "reload refused" in line]
     assert len(refused) == 1 and "more than 100000 values (an alias counts" in refused[0], refused
     # Sampling goes on under the running config: fresh cycles, still 4 chips (the refused file said 2).

@@ -24,7 +24,7 @@ import platform
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpuwatch import __version__
 from tpuwatch.alerting.service import Alerting
@@ -34,13 +34,15 @@ from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.config import Config
 from tpuwatch.devices import sim
 from tpuwatch.devices.base import DeviceReading, reading_samples
-from tpuwatch.kubernetes import agent as kubernetes_agent
 from tpuwatch.registry import Sources, build_canary, build_sources
 from tpuwatch.sampler import Sampler, Stage
 from tpuwatch.samples import Sample, sample
 from tpuwatch.statedir import is_simulated
 from tpuwatch.store import SeriesStore
 from tpuwatch.webconfig import WebConfig, load_web_config
+
+if TYPE_CHECKING:
+    from tpuwatch.kubernetes.agent import KubernetesAgent
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +82,7 @@ class Parts:
     sources: Sources
     canary: CanaryCollector | None
     alerting: Alerting
-    kubernetes: kubernetes_agent.KubernetesAgent | None
+    kubernetes: KubernetesAgent | None
     sampler: Sampler
 
     def device_readings(self) -> list[DeviceReading]:
@@ -126,6 +128,15 @@ def _trend_state(config: Config, previous: Parts | None, trend: TrendAnalyzer) -
     return state
 
 
+def _kubernetes(config: Config) -> KubernetesAgent | None:
+    """The node agent when ``kubernetes.node_conditions`` is on (its modules are imported only then)."""
+    if not config.kubernetes.node_conditions:
+        return None
+    from tpuwatch.kubernetes import agent
+
+    return agent.build(config)
+
+
 def _same(previous: Parts | None, config: Config, key: Callable[[Config], Any]) -> Parts | None:
     """``previous`` when what ``key`` picks from the config did not change, else None."""
     return previous if previous is not None and key(previous.config) == key(config) else None
@@ -133,7 +144,7 @@ def _same(previous: Parts | None, config: Config, key: Callable[[Config], Any]) 
 
 def _pipeline(config: Config, store: SeriesStore, trend: TrendAnalyzer, trend_state: TrendStateFile | None,
               sources: Sources, canary: CanaryCollector | None, alerting: Alerting,
-              kubernetes: kubernetes_agent.KubernetesAgent | None, daemon_samples: SampleSource) -> Sampler:
+              kubernetes: KubernetesAgent | None, daemon_samples: SampleSource) -> Sampler:
     """The stages of one cycle (module docstring), each part behind its guard."""
     own = SelfMetrics([store.samples, daemon_samples, *([trend_state.samples] if trend_state else []),
                        *([kubernetes.samples] if kubernetes else [])])
@@ -144,7 +155,7 @@ def _pipeline(config: Config, store: SeriesStore, trend: TrendAnalyzer, trend_st
 
     def act() -> list[Sample]:  # hands over and returns at once: the agent's own thread calls the API
         assert kubernetes is not None
-        kubernetes.feed(alerting.active_alerts(), kubernetes_agent.pci_map(sources.device_readings()))
+        kubernetes.feed(alerting.active_alerts(), {r.device: r.pci for r in sources.device_readings() if r.pci})
         return []
 
     stages: list[list[Any]] = [[*sources, *([canary] if canary is not None else [])],
@@ -177,7 +188,7 @@ def assemble(config: Config, previous: Parts | None, daemon_samples: SampleSourc
         if canary is not None:
             canary.known_devices = lambda: [r.device for r in sources.device_readings()]
         kept_agent = _same(previous, config, lambda c: c.kubernetes)
-        kubernetes = kept_agent.kubernetes if kept_agent else kubernetes_agent.build(config)
+        kubernetes = kept_agent.kubernetes if kept_agent else _kubernetes(config)
         if previous is None:
             alerting = Alerting(config, config.state_dir)
         else:  # last: it applies whole or raises, changing nothing

@@ -225,19 +225,17 @@ def read_text(path: str | os.PathLike[str], source: str | None = None) -> str:
     """The text of a regular file or a pipe, at most MAX_BYTES, strict UTF-8; YamlError otherwise."""
     source = os.fspath(path) if source is None else source
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        # A pipe (--config /dev/stdin, a named pipe) is opened blocking, so that it is read once its writer comes,
+        # not found empty; anything else without blocking, so that a device or a pipe put there meanwhile cannot
+        # hang the read.
+        pipe = stat.S_ISFIFO(os.stat(path).st_mode)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (0 if pipe else os.O_NONBLOCK))
     except OSError as exc:
         raise YamlError(source, f"cannot read: {exc.strerror or exc}") from None
     except ValueError:  # a NUL byte in the path
         raise YamlError(source, "cannot read: the path contains a NUL byte") from None
     mode = os.fstat(fd).st_mode
-    if stat.S_ISFIFO(mode):  # a pipe (--config /dev/stdin): read as any reader of a pipe does, up to the bound
-        os.close(fd)
-        try:  # opened again without O_NONBLOCK: a named pipe is read once its writer comes, not found empty
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise YamlError(source, f"cannot read: {exc.strerror or exc}") from None
-    elif not stat.S_ISREG(mode):
+    if not stat.S_ISREG(mode) and not stat.S_ISFIFO(mode):
         os.close(fd)
         raise YamlError(source, "cannot read: " + ("is a directory" if stat.S_ISDIR(mode)
                                                    else "not a regular file or a pipe"))

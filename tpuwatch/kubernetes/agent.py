@@ -334,8 +334,3 @@ class KubernetesAgent:
         out.append(sample("tpuwatch_kubernetes_state_save_failures_total", self.save_failures))
         return out
 
-
-def pci_map(readings: list[Any]) -> dict[str, str]:
-    """device -> PCI address of the device readings that have one."""
-    return {str(r.device): r.pci for r in readings if getattr(r, "pci", None)}
-
