@@ -51,8 +51,8 @@ sys.path.insert(0, str(REPO_ROOT))  # measure the tpuwatch of this checkout, wha
 import tpuwatch  # noqa: E402
 from tpuwatch import config as config_module  # noqa: E402
 from tpuwatch.collectors import build_collectors  # noqa: E402
-from tpuwatch.collectors.host import scan_holders  # noqa: E402
 from tpuwatch.config import Config  # noqa: E402
+from tpuwatch.hw.procfs import scan_holders  # noqa: E402
 from tpuwatch.sampler import Sampler  # noqa: E402
 from tpuwatch.store import SeriesStore  # noqa: E402
 
