@@ -385,7 +385,6 @@ def test_collector_samples_follow_the_last_measured_outcome() -> None:
     last_success = {dict(labels)["device"] for name, labels in samples
                     if name == "tpuwatch_canary_last_success_timestamp_seconds"}
     assert last_success == {"0", "1", "2", "3"}  # chip 1 keeps the time of its last pass
-    assert len(collector.results()) == 3
 
 
 def test_a_drill_no_check_caught_is_counted_as_undetected_once_one_happened() -> None:

@@ -14,6 +14,7 @@ from tpuwatch.devices.base import reading_samples
 from tpuwatch.devices.sim import SimBackend, history
 from tpuwatch.health import device_problems
 from tpuwatch.hw.chips import CHIPS, SIMULATED
+from tpuwatch.samples import Sample
 
 
 class Clock:
@@ -90,12 +91,18 @@ def test_history_lets_the_leak_detector_judge_the_drill_from_the_start() -> None
     trend = TrendAnalyzer(TrendConfig())
     for offset, readings in history(SimConfig(scenario="hbm-leak", fault_device=3), 3 * 3600, 10):
         trend.observe([s for r in readings for s in reading_samples(r, "sim")], 1e9 + offset)
-    [finding] = trend.findings()
-    assert finding.labels == {"device": "3", "memory": "hbm"} and finding.severity == "critical"
+    found = trend.samples()
+    assert _leaking(found) == [{"device": "3", "memory": "hbm"}]
+    [eta] = [s.value for s in found if s.name == "tpuwatch_memory_exhaustion_eta_seconds"]
+    assert eta < TrendConfig().critical_eta  # AcceleratorMemoryExhaustionSoon's threshold: it pages
     healthy = TrendAnalyzer(TrendConfig())
     for offset, readings in history(SimConfig(scenario="healthy"), 3 * 3600, 10):
         healthy.observe([s for r in readings for s in reading_samples(r, "sim")], 1e9 + offset)
-    assert healthy.findings() == []
+    assert _leaking(healthy.samples()) == []
+
+
+def _leaking(samples: list[Sample]) -> list[dict[str, str]]:
+    return [dict(s.labels) for s in samples if s.name == "tpuwatch_memory_leak_suspected" and s.value == 1]
 
 
 def test_ecc_errors_count_up_on_the_fault_device() -> None:
