@@ -2,7 +2,7 @@
 
 ``run_once()`` blocks for the whole worker subprocess (up to ``canary.timeout``),
 so schedule it as its own job, never inside the sampler.  ``collect()`` only
-turns the kept results into samples and never waits for a run.
+turns what the runs found into samples and never waits for a run.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class CanaryCollector:
                 self._chips[outcome.device] = _ChipState(outcome, result.stack or "", result.chip or "", success)
 
     def collect(self) -> list[Sample]:
-        """Samples of the kept results; before the first run only run counters at 0, if chips are known."""
+        """Run counters and each chip's latest outcome; before the first run only counters at 0, if chips are known."""
         known = set(self._known_devices())
         with self._lock:
             devices = sorted(known | set(self._chip_runs))
