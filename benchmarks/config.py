@@ -236,7 +236,7 @@ def main() -> int:
         f"{daemon['quiet_gap'] * 1000:.0f} ms without reloads (anchor; {daemon['quiet_cycles']} cycles): "
         f"{daemon['reload_gap'] / daemon['quiet_gap']:.2f}x. RSS {daemon['rss_before'] / 1024:.1f} MiB before "
         f"the reloads, {daemon['rss_after'] / 1024:.1f} MiB after. (Before the bounded loader one such SIGHUP "
-        "froze sampling for 32 s and added 885 MB, issue #14.)",
+        "froze sampling for 32 s and added 885 MB.)",
         "",
         "Targets: a refusal costs no more than a few example-config loads and under 16 MiB; sampling gaps with "
         "reloads stay within the anchor's plus one interval.",

@@ -50,8 +50,8 @@ from common import BENCHMARKS_MD, REPO_ROOT, cpu_model, write_section
 sys.path.insert(0, str(REPO_ROOT))  # measure the tpuwatch of this checkout, whatever else is installed
 import tpuwatch  # noqa: E402
 from tpuwatch import config as config_module  # noqa: E402
-from tpuwatch.collectors.host import scan_holders  # noqa: E402
 from tpuwatch.config import Config  # noqa: E402
+from tpuwatch.hw.procfs import scan_holders  # noqa: E402
 from tpuwatch.registry import build_sources  # noqa: E402
 from tpuwatch.sampler import Sampler  # noqa: E402
 from tpuwatch.store import SeriesStore  # noqa: E402

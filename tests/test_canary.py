@@ -20,6 +20,7 @@ from tpuwatch.canary.judge import KEPT_STACKS, Drill, judge
 from tpuwatch.canary.runner import Progress
 from tpuwatch.catalog import CATALOG
 from tpuwatch.config import Config
+from tpuwatch.hw.pci import VENDOR_GOOGLE
 
 from conftest import require_tool
 
@@ -276,7 +277,7 @@ def test_tpu_chips_and_vfio_groups_come_from_sysfs(tmp_path: Path) -> None:
         device.mkdir(parents=True)
         (device / "vendor").write_text(vendor + "\n")
         (device / "iommu_group").symlink_to(tmp_path / "kernel/iommu_groups" / group)
-    tpus = holds.pci_functions(str(tmp_path), holds.TPU_VENDOR)
+    tpus = holds.pci_functions(str(tmp_path), VENDOR_GOOGLE)
     assert tpus == ["0000:00:04.0", "0000:00:05.0"]
     assert holds.vfio_groups(str(tmp_path), tpus) == {"12": 0, "13": 1}
 
@@ -384,7 +385,6 @@ def test_collector_samples_follow_the_last_measured_outcome() -> None:
     last_success = {dict(labels)["device"] for name, labels in samples
                     if name == "tpuwatch_canary_last_success_timestamp_seconds"}
     assert last_success == {"0", "1", "2", "3"}  # chip 1 keeps the time of its last pass
-    assert len(collector.results()) == 3
 
 
 def test_a_drill_no_check_caught_is_counted_as_undetected_once_one_happened() -> None:

@@ -22,7 +22,7 @@ TEST_FILES = sorted((REPO / "alerts").glob("*.test.yml"))
 DASHBOARD = REPO / "packaging" / "grafana" / "tpuwatch.json"
 RUNBOOK_PREFIX = "file:///usr/share/doc/tpuwatch/"  # where the .deb installs docs/*.md
 NAME = re.compile(r"\btpuwatch(?::[a-z0-9_]+)+|\btpuwatch_[a-z0-9_]+")
-# What the fleet must be paged for (issue #8): chip down, uncorrectable errors, canary failing or stale,
+# What the fleet must be paged for (docs/fleet.md): chip down, uncorrectable errors, canary failing or stale,
 # fingerprint disagreement, leak ETA, exporter absent, notifications failing.
 REQUIRED_ALERTS = {"TpuwatchChipDown", "TpuwatchEccUncorrectable", "TpuwatchKernelHardwareError",
                    "TpuwatchCanaryFailed", "TpuwatchCanaryStale", "TpuwatchCanaryFleetOutlier",

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tpuwatch.collectors.host import HostCollector, match_device_file, parse_statm_rss, scan_holders
+from tpuwatch.collectors.host import HostCollector, parse_statm_rss
+from tpuwatch.hw.procfs import match_device_file, scan_holders
 
 from conftest import wait_until
 

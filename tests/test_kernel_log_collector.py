@@ -18,7 +18,6 @@ from tpuwatch.devices import DeviceReading
 from tpuwatch.kernel_log.collector import (
     BATCH_RECORDS,
     BUDGET_SHARE,
-    MAX_PENDING_EVENTS,
     MAX_RECENT_EVENTS,
     KernelLogCollector,
     build_collector,
@@ -102,14 +101,15 @@ def test_storm_becomes_one_event_then_a_summary_with_the_count(tmp_path: Path) -
     collector, log = _collector(tmp_path, clock, window=60.0)
     _append(log, XID79 * 500)
     collector.collect()
-    assert [(e.rule, e.count) for e in collector.drain_events()] == [("nvidia_xid", 1)]
+    assert [(e.rule, e.count) for e in collector.recent_events()] == [("nvidia_xid", 1)]
     clock.now += 30
     _append(log, XID79 * 500)
     collector.collect()
-    assert collector.drain_events() == []
+    assert [(e.rule, e.count) for e in collector.recent_events()] == [("nvidia_xid", 1)]
     clock.now += 31
     values = _values(collector.collect())
-    [summary] = collector.drain_events()
+    first, summary = collector.recent_events()
+    assert first.count == 1
     assert summary.count == 999 and summary.message.endswith("(repeated 999 times)")
     assert values[("tpuwatch_kernel_events_total", (("device", "1"), ("rule", "nvidia_xid"),
                                                     ("severity", "critical")))] == 1000  # counters stay exact
@@ -142,7 +142,6 @@ def test_flood_is_caught_up_in_one_cycle_with_bounded_work_and_memory(tmp_path: 
     assert len(collector.recent_events()) <= MAX_RECENT_EVENTS
     again = _values(collector.collect())
     assert again == values  # caught up: nothing more read or passed over
-    assert len(collector.drain_events(10**6)) <= MAX_PENDING_EVENTS
 
 
 class CountingSource(FileSource):
@@ -240,14 +239,12 @@ def test_a_failing_read_still_returns_the_counters_and_says_why() -> None:
                                                     ("severity", "critical")))] == 1
 
 
-def test_pending_events_are_bounded_and_drops_counted(tmp_path: Path) -> None:
+def test_recent_events_are_the_newest_and_bounded(tmp_path: Path) -> None:
     collector, log = _collector(tmp_path, Clock())
     _append(log, "".join(f"NVRM: Xid (PCI:0000:{i % 256:02x}:{i // 256:02x}): 79\n" for i in range(1500)))
     collector.collect()
-    assert len(collector.drain_events(10)) == 10
-    assert len(collector.drain_events()) == MAX_PENDING_EVENTS - 10
-    assert collector.dropped_events == 1500 - MAX_PENDING_EVENTS
-    assert len(collector.recent_events()) == MAX_RECENT_EVENTS
+    recent = collector.recent_events()
+    assert len(recent) == MAX_RECENT_EVENTS and recent[-1].message == "NVRM: Xid (PCI:0000:db:05): 79"  # the last
 
 
 def test_device_lookup_follows_the_latest_readings() -> None:
@@ -276,13 +273,12 @@ def test_real_kmsg_record_becomes_an_event_and_a_counter(tmp_path: Path) -> None
     collector = KernelLogCollector(source, load_rules([rules_dir]), device_lookup(lambda: READINGS), 60.0,
                                    max_records=1_000_000)
     collector.collect()  # this boot's history
-    collector.drain_events()
     with open("/dev/kmsg", "w") as kmsg:
         kmsg.write(f"<3>{tag}: device 0000:18:00.0 failed\n")
     values = _values(collector.collect())
     assert values[("tpuwatch_kernel_events_total", (("device", "0"), ("rule", "selftest"),
                                                     ("severity", "critical")))] == 1
-    [event] = [e for e in collector.drain_events() if e.rule == "selftest"]
+    [event] = [e for e in collector.recent_events() if e.rule == "selftest"]
     assert (event.device, event.pci, event.message) == ("0", "0000:18:00.0", f"{tag}: device 0000:18:00.0 failed")
     source.close()
 

@@ -155,6 +155,9 @@ def test_kubeconfig_errors_name_the_problem(tmp_path: Path) -> None:
         from_kubeconfig(str(path))
     with pytest.raises(ConfigError, match="cannot read"):
         from_kubeconfig(str(tmp_path / "missing"))
+    path.write_text("current-context: x\ncurrent-context: y\n")  # read by the one bounded YAML loader
+    with pytest.raises(ConfigError, match=rf"^kubernetes\.kubeconfig: {path}: line 2, column 1: duplicate key"):
+        from_kubeconfig(str(path))
 
 
 def test_tls_kubeconfig_client_and_kubectl_read_the_same_node(tmp_path: Path) -> None:

@@ -92,7 +92,7 @@ def test_unit_speaks_notify_watchdog_reload_and_restart() -> None:
 
 
 def test_unit_respects_what_the_chips_and_the_canary_need() -> None:
-    """DESIGN.md §6: each of these hardening options would break a part of tpuwatch."""
+    """Each of these hardening options would break a part of tpuwatch (docs/packaging.md, "What it keeps")."""
     settings = unit_settings(UNIT.read_text())
     for key in ("MemoryDenyWriteExecute", "PrivateTmp", "PrivateDevices", "ProtectKernelLogs", "PrivateNetwork"):
         assert settings.get(key, ["no"]) == ["no"], f"{key} must stay off"

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import pytest
 
 from tpuwatch.analysis.trend import TrendAnalyzer
-from tpuwatch.config import SimConfig, TrendConfig
+from tpuwatch.config import SimChip, SimConfig, TrendConfig
 from tpuwatch.devices import DeviceCollector
 from tpuwatch.devices.base import reading_samples
-from tpuwatch.devices.sim import CHIPS, SimBackend, history
+from tpuwatch.devices.sim import SimBackend, history
 from tpuwatch.health import device_problems
+from tpuwatch.hw.chips import CHIPS, SIMULATED
+from tpuwatch.samples import Sample
 
 
 class Clock:
@@ -39,12 +42,16 @@ def test_healthy_chips_are_plausible() -> None:
     for readings in history:
         assert [r.device for r in readings] == [str(i) for i in range(8)]
         for r in readings:
-            assert 0 < r.memory_used_bytes <= r.memory_total_bytes == CHIPS["v5p"].memory_bytes
+            assert 0 < r.memory_used_bytes <= r.memory_total_bytes == CHIPS["v5p"].hbm_bytes
             assert 0 <= r.utilization_ratio <= 1
             assert 30 < r.temperature_celsius < 80
             assert CHIPS["v5p"].idle_watts * 0.8 < r.power_watts <= CHIPS["v5p"].max_watts * 1.05
             assert r.ecc_corrected_total == 0 and r.ecc_uncorrected_total == 0
     assert not any(device_problems(readings) for readings in history)
+
+
+def test_the_chips_the_config_accepts_are_those_the_chip_table_can_simulate() -> None:
+    assert typing.get_args(SimChip) == SIMULATED
 
 
 def test_same_seed_same_readings_other_seed_other_readings() -> None:
@@ -61,16 +68,16 @@ def test_hbm_leak_grows_only_on_the_fault_device() -> None:
     leaking = series(history, 2, "memory_used_bytes")
     healthy = series(history, 1, "memory_used_bytes")
     # 15 % of capacity per hour: 5 % over these 20 minutes.
-    assert max(leaking[-12:]) > max(leaking[:6]) + 0.04 * CHIPS["v5e"].memory_bytes
-    assert max(healthy[-12:]) < max(healthy[:12]) + 0.02 * CHIPS["v5e"].memory_bytes
-    assert max(leaking) <= CHIPS["v5e"].memory_bytes
+    assert max(leaking[-12:]) > max(leaking[:6]) + 0.04 * CHIPS["v5e"].hbm_bytes
+    assert max(healthy[-12:]) < max(healthy[:12]) + 0.02 * CHIPS["v5e"].hbm_bytes
+    assert max(leaking) <= CHIPS["v5e"].hbm_bytes
 
 
 def test_history_is_the_past_with_an_hour_of_leak_before_fault_after() -> None:
     config = SimConfig(scenario="hbm-leak", fault_device=1, fault_after=0.0)
     past = list(history(config, 3 * 3600, 10))
     assert [offset for offset, _ in past] == [-10.0 * k for k in range(1080, 0, -1)]
-    capacity = CHIPS["v5e"].memory_bytes
+    capacity = CHIPS["v5e"].hbm_bytes
 
     def floor(device: int, start: float, end: float) -> float:
         return min(r[device].memory_used_bytes for offset, r in past if start <= offset < end)
@@ -84,12 +91,18 @@ def test_history_lets_the_leak_detector_judge_the_drill_from_the_start() -> None
     trend = TrendAnalyzer(TrendConfig())
     for offset, readings in history(SimConfig(scenario="hbm-leak", fault_device=3), 3 * 3600, 10):
         trend.observe([s for r in readings for s in reading_samples(r, "sim")], 1e9 + offset)
-    [finding] = trend.findings()
-    assert finding.labels == {"device": "3", "memory": "hbm"} and finding.severity == "critical"
+    found = trend.samples()
+    assert _leaking(found) == [{"device": "3", "memory": "hbm"}]
+    [eta] = [s.value for s in found if s.name == "tpuwatch_memory_exhaustion_eta_seconds"]
+    assert eta < TrendConfig().critical_eta  # AcceleratorMemoryExhaustionSoon's threshold: it pages
     healthy = TrendAnalyzer(TrendConfig())
     for offset, readings in history(SimConfig(scenario="healthy"), 3 * 3600, 10):
         healthy.observe([s for r in readings for s in reading_samples(r, "sim")], 1e9 + offset)
-    assert healthy.findings() == []
+    assert _leaking(healthy.samples()) == []
+
+
+def _leaking(samples: list[Sample]) -> list[dict[str, str]]:
+    return [dict(s.labels) for s in samples if s.name == "tpuwatch_memory_leak_suspected" and s.value == 1]
 
 
 def test_ecc_errors_count_up_on_the_fault_device() -> None:

@@ -112,7 +112,6 @@ def test_fuzzed_trend_state_is_not_trusted_and_the_detectors_go_on(tmp_path: Pat
         for t in (START + 1840, START + 1850):
             trend.observe(cycle(t, np.random.default_rng(int(t))), t)
         trend.samples()
-        trend.findings()
         json.dumps(trend.snapshot(START + 1860))
 
 

@@ -83,9 +83,9 @@ def test_analyzer_flags_a_leaking_chip_only() -> None:
     assert [dict(s.labels)["device"] for s in eta] == ["1"]
     assert 4 * 3600 < eta[0].value < 10 * 3600
     assert all(s.name in CATALOG and set(dict(s.labels)) <= set(CATALOG[s.name].labels) for s in out)
-    findings = analyzer.findings()
-    assert [(f.kind, f.labels) for f in findings] == [("memory_leak", {"device": "1", "memory": "hbm"})]
-    assert findings[0].values["slope"] == pytest.approx(GIB / 3600, rel=0.2)
+    [growth] = [s for s in out if s.name == "tpuwatch_memory_growth_bytes_per_second"]
+    assert dict(growth.labels) == {"device": "1", "memory": "hbm"}
+    assert growth.value == pytest.approx(GIB / 3600, rel=0.2)
 
 
 def test_analyzer_reports_drift_and_forgets_vanished_series() -> None:
@@ -96,5 +96,6 @@ def test_analyzer_reports_drift_and_forgets_vanished_series() -> None:
         out = analyzer.observe(cycle, 10.0 * k)
     drifting = [s for s in out if s.name == "tpuwatch_drift_suspected" and s.value == 1]
     assert [dict(s.labels) for s in drifting] == [{"device": "0", "series": "canary_latency"}]
-    assert [f.kind for f in analyzer.findings()] == ["drift"]
+    [shift] = [s.value for s in out if s.name == "tpuwatch_drift_shift"]
+    assert shift == pytest.approx(0.002, rel=0.2)
     assert analyzer.observe([], 10.0 * 100 + 61) == []

@@ -20,9 +20,9 @@ import fcntl
 import logging
 import os
 import stat
-import time
 
 from tpuwatch.config import Config
+from tpuwatch.hw.locks import flock_within
 
 log = logging.getLogger(__name__)
 
@@ -130,17 +130,10 @@ def acquire(state_dir: str) -> tuple[int, bool] | None:
             fd, writable = os.open(path, os.O_RDONLY | flags), False
         except OSError:
             return None
-    deadline = time.monotonic() + LOCK_WAIT_S
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                pid = _pid_of(fd)
-                os.close(fd)
-                raise InUse(state_dir, pid) from None
-            time.sleep(0.05)
+    if not flock_within(fd, LOCK_WAIT_S, poll=0.05):
+        pid = _pid_of(fd)
+        os.close(fd)
+        raise InUse(state_dir, pid)
     return fd, writable and _write_pid(fd)
 
 

@@ -1,6 +1,7 @@
 """Small JSON state files under the state directory: written atomically, read back only if they have the right shape.
 
-``save()`` never raises for a full or read-only disk: it says False, and the
+``write()`` is the one atomic write (temp file, fsync, rename).  ``save()``,
+the daemon's, never raises for a full or read-only disk: it says False, and the
 failure is logged once per file until a save there works again.  ``load()``
 gives None for a file that is missing, too large, not JSON, or not of the
 expected shape; a file that is there but unfit is logged and recorded as
@@ -176,13 +177,11 @@ def discard(path: Path, what: str, reason: str) -> None:
     LEDGER.discard(path, reason)
 
 
-def save(path: Path | None, state: dict[str, Any]) -> bool:
-    """Write ``state`` as JSON to ``path`` atomically (temp file, fsync, rename); nothing for None.
+def write(path: Path, state: dict[str, Any]) -> None:
+    """Write ``state`` as JSON to ``path`` atomically: ``PATH.tmp``, fsync, rename over ``path``.
 
-    True if it was written; False (logged once per file until it works again) if the disk is full or read-only.
+    OSError if it cannot be written; no half-written file is left behind.
     """
-    if path is None:
-        return True
     temp = path.with_name(path.name + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -191,11 +190,24 @@ def save(path: Path | None, state: dict[str, Any]) -> bool:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, path)
-    except OSError as exc:
+    except OSError:
         try:
             temp.unlink(missing_ok=True)  # a full disk keeps no half-written file
         except OSError:
             pass  # read-only: there is none
+        raise
+
+
+def save(path: Path | None, state: dict[str, Any]) -> bool:
+    """Write ``state`` as JSON to ``path`` atomically (``write()``); nothing for None.
+
+    True if it was written; False (logged once per file until it works again) if the disk is full or read-only.
+    """
+    if path is None:
+        return True
+    try:
+        write(path, state)
+    except OSError as exc:
         reason = exc.strerror or str(exc)
         if LEDGER.save_failed(path, reason):
             log.warning("state file %s not saved (kept in memory, retried at each save): %s", path, reason)

@@ -30,6 +30,7 @@ import requests
 from tpuwatch.analysis.inputs import InputError, Point, csv_points, describe, parse_prometheus, results
 from tpuwatch.analysis.leak import LeakDetector, LeakParams, theil_sen
 from tpuwatch.config import Config
+from tpuwatch.hw.units import GIB, KIB, MIB
 from tpuwatch.schema import parse_duration
 
 EXIT_OK, EXIT_LEAK, EXIT_USAGE = 0, 1, 2
@@ -312,7 +313,7 @@ class Progress:
 
 
 def _bytes(value: float) -> str:
-    for unit, size in (("GiB", 1024.0**3), ("MiB", 1024.0**2), ("KiB", 1024.0)):
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", KIB)):
         if abs(value) >= size:
             return f"{value / size:.1f} {unit}"
     return f"{value:.0f} B"

@@ -51,10 +51,10 @@ from __future__ import annotations
 import base64
 import dataclasses
 import math
+import statistics
 from array import array
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
@@ -314,9 +314,9 @@ class LeakDetector:
             oldest_start = end - p.segments * length
             if floors[-1] < min(floors[oldest_start:oldest_start + length]) + least_rise:
                 return None
-        levels = [_median(floors[end - length:])]
+        levels = [statistics.median(floors[end - length:])]
         for k in range(1, p.segments):  # newest first, stopping at the first segment that does not rise
-            levels.append(_median(floors[end - (k + 1) * length:end - k * length]))
+            levels.append(statistics.median(floors[end - (k + 1) * length:end - k * length]))
             if levels[-1] >= levels[-2]:
                 return None
         rises = [levels[k] - levels[k + 1] for k in range(p.segments - 1)]
@@ -329,7 +329,7 @@ class LeakDetector:
             return None
         oldest = max(0, end - p.segments * length - int(p.lookback / p.bucket))
         older = range(end - (p.segments + 1) * length, oldest - 1, -length)
-        if levels[0] - max(_median(floors[a:a + length]) for a in older) < p.new_high * rise:
+        if levels[0] - max(statistics.median(floors[a:a + length]) for a in older) < p.new_high * rise:
             return None
         window = floors[-count:]
         if max(b - a for a, b in pairwise(window)) > max_jump * rise:
@@ -340,8 +340,8 @@ class LeakDetector:
         if slope <= 0:
             return None
         residual = values - slope * times
-        center = _median(list(residual))
-        noise = 1.4826 * _median([abs(r - center) for r in residual])
+        center = statistics.median(residual)
+        noise = 1.4826 * statistics.median(abs(residual - center))
         if slope * (times[-1] - times[0]) <= p.noise_factor * noise:
             return None
         eta = None
@@ -435,9 +435,3 @@ def _layout(params: LeakParams) -> list[Any]:
 
 def _pack(values: array[float]) -> str:
     return base64.b64encode(values.tobytes()).decode("ascii")
-
-
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else 0.5 * (ordered[middle - 1] + ordered[middle])

@@ -1,8 +1,8 @@
 """The daemon's trend hook: leak and drift detectors fed with every sampling cycle's readings.
 
 ``TrendAnalyzer.observe(samples, timestamp)`` takes one cycle's samples (what
-the store's ``current()`` returns) and returns the trend samples to export;
-``findings()`` lists what is firing now for alerting.  Series:
+the store's ``current()`` returns) and returns the trend samples to export,
+which the alert rules read (``AcceleratorMemoryLeak``, ``AcceleratorDrift``, ...).  Series:
 
 * memory: HBM in use per chip against its capacity; host memory in use
   (total - available) against the total; resident memory of each process
@@ -18,7 +18,6 @@ most ``max_series`` are kept, so memory is bounded.  ``snapshot()`` and
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -33,17 +32,6 @@ CLOCK_TOLERANCE_S = 60.0
 DRIFT_SIGNALS = {"canary_latency": "tpuwatch_canary_duration_seconds",
                  "canary_error": "tpuwatch_canary_max_abs_error"}
 UTILIZATION_BANDS = 5
-
-
-@dataclass(frozen=True)
-class Finding:
-    """Something firing now, handed to alerting: a suspected leak or a drift."""
-
-    kind: str
-    severity: str
-    labels: dict[str, str]
-    summary: str
-    values: dict[str, Any]
 
 
 @dataclass
@@ -186,23 +174,6 @@ class TrendAnalyzer:
             out.append(sample("tpuwatch_drift_baseline", state.baseline, **dict(labels)))
             if state.drifting:
                 out.append(sample("tpuwatch_drift_shift", state.shift, **dict(labels)))
-        return out
-
-    def findings(self) -> list[Finding]:
-        """What is firing now: suspected leaks (warning, or critical near exhaustion) and drifts."""
-        out: list[Finding] = []
-        for labels, tracked in self._leaks.items():
-            state = tracked.detector.state
-            if state.firing:
-                where = ", ".join(f"{k}={v}" for k, v in labels)
-                out.append(Finding("memory_leak", state.severity or "warning", dict(labels),
-                                   f"memory leak suspected ({where})", dataclasses.asdict(state)))
-        for labels, tracked in self._drifts.items():
-            state = tracked.detector.state
-            if state.drifting:
-                where = ", ".join(f"{k}={v}" for k, v in labels)
-                out.append(Finding("drift", "warning", dict(labels), f"{state.direction}ward drift ({where})",
-                                   dataclasses.asdict(state)))
         return out
 
 

@@ -2,14 +2,14 @@
 
 ``run_once()`` blocks for the whole worker subprocess (up to ``canary.timeout``),
 so schedule it as its own job, never inside the sampler.  ``collect()`` only
-turns the kept results into samples and never waits for a run.
+turns what the runs found into samples and never waits for a run.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -20,7 +20,6 @@ from tpuwatch.samples import Sample, sample
 
 log = logging.getLogger(__name__)
 
-KEPT_RESULTS = 100
 RESULTS = ("pass", "fail", "skipped", "error")
 
 
@@ -45,7 +44,6 @@ class CanaryCollector:
         self.config = config
         self.known_devices = known_devices  # replaced when the device backend is rebuilt on reload
         self._lock = threading.Lock()
-        self._results: deque[CanaryResult] = deque(maxlen=KEPT_RESULTS)
         self._runs: Counter[str] = Counter()
         self._chip_runs: dict[str, Counter[str]] = {}
         self._chips: dict[str, _ChipState] = {}
@@ -64,9 +62,8 @@ class CanaryCollector:
         return result
 
     def record(self, result: CanaryResult) -> None:
-        """Keep ``result``: run counters, per-chip state, and the bounded history ``results()`` returns."""
+        """Keep what ``result`` found: run counters and each chip's latest outcome."""
         with self._lock:
-            self._results.append(result)
             self._runs[result.status] += 1
             for outcome in result.devices:
                 self._chip_runs.setdefault(outcome.device, Counter())[outcome.status] += 1
@@ -76,17 +73,12 @@ class CanaryCollector:
                 success = result.finished_at if outcome.status == "pass" else (before.last_success if before else None)
                 self._chips[outcome.device] = _ChipState(outcome, result.stack or "", result.chip or "", success)
 
-    def results(self) -> list[CanaryResult]:
-        """The kept results, oldest first (for alerting and drift detection)."""
-        with self._lock:
-            return list(self._results)
-
     def collect(self) -> list[Sample]:
-        """Samples of the kept results; before the first run only run counters at 0, if chips are known."""
+        """Run counters and each chip's latest outcome; before the first run only counters at 0, if chips are known."""
         known = set(self.known_devices())
         with self._lock:
             devices = sorted(known | set(self._chip_runs))
-            if not self._results and not devices:
+            if not self._runs and not devices:
                 return []
             # A fire drill's "undetected" appears once one happened (only the simulator runs drills in the daemon).
             seen = sorted(set(self._runs) - set(RESULTS))

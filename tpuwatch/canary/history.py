@@ -14,13 +14,11 @@ the most recently updated stack last.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,12 +27,12 @@ from typing import TypeVar
 
 from tpuwatch import statefile
 from tpuwatch.canary.judge import History
+from tpuwatch.hw.locks import flock_within
 
 log = logging.getLogger(__name__)
 
 MAX_BYTES = 1 << 20
 LOCK_WAIT_S = 10.0
-_LOCK_POLL_S = 0.02
 _MAX_KEY = 1000
 _DEVICE = re.compile(r"^\d{1,6}$")
 _FINGERPRINT = re.compile(r"^[0-9a-f]{16}$")
@@ -113,16 +111,8 @@ class FingerprintHistory:
         except OSError as exc:
             raise HistoryBusy(f"cannot open {self.lock_path}: {exc.strerror or exc}") from None
         try:
-            deadline = time.monotonic() + LOCK_WAIT_S
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise HistoryBusy(f"{self.lock_path} still locked by another process after "
-                                          f"{LOCK_WAIT_S:g}s") from None
-                    time.sleep(_LOCK_POLL_S)
+            if not flock_within(fd, LOCK_WAIT_S):
+                raise HistoryBusy(f"{self.lock_path} still locked by another process after {LOCK_WAIT_S:g}s")
             yield
         finally:
             os.close(fd)  # closing the descriptor releases the flock

@@ -3,7 +3,8 @@
 A TPU chip belongs to one process at a time: libtpu takes a lockf lock on
 /tmp/libtpu_lockfile for the whole host, and the chip's device file
 (/dev/accelN, or /dev/vfio/GROUP for the chip's IOMMU group) is held open by
-its owner.  The canary must never open such a chip, so it looks first.
+its owner.  The canary must never open such a chip, so it looks first.  The
+PCI and /proc scans are ``tpuwatch.hw``'s, standard library only as well.
 """
 
 from __future__ import annotations
@@ -13,34 +14,28 @@ import os
 import re
 import struct
 
-TPU_VENDOR = "0x1ae0"
-NVIDIA_VENDOR = "0x10de"
+from tpuwatch.hw.pci import iommu_group, scan_pci
+from tpuwatch.hw.procfs import scan_holders
 
 # struct flock on 64-bit Linux: l_type, l_whence, l_start, l_len, l_pid (padded to 32 bytes).
 _FLOCK = "@hhqqi4x"
 _ACCEL_RE = re.compile(r"^accel(\d+)$")
 _VFIO_RE = re.compile(r"^vfio/(\d+)$")
+_TPU_DEVICE_FILES = ("accel*", "vfio/*")
 
 
 def pci_functions(sysfs: str, vendor: str) -> list[str]:
     """PCI addresses of ``vendor``'s devices under ``sysfs``, sorted: index i is chip i."""
-    root = os.path.join(sysfs, "bus", "pci", "devices")
-    try:
-        names = sorted(os.listdir(root))
-    except OSError:
-        return []
-    return [name for name in names if _read(os.path.join(root, name, "vendor")) == vendor]
+    return [device.address for device in scan_pci(sysfs) if device.vendor == vendor]
 
 
 def vfio_groups(sysfs: str, tpu_functions: list[str]) -> dict[str, int]:
     """IOMMU group number -> chip index, for chips bound to vfio-pci."""
     groups = {}
     for index, pci in enumerate(tpu_functions):
-        try:
-            link = os.readlink(os.path.join(sysfs, "bus", "pci", "devices", pci, "iommu_group"))
-        except OSError:
-            continue
-        groups[os.path.basename(link)] = index
+        group = iommu_group(sysfs, pci)
+        if group is not None:
+            groups[group] = index
     return groups
 
 
@@ -74,35 +69,14 @@ def device_file_holders(procfs: str, dev: str, groups: dict[str, int]) -> dict[i
 
     Other users' processes are visible only with privilege; those are missed.
     """
-    own = os.getpid()
-    prefix = dev.rstrip("/") + "/"
-    holders: dict[int, int] = {}
-    for entry in _listdir(procfs):
-        if not entry.isdigit() or int(entry) == own:
-            continue
-        fd_dir = os.path.join(procfs, entry, "fd")
-        for fd in _listdir(fd_dir):
-            try:
-                target = os.readlink(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
-            if target.startswith(prefix):
-                chip = chip_of_device_file(target[len(prefix):], groups)
-                if chip is not None:
-                    holders.setdefault(chip, int(entry))
-    return holders
-
-
-def _listdir(path: str) -> list[str]:
     try:
-        return os.listdir(path)
+        found = scan_holders(procfs, dev, _TPU_DEVICE_FILES, limit=None, exclude={os.getpid()})
     except OSError:
-        return []
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii") as f:
-            return f.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
+        return {}
+    holders: dict[int, int] = {}
+    for pid, holder in found.items():
+        for device_file in holder.device_files:
+            chip = chip_of_device_file(device_file, groups)
+            if chip is not None:
+                holders.setdefault(chip, pid)
+    return holders

@@ -23,7 +23,6 @@ from tpuwatch.canary import spec
 
 History = dict[str, dict[str, str]]
 KEPT_STACKS = 32  # stack keys kept in the history, the most recently updated ones
-_WRONG_NUMBERS = ("bitflip", "scale", "nan")
 _CATCHER = {"hang": "timeout", "crash": "crash"}  # what catches the drills that stop the worker
 
 

@@ -9,7 +9,6 @@ collector (later cycles count ``still_running`` instead of piling up threads).
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tpuwatch.catalog import spec_of
+from tpuwatch.hw.deadline import Call
 from tpuwatch.samples import INVALID_REASONS, Sample, invalid_reason
 
 log = logging.getLogger(__name__)
@@ -80,28 +80,6 @@ def checked(readings: Sequence[Any]) -> tuple[list[Sample], list[_Drop]]:
     return kept, dropped
 
 
-class _Call:
-    """One collect() call, with the check of its output, in a daemon thread."""
-
-    def __init__(self, collector: Collector) -> None:
-        self.done = threading.Event()
-        self.result: tuple[list[Sample], list[_Drop]] = ([], [])
-        self.error: BaseException | None = None
-        self.started = time.monotonic()
-        self.finished = self.started
-        self._collector = collector
-        threading.Thread(target=self._run, name=f"collect-{collector.name}", daemon=True).start()
-
-    def _run(self) -> None:
-        try:
-            self.result = checked(list(self._collector.collect()))
-        except BaseException as exc:  # noqa: BLE001 - isolate every failure of a collector
-            self.error = exc
-        finally:
-            self.finished = time.monotonic()
-            self.done.set()
-
-
 class GuardedCollector:
     """A collector behind a guard that records success, duration and failures."""
 
@@ -109,7 +87,7 @@ class GuardedCollector:
         self.collector = collector
         self.name = collector.name
         self.status = CollectorStatus()
-        self._call: _Call | None = None
+        self._call: Call | None = None
         self._hung = False
         self._failing = False
         self._logged_drops: set[tuple[str, str]] = set()
@@ -118,7 +96,7 @@ class GuardedCollector:
         """Begin a run unless the previous one is still hung."""
         self._hung = self._call is not None and not self._call.done.is_set()
         if not self._hung:
-            self._call = _Call(self.collector)
+            self._call = Call(f"collect-{self.name}", lambda: checked(list(self.collector.collect())))
 
     def finish(self, deadline: float) -> list[Sample] | None:
         """Wait until ``deadline`` (monotonic) for the run; valid readings, or None on failure."""
@@ -126,7 +104,7 @@ class GuardedCollector:
         if call is None:
             return None
         self.status.degraded = getattr(self.collector, "degraded", None)
-        if not call.done.wait(max(0.0, deadline - time.monotonic())):
+        if not call.wait(deadline):
             hung_for = time.monotonic() - call.started
             self._fail("still_running" if self._hung else "timeout", f"no answer after {hung_for:.1f}s", hung_for)
             return None

@@ -5,76 +5,18 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 
 import psutil
 
+from tpuwatch.hw.procfs import Holder, read_text, scan_holders
 from tpuwatch.samples import Sample, sample
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-MAX_HOLDERS = 256
 
 
 def parse_statm_rss(text: str, page_size: int = PAGE_SIZE) -> int:
     """Resident bytes from the text of /proc/PID/statm (second field, in pages)."""
     return int(text.split()[1]) * page_size
-
-
-def match_device_file(target: str, dev_root: str, patterns: list[str]) -> str | None:
-    """The device file (relative to ``dev_root``) an fd link points at, if it matches a pattern."""
-    prefix = dev_root.rstrip("/") + "/"
-    if not target.startswith(prefix):
-        return None
-    relative = target[len(prefix):]
-    return relative if any(fnmatchcase(relative, p) for p in patterns) else None
-
-
-@dataclass
-class Holder:
-    """A process with accelerator device files open."""
-
-    pid: int
-    command: str
-    device_files: set[str] = field(default_factory=set)
-
-
-def scan_holders(procfs: str, dev_root: str, patterns: list[str], limit: int = MAX_HOLDERS) -> dict[int, Holder]:
-    """Processes under ``procfs`` whose open fds point at matching device files.
-
-    Processes we may not inspect (other users' without privilege, or exited
-    meanwhile) are skipped.
-    """
-    holders: dict[int, Holder] = {}
-    for entry in os.scandir(procfs):
-        if not entry.name.isdigit() or len(holders) >= limit:
-            continue
-        fd_dir = os.path.join(entry.path, "fd")
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
-            device_file = match_device_file(target, dev_root, patterns)
-            if device_file is None:
-                continue
-            pid = int(entry.name)
-            if pid not in holders:
-                holders[pid] = Holder(pid, _read(os.path.join(entry.path, "comm")).strip() or "?")
-            holders[pid].device_files.add(device_file)
-    return holders
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError:
-        return ""
 
 
 class HostCollector:
@@ -122,7 +64,7 @@ class HostCollector:
             self._next_scan = now + self._scan_interval
         out = []
         for pid, holder in list(self._holders.items()):
-            statm = _read(os.path.join(self._procfs, str(pid), "statm"))
+            statm = read_text(os.path.join(self._procfs, str(pid), "statm"))
             if not statm:
                 del self._holders[pid]
                 self._next_scan = now  # a holder exited: look again next cycle

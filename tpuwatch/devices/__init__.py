@@ -8,14 +8,13 @@ from collections.abc import Callable
 from tpuwatch.config import Config
 from tpuwatch.devices.base import DeviceBackend, DeviceCollector, DeviceReading
 from tpuwatch.devices.nvidia import NvidiaBackend
-from tpuwatch.devices.pci import VENDOR_GOOGLE, VENDOR_NVIDIA, PciDevice, pci_root, scan_pci
 from tpuwatch.devices.sim import SimBackend
 from tpuwatch.devices.tpu import TpuBackend
+from tpuwatch.hw.pci import VENDOR_GOOGLE, VENDOR_NVIDIA, PciDevice, pci_root, scan_pci
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BACKENDS", "DeviceBackend", "DeviceCollector", "DeviceReading", "PciDevice", "scan_pci",
-           "select_backend"]
+__all__ = ["BACKENDS", "DeviceBackend", "DeviceCollector", "DeviceReading", "select_backend"]
 
 BACKENDS: dict[str, Callable[[Config], DeviceBackend]] = {
     "tpu": TpuBackend,

@@ -1,7 +1,7 @@
 """``devices.backend: nvidia``: NVIDIA GPUs through NVML (PyPI nvidia-ml-py, module ``pynvml``).
 
 NVML calls can block in the kernel for good when a GPU falls off the bus, so
-each GPU is read in its own lane off the caller's thread (``deadline.Lanes``):
+each GPU is read in its own lane off the caller's thread (``tpuwatch.hw.deadline.Lanes``):
 a GPU whose call does not return in ``devices.nvidia.call_timeout`` is reported
 down as unresponsive, and the other GPUs are read as usual.  A GPU that
 answers NVML_ERROR_GPU_IS_LOST is reported down.  Values a GPU does not
@@ -19,7 +19,7 @@ from typing import Any
 
 from tpuwatch.config import Config
 from tpuwatch.devices.base import DeviceReading
-from tpuwatch.devices.deadline import CallTimeout, Lanes
+from tpuwatch.hw.deadline import CallTimeout, Lanes
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from tpuwatch.hw.procfs import fd_targets
+
 TCP_LISTEN = "0A"
 MAX_NET_BYTES = 4 << 20  # /proc/net/tcp of a busy host stays far below this; read no more
 
@@ -42,16 +44,7 @@ def port_owners(procfs: str, ports: set[int], candidates: Iterable[int]) -> dict
             continue
     owners: dict[int, int] = {}
     for pid in sorted(candidates):
-        fd_dir = os.path.join(procfs, str(pid), "fd")
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                target = os.readlink(os.path.join(fd_dir, fd))
-            except OSError:
-                continue
+        for target in fd_targets(procfs, pid):
             if target.startswith("socket:[") and target[8:-1] in inodes:
                 owners.setdefault(inodes[target[8:-1]], pid)
     return owners

@@ -20,31 +20,11 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from tpuwatch.config import SimConfig
 from tpuwatch.devices.base import DeviceReading
-
-GIB = 1 << 30
-
-
-@dataclass(frozen=True)
-class ChipModel:
-    """Published figures of one chip kind, used to keep simulated readings plausible."""
-
-    memory_bytes: int
-    idle_watts: float
-    max_watts: float
-
-
-CHIPS: dict[str, ChipModel] = {
-    "v4": ChipModel(32 * GIB, 90, 192),
-    "v5e": ChipModel(16 * GIB, 60, 170),
-    "v5p": ChipModel(95 * GIB, 120, 350),
-    "v6e": ChipModel(32 * GIB, 80, 250),
-    "h100": ChipModel(80 * GIB, 70, 700),
-    "h200": ChipModel(141 * GIB, 75, 700),
-}
+from tpuwatch.hw.chips import CHIPS
 
 SAWTOOTH_PERIOD_S = 120.0
 LEAK_FRACTION_PER_S = 0.15 / 3600  # of capacity: 15 % per hour
@@ -52,6 +32,21 @@ LEAK_LEAD_S = 3600.0  # the leak began this long before fault_after
 OVERHEAT_C_PER_S = 0.5
 OVERHEAT_MAX_C = 96.0
 UNCORRECTED_AFTER_S = (0.0, 120.0)  # after the fault starts, one uncorrectable error at each
+
+
+class _Model(NamedTuple):
+    """What the simulator takes from a chip's row of the chip table."""
+
+    memory_bytes: int
+    idle_watts: float
+    max_watts: float
+
+
+def _model(chip: str) -> _Model:
+    row = CHIPS[chip]
+    if row.hbm_bytes is None or row.idle_watts is None or row.max_watts is None:
+        raise ValueError(f"chip {chip} cannot be simulated: no capacity or power range in the chip table")
+    return _Model(row.hbm_bytes, row.idle_watts, row.max_watts)
 
 
 class SimBackend:
@@ -63,7 +58,7 @@ class SimBackend:
         self.config = config
         self._clock = clock
         self._start = clock()
-        self._model = CHIPS[config.chip]
+        self._model = _model(config.chip)
         self._rngs = [random.Random(f"{config.seed}:{i}") for i in range(config.count)]
         self._baseline = [0.55 + 0.15 * rng.random() for rng in self._rngs]
         self._phase = [rng.random() for rng in self._rngs]

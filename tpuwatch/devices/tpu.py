@@ -30,6 +30,7 @@ from tpuwatch.devices.libtpu import AddressAnswer, RuntimeClient
 from tpuwatch.devices.pci import TpuChip, discover_tpus, read_driver_state, read_hwmon
 from tpuwatch.devices.procnet import port_owners
 from tpuwatch.devices.runtime import US, Distribution, Folded, fold, merge, summary
+from tpuwatch.hw.procfs import scan_holders
 from tpuwatch.samples import Sample
 
 log = logging.getLogger(__name__)
@@ -181,8 +182,6 @@ class TpuBackend:
         Rescanned every holder_scan_interval, and sooner (at most every
         FORCED_RESCAN_S) while an answering port's process is unknown.
         """
-        from tpuwatch.collectors.host import scan_holders  # here: tpuwatch.collectors imports this package
-
         now = self._clock()
         age = None if self._owners_at is None else now - self._owners_at
         if age is None or age >= self.holder_scan_interval or (unresolved and age >= min(

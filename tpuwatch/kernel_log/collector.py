@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 
 MAX_RECORDS_PER_CYCLE = 2_000_000
 MAX_RECENT_EVENTS = 50
-MAX_PENDING_EVENTS = 1000
 MAX_LOGGED_EVENTS = 20  # per cycle; the rest are counted in one line
 BATCH_RECORDS = 2048
 BUDGET_SHARE = 0.4  # of the collector deadline, for reading and matching
@@ -56,8 +55,7 @@ class KernelLogCollector:
     ``tpuwatch_kernel_log_records_total``, ``tpuwatch_kernel_log_lost_total``,
     ``tpuwatch_kernel_log_skipped_total{reason}`` and
     ``tpuwatch_kernel_log_position_save_failures_total``.  Events pass through
-    storm aggregation into a bounded list of recent events
-    (``recent_events()``) and a bounded queue for alerting (``drain_events()``).
+    storm aggregation into a bounded list of recent events (``recent_events()``).
     ``deadline`` is the time one ``collect()`` may take; it works for
     ``BUDGET_SHARE`` of it.  With a NoSource it returns no samples (nothing is
     read, so nothing is counted) and is ``degraded``.
@@ -84,9 +82,7 @@ class KernelLogCollector:
         self._skipping = 0  # records passed over in the current storm, for its log lines
         self._lock = threading.Lock()
         self._recent: deque[KernelEvent] = deque(maxlen=MAX_RECENT_EVENTS)
-        self._pending: deque[KernelEvent] = deque(maxlen=MAX_PENDING_EVENTS)
         self._logged_this_cycle = 0
-        self.dropped_events = 0
 
     @property
     def degraded(self) -> str | None:
@@ -191,9 +187,6 @@ class KernelLogCollector:
             for event in events:
                 self._log_event(event)
                 self._recent.append(event)
-                if len(self._pending) == self._pending.maxlen:
-                    self.dropped_events += 1
-                self._pending.append(event)
 
     def _log_event(self, event: KernelEvent) -> None:
         """Log the event; past MAX_LOGGED_EVENTS in one cycle (many devices in a storm), only one line more."""
@@ -216,11 +209,6 @@ class KernelLogCollector:
         """The latest events (at most MAX_RECENT_EVENTS), oldest first: for /healthz and ``tpuwatch check``."""
         with self._lock:
             return list(self._recent)
-
-    def drain_events(self, limit: int = MAX_PENDING_EVENTS) -> list[KernelEvent]:
-        """Take up to ``limit`` events not handed out yet, oldest first: for alerting."""
-        with self._lock:
-            return [self._pending.popleft() for _ in range(min(limit, len(self._pending)))]
 
 
 def event_problems(events: Iterable[KernelEvent]) -> list[str]:

@@ -8,7 +8,6 @@ on its next round and lists it under ``acks`` in ``/api/kubernetes``, which this
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import requests
 
+from tpuwatch import statefile
 from tpuwatch.alerting.listing import endpoint_url
 from tpuwatch.config import Config
 from tpuwatch.kubernetes.agent import REQUESTS_DIR
@@ -36,9 +36,7 @@ def write_request(state_dir: str, devices: list[str] | None) -> str:
     directory = Path(state_dir) / REQUESTS_DIR
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     request_id = f"{time.time_ns()}-{os.getpid()}"
-    temp = directory / f"{request_id}.tmp"
-    temp.write_text(json.dumps({"devices": devices}), encoding="utf-8")
-    os.replace(temp, directory / f"{request_id}.json")
+    statefile.write(directory / f"{request_id}.json", {"devices": devices})  # the agent reads *.json only
     return request_id
 
 

@@ -20,9 +20,8 @@ from typing import Any
 from urllib.parse import quote
 
 import requests
-import yaml
 
-from tpuwatch import __version__
+from tpuwatch import __version__, yamlfile
 from tpuwatch.schema import ConfigError
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -79,14 +78,14 @@ def in_cluster_namespace(root: Path = SERVICE_ACCOUNT) -> str | None:
 def from_kubeconfig(path: str, scratch: Path | None = None) -> Credentials:
     """The current context's cluster and user of a kubeconfig file; ConfigError naming what is wrong.
 
-    Inline ``*-data`` certificates and keys are written to private files under ``scratch`` (a temp dir).
+    The file is read by the bounded loader of every YAML file (``tpuwatch.yamlfile``).  Inline ``*-data``
+    certificates and keys are written to private files under ``scratch`` (a temp dir).
     """
     where = "kubernetes.kubeconfig"
     try:
-        text = Path(path).read_text(encoding="utf-8")[:MAX_ANSWER_BYTES]
-        data = yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(where, f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        data = yamlfile.read(path)
+    except ConfigError as exc:  # "PATH: cannot read: ...", "PATH: line L, column C: ..."
+        raise ConfigError(where, str(exc)) from None
     if not isinstance(data, dict):
         raise ConfigError(where, f"{path} is not a kubeconfig")
 
