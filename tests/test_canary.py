@@ -20,7 +20,6 @@ from tpuwatch.canary.judge import KEPT_STACKS, Drill, judge
 from tpuwatch.canary.runner import Progress
 from tpuwatch.catalog import CATALOG
 from tpuwatch.config import Config
-from tpuwatch.hw.pci import VENDOR_GOOGLE
 
 from conftest import require_tool
 
@@ -271,13 +270,17 @@ def test_device_files_map_to_chips() -> None:
 
 
 def test_tpu_chips_and_vfio_groups_come_from_sysfs(tmp_path: Path) -> None:
-    for pci, vendor, group in (("0000:00:05.0", "0x1ae0", "13"), ("0000:00:04.0", "0x1ae0", "12"),
-                               ("0000:00:03.0", "0x8086", "2")):
+    # Two v5e chips, and two devices that are no accelerator: Google's gVNIC (0x1ae0:0x0042) and an Intel NIC.
+    for pci, vendor, device_id, group in (("0000:00:05.0", "0x1ae0", "0x0063", "13"),
+                                          ("0000:00:04.0", "0x1ae0", "0x0063", "12"),
+                                          ("0000:00:06.0", "0x1ae0", "0x0042", "14"),
+                                          ("0000:00:03.0", "0x8086", "0x1533", "2")):
         device = tmp_path / "bus/pci/devices" / pci
         device.mkdir(parents=True)
         (device / "vendor").write_text(vendor + "\n")
+        (device / "device").write_text(device_id + "\n")
         (device / "iommu_group").symlink_to(tmp_path / "kernel/iommu_groups" / group)
-    tpus = holds.pci_functions(str(tmp_path), VENDOR_GOOGLE)
+    tpus = holds.accelerator_functions(str(tmp_path))["tpu"]
     assert tpus == ["0000:00:04.0", "0000:00:05.0"]
     assert holds.vfio_groups(str(tmp_path), tpus) == {"12": 0, "13": 1}
 
@@ -320,10 +323,11 @@ def test_an_open_device_file_names_its_holder(tmp_path: Path) -> None:
 def test_a_tpu_host_with_one_chip_held_runs_one_idle_chip_alone(tmp_path: Path) -> None:
     sysfs, dev = tmp_path / "sys", tmp_path / "dev"
     dev.mkdir()
-    for chip in range(4):
+    for chip in range(4):  # a v4-8 VM: four chips on the accel driver
         device = sysfs / "bus/pci/devices" / f"0000:00:0{chip + 4}.0"
         device.mkdir(parents=True)
         (device / "vendor").write_text("0x1ae0\n")
+        (device / "device").write_text("0x005e\n")
         (dev / f"accel{chip}").touch()
     args = argparse.Namespace(sysfs=str(sysfs), dev=str(dev), procfs="/proc", lockfile=str(tmp_path / "none"))
     assert worker.plan(args).skips == {}

@@ -173,6 +173,7 @@ def test_tpu_chips_under_another_process_lock_are_skipped_before_jax_starts(tmp_
         device = sysfs / "bus/pci/devices" / f"0000:00:0{slot + 4}.0"
         device.mkdir(parents=True)
         (device / "vendor").write_text("0x1ae0\n")
+        (device / "device").write_text("0x0063\n")  # v5e
     lockfile = tmp_path / "libtpu_lockfile"
     lockfile.touch()
     holder = _holder(f"import fcntl; f = open({str(lockfile)!r}, 'r+'); fcntl.lockf(f, fcntl.LOCK_EX)")

@@ -190,11 +190,15 @@ def test_without_nvidia_ml_py_the_collector_fails_naming_the_extra() -> None:
 
 
 def gpu_sysfs(root: Path) -> str:
-    """A sysfs tree with one NVIDIA 3D controller."""
-    entry = root / "sys" / "bus" / "pci" / "devices" / "0000:18:00.0"
-    entry.mkdir(parents=True)
-    for name, value in (("vendor", "0x10de"), ("device", "0x2330"), ("class", "0x030200")):
-        (entry / name).write_text(value + "\n")
+    """A sysfs tree as on a Google Cloud A3 VM: one NVIDIA 3D controller, an NVSwitch bridge, and Google's gVNIC
+    network card (vendor 0x1ae0, Google's like a TPU's, device 0x0042: the kernel's gve driver)."""
+    for address, vendor, device, pci_class in (("0000:18:00.0", "0x10de", "0x2330", "0x030200"),
+                                               ("0000:07:00.0", "0x10de", "0x22a3", "0x068000"),
+                                               ("0000:00:04.0", "0x1ae0", "0x0042", "0x020000")):
+        entry = root / "sys" / "bus" / "pci" / "devices" / address
+        entry.mkdir(parents=True)
+        for name, value in (("vendor", vendor), ("device", device), ("class", pci_class)):
+            (entry / name).write_text(value + "\n")
     return str(root / "sys")
 
 

@@ -27,12 +27,14 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("the bottom: hardware and host facts, readings", {ROOT, "hw", "samples"}),
     ("plumbing", {"schema", "yamlfile", "statefile", "catalog", "logsetup", "sdnotify", "httpd"}),
     ("config, the store, the state directory, the web config", {"config", "store", "statedir", "webconfig"}),
-    ("sources and sampling", {"collectors", "sampler", "devices", "kernel_log", "canary"}),
+    ("the pipeline's frame: the collector protocol, the guard, the sampler", {"collectors", "sampler"}),
+    ("sources", {"devices", "kernel_log", "canary"}),
     ("analysis", {"analysis"}),
     ("alerting", {"alerting"}),
     ("actions", {"kubernetes"}),
+    ("what a config builds: the registry of sources, the assembly of parts", {"registry", "assembly"}),
     ("views of the store", {"exporter", "web", "health", "report"}),
-    ("assembly and commands", {"daemon", "cli", "clidoc", "__main__"}),
+    ("the lifecycle and the commands", {"daemon", "cli", "clidoc", "__main__"}),
 ]
 RANK = {part: rank for rank, (_, parts) in enumerate(LAYERS) for part in parts}
 # Modules that must run with the standard library alone (and the bottom layer): the canary worker imports

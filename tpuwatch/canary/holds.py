@@ -14,6 +14,7 @@ import os
 import re
 import struct
 
+from tpuwatch.hw.chips import accelerators
 from tpuwatch.hw.pci import iommu_group, scan_pci
 from tpuwatch.hw.procfs import scan_holders
 
@@ -24,9 +25,9 @@ _VFIO_RE = re.compile(r"^vfio/(\d+)$")
 _TPU_DEVICE_FILES = ("accel*", "vfio/*")
 
 
-def pci_functions(sysfs: str, vendor: str) -> list[str]:
-    """PCI addresses of ``vendor``'s devices under ``sysfs``, sorted: index i is chip i."""
-    return [device.address for device in scan_pci(sysfs) if device.vendor == vendor]
+def accelerator_functions(sysfs: str) -> dict[str, list[str]]:
+    """PCI addresses of the accelerators under ``sysfs`` by kind (tpu, nvidia), sorted: index i is chip i."""
+    return {kind: [d.address for d in found] for kind, found in accelerators(scan_pci(sysfs)).items()}
 
 
 def vfio_groups(sysfs: str, tpu_functions: list[str]) -> dict[str, int]:

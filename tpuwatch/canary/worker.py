@@ -35,7 +35,6 @@ from typing import Any
 import numpy as np
 
 from tpuwatch.canary import holds, model, spec
-from tpuwatch.hw.pci import VENDOR_GOOGLE, VENDOR_NVIDIA
 
 # bitflip: mantissa bit 7 of 23 of one query weight (a 1.5e-5 relative change, far inside the
 # tolerance).  Flips of bits 0-2 are often absorbed by rounding; bit 7 changes ~660 of 1024 outputs.
@@ -97,8 +96,9 @@ class Plan:
 
 def plan(args: argparse.Namespace) -> Plan:
     """Look at sysfs, the libtpu lockfile and device file holders; keep jax off every held TPU chip."""
-    tpus = holds.pci_functions(args.sysfs, VENDOR_GOOGLE)
-    platform = "tpu" if tpus else "gpu" if holds.pci_functions(args.sysfs, VENDOR_NVIDIA) else "cpu"
+    found = holds.accelerator_functions(args.sysfs)
+    tpus = found["tpu"]
+    platform = "tpu" if tpus else "gpu" if found["nvidia"] else "cpu"
     env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.05"}
     if platform == "gpu":
         env["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_deterministic_ops=true").strip()

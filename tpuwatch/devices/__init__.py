@@ -10,7 +10,8 @@ from tpuwatch.devices.base import DeviceBackend, DeviceCollector, DeviceReading
 from tpuwatch.devices.nvidia import NvidiaBackend
 from tpuwatch.devices.sim import SimBackend
 from tpuwatch.devices.tpu import TpuBackend
-from tpuwatch.hw.pci import VENDOR_GOOGLE, VENDOR_NVIDIA, PciDevice, pci_root, scan_pci
+from tpuwatch.hw.chips import accelerators
+from tpuwatch.hw.pci import VENDOR_GOOGLE, VENDOR_NVIDIA, pci_root, scan_pci
 
 log = logging.getLogger(__name__)
 
@@ -21,13 +22,6 @@ BACKENDS: dict[str, Callable[[Config], DeviceBackend]] = {
     "nvidia": NvidiaBackend,
     "sim": lambda config: SimBackend(config.devices.sim),
 }
-
-
-def _accelerators(pci: list[PciDevice]) -> dict[str, list[PciDevice]]:
-    return {
-        "tpu": [d for d in pci if d.vendor == VENDOR_GOOGLE],
-        "nvidia": [d for d in pci if d.vendor == VENDOR_NVIDIA and d.pci_class.startswith("0x03")],
-    }
 
 
 def select_backend(config: Config) -> tuple[DeviceBackend | None, str]:
@@ -45,7 +39,7 @@ def _choose(config: Config) -> tuple[DeviceBackend | None, str]:
         backend = BACKENDS[choice](config)
         detail = f" (scenario {config.devices.sim.scenario})" if choice == "sim" else ""
         return backend, f"devices.backend is {choice}{detail}"
-    found = _accelerators(scan_pci(config.paths.sysfs))
+    found = accelerators(scan_pci(config.paths.sysfs))
     for kind, devices in found.items():
         if devices:
             addresses = ", ".join(d.address for d in devices)

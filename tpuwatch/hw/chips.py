@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tpuwatch.hw.pci import VENDOR_GOOGLE, PciDevice
+from tpuwatch.hw.pci import VENDOR_GOOGLE, VENDOR_NVIDIA, PciDevice
 from tpuwatch.hw.units import GIB
 
 
@@ -65,3 +65,11 @@ def tpu_chip(device: PciDevice) -> Chip | None:
     name = _BY_SUBSYSTEM.get(device.subsystem_device) if device.device == _SHARED_ID else \
         TPU_DEVICE_IDS.get(device.device)
     return CHIPS[name] if name is not None else None
+
+
+def accelerators(devices: list[PciDevice]) -> dict[str, list[PciDevice]]:
+    """The PCI functions that are accelerators, by kind: TPU chips tpu-info knows, and NVIDIA display-class
+    functions (3D or VGA controllers).  Google's vendor id also covers its gVNIC network card (0x0042), and
+    NVIDIA's its NVSwitch bridges: neither is an accelerator."""
+    return {"tpu": [d for d in devices if tpu_chip(d) is not None],
+            "nvidia": [d for d in devices if d.vendor == VENDOR_NVIDIA and d.pci_class.startswith("0x03")]}
