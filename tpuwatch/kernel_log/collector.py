@@ -69,7 +69,7 @@ class KernelLogCollector:
         passed: list[KernelEvent] = []
         for record in records:
             for match in self._matcher.feed(record):
-                event = make_event(match, record, self._device, when=now)
+                event = make_event(match, record, self._device_for_pci, when=now)
                 self._counts[(event.rule, event.severity, event.device or "")] += 1
                 passed.extend(self._storms.offer(event))
         passed.extend(self._storms.flush())
@@ -189,12 +189,17 @@ def build_collector(config: Config, device_for_pci: DeviceLookup,
 
     The daemon uses ``persist=True``; ``tpuwatch check`` passes False so that it
     reads this boot's messages without moving the daemon's saved position.
+    Events are attributed through ``paths.sysfs`` (the kernel's device tags and
+    ``accel accelN:`` prefixes to PCI addresses), then ``device_for_pci``.
     Raises ConfigError (RuleError is one) for a broken rule file or an
     explicitly configured source that cannot be opened.
     """
+    from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver
+
     rules = load_rules(config.kernel_log.rules_dirs)
     source, note = open_source(config, persist)
     log.info("%s", note)
     if source is None:
         return None, note
-    return KernelLogCollector(source, rules, device_for_pci, config.kernel_log.storm_window), note
+    attribution = Attribution(device_for_pci, SysfsResolver(config.paths.sysfs))
+    return KernelLogCollector(source, rules, attribution, config.kernel_log.storm_window), note
