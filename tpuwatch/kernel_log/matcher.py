@@ -69,6 +69,7 @@ class StreamMatcher:
         self._context: deque[str] | None = deque(maxlen=rules.max_lines - 1) if rules.max_lines > 1 else None
         self._open: dict[int, deque[_Fault]] = {}
         self._held: list[_Held] = []
+        self._last: dict[int, int] = {}  # rule -> index of its last event
 
     def feed(self, record: Record) -> list[Match]:
         """The matches for the next record of the stream."""
@@ -134,14 +135,17 @@ class StreamMatcher:
 
     def _held_follows(self, follows: list[tuple[int, Match]], primaries: set[int], record_key: str | None, index: int,
                       out: list[Match], absorbed: list[tuple[str | None, int]]) -> set[int]:
-        """Waiting events take this record as one of their lines, end (released), or are superseded (dropped)."""
+        """Waiting events are superseded (dropped), take this record as one of their lines, or end (released)."""
         taken: set[int] = set()
         for held in list(self._held):
             rule = self._rules[held.rule]
+            if primaries & self.rules.superseded_by[held.rule]:
+                self._held.remove(held)
+                continue
             line = next((m for i, m in follows if i == held.rule), None)
             fault = self._fault(held.rule, line, line.pci or record_key, index) if line is not None else None
-            if (line is not None and held.rule not in primaries and index - held.index <= rule.hold
-                    and fault is not None and fault.held is held):
+            if (line is not None and fault is not None and fault.held is held and held.rule not in primaries
+                    and index - held.index <= rule.hold):
                 fault.last = index
                 if held.match.pci is None and line.pci is not None:
                     held.match = replace(held.match, pci=line.pci)
@@ -149,8 +153,7 @@ class StreamMatcher:
                 taken.add(held.rule)
                 continue
             self._held.remove(held)
-            if not primaries & self.rules.superseded_by[held.rule]:
-                out.append(self._release(held))
+            out.append(self._release(held))
         return taken
 
     def _emit(self, i: int, match: Match, record: Record, record_key: str | None, index: int,
@@ -159,6 +162,10 @@ class StreamMatcher:
         start = match.index if match.index is not None else index
         match = replace(match, index=start)
         fault = _Fault(i, match.pci or record_key, match, index) if rule.follow is not None else None
+        self._last[i] = index
+        recent = index - rule.hold
+        if rule.hold and any(self._last.get(j, recent - 1) >= recent for j in self.rules.superseded_by[i]):
+            return  # a rule that reports this fault just matched
         if rule.hold:
             held = _Held(i, match, match.record or record, start)
             if len(self._held) >= MAX_HELD:
