@@ -75,13 +75,14 @@ class StreamMatcher:
         """The matches for the next record of the stream."""
         self._index += 1
         message = record.message
+        context = self._context
         if not (self._held or self._always or (self._search is not None and self._search(message))):
-            if self._context is not None:
-                self._context.append(message)
+            if context is not None:
+                context.append(message)
             return []
         out = self._match(record)
-        if self._context is not None:
-            self._context.append(message)
+        if context is not None:
+            context.append(message)
         return out
 
     def skip(self, count: int) -> list[Match]:
@@ -160,7 +161,7 @@ class StreamMatcher:
               out: list[Match]) -> None:
         rule = self._rules[i]
         start = match.index if match.index is not None else index
-        match = replace(match, index=start)
+        match = Match(match.rule, match.severity, match.pci, match.xid, match.fields, match.record, start)
         fault = _Fault(i, match.pci or record_key, match, index) if rule.follow is not None else None
         self._last[i] = index
         recent = index - rule.hold
@@ -211,7 +212,8 @@ class StreamMatcher:
 
     @staticmethod
     def _release(held: _Held) -> Match:
-        return replace(held.match, record=held.record, index=held.index)
+        match = held.match
+        return Match(match.rule, match.severity, match.pci, match.xid, match.fields, held.record, held.index)
 
 
 def _covered(key: str | None, rank: int, absorbed: list[tuple[str | None, int]]) -> bool:

@@ -86,27 +86,34 @@ class RuleSet:
                 primary.setdefault(keyword, set()).add(index)
             for keyword in rule.follow.keywords if rule.follow else ():
                 follow.setdefault(keyword, set()).add(index)
-        self._dispatch = [(k, frozenset(primary.get(k, ())), frozenset(follow.get(k, ())))
-                          for k in sorted({*primary, *follow})]
+        keywords = sorted({*primary, *follow})
+        self._dispatch = {k: (frozenset(primary.get(k, ())), frozenset(follow.get(k, ()))) for k in keywords}
+        self._partners = {k: _overlapping(k, keywords) for k in keywords}
         self.unkeyed = frozenset(i for i, r in enumerate(self.rules) if not r.keywords)
         self.unkeyed_follow = frozenset(i for i, r in enumerate(self.rules) if r.follow and not r.follow.keywords)
-        self.prefilter = re.compile(literal_alternation([k for k, _, _ in self._dispatch])) if self._dispatch else None
+        self.prefilter = re.compile(literal_alternation(keywords)) if keywords else None
         self._multiline = frozenset(i for i, r in enumerate(self.rules) if r.lines > 1)
+        self._multiline_keywords = tuple(k for i in self._multiline for k in self.rules[i].keywords)
         names = {rule.name: i for i, rule in enumerate(self.rules)}
         self.superseded_by = [frozenset(names[n] for n in r.superseded_by if n in names) for r in self.rules]
 
     def candidates(self, message: str) -> tuple[set[int], set[int]]:
         """Indexes of the rules whose regex (first) and follow regex (second) must be tried on ``message``."""
         primary, follow = set(self.unkeyed), set(self.unkeyed_follow)
-        for keyword, rules, follows in self._dispatch:
-            if keyword in message:
-                primary |= rules
-                follow |= follows
+        if self.prefilter is None:
+            return primary, follow
+        found = {m.group() for m in self.prefilter.finditer(message)}
+        for keyword in list(found):  # a keyword overlapping a found one is not found again: look for it
+            found.update(k for k in self._partners[keyword] if k in message)
+        for keyword in found:
+            rules, follows = self._dispatch[keyword]
+            primary |= rules
+            follow |= follows
         return primary, follow
 
     def wants_context(self, message: str) -> bool:
         """True if a rule whose message spans several records may end in ``message`` (it needs the ones before)."""
-        return bool(self._multiline) and bool(self.candidates(message)[0] & self._multiline)
+        return any(k in message for k in self._multiline_keywords)
 
     def match(self, message: str) -> list[Match]:
         """Every rule's match on ``message`` alone, in rule order (no cross-record logic: see ``stream``)."""
@@ -130,6 +137,13 @@ class RuleSet:
     def stream(self) -> StreamMatcher:
         """A matcher for one stream of records in order (one log source, one scanned file)."""
         return StreamMatcher(self)
+
+
+def _overlapping(keyword: str, keywords: list[str]) -> tuple[str, ...]:
+    """The other keywords a match of ``keyword`` can hide from a left-to-right search: those inside it, or starting
+    inside it (a suffix of it is their prefix)."""
+    return tuple(k for k in keywords if k != keyword and (
+        k in keyword or any(k.startswith(keyword[i:]) for i in range(1, len(keyword)))))
 
 
 def literal_alternation(words: list[str]) -> str:

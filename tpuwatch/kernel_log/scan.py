@@ -16,6 +16,7 @@ by the block size.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from tpuwatch.kernel_log.rules import RuleSet
 BLOCK_BYTES = 1 << 20
 MAX_CONTINUATION_LINES = 16
 _LINE_MEMORY = 512
+_CONTINUATION = re.compile(r"\n[ \t]")
 _KMSG_HEAD_BYTES = re.compile(rb"\d+,\d+,\d+,[^;\n]*;")
 
 
@@ -91,6 +93,7 @@ class _Scanner:
 
     def drop_line(self) -> Iterator[KernelEvent]:
         """A line dropped unread (over 64 KiB): no record, but it counts for line numbers and ends the context."""
+        self.continuations = [m.start() for m in _CONTINUATION.finditer(self.carry)]
         yield from self._events(self.matcher.skip(self._skip(self.carry, 0, len(self.carry))))
         self.carry, self.carry_lines = "", 0
         self.line_base += 1
@@ -98,6 +101,7 @@ class _Scanner:
     def block(self, block: str) -> Iterator[KernelEvent]:
         """Events of one block; its last records wait (unfed) for the next block, which may need them as context."""
         text = self.carry + block
+        self.continuations = [m.start() for m in _CONTINUATION.finditer(text)]
         pos, line, last_start = 0, self.line_base - self.carry_lines, -1
         for hit in self.rules.hits(text):
             start = _record_start(text, hit)
@@ -126,11 +130,12 @@ class _Scanner:
         self.line_base += block.count("\n") + (not block.endswith("\n"))
 
     def finish(self) -> Iterator[KernelEvent]:
+        self.continuations = [m.start() for m in _CONTINUATION.finditer(self.carry)]
         yield from self._events(self.matcher.skip(self._skip(self.carry, 0, len(self.carry))))
         yield from self._events(self.matcher.flush())
 
     def _skip(self, text: str, start: int, end: int) -> int:
-        count = _records_in(text, start, end)
+        count = _records_in(text, start, end, self.continuations)
         self.index += count
         return count
 
@@ -195,12 +200,13 @@ def _previous(text: str, start: int, floor: int, count: int) -> list[tuple[int, 
     return out[::-1]
 
 
-def _records_in(text: str, start: int, end: int) -> int:
-    """Records whose head lines start in ``text[start:end]`` (``start`` is a record start)."""
+def _records_in(text: str, start: int, end: int, continuations: list[int]) -> int:
+    """Records whose head lines start in ``text[start:end]`` (``start`` is a record start); ``continuations``:
+    the sorted offsets of the newlines that start a continuation line."""
     if end <= start:
         return 0
     lines = text.count("\n", start, end) + (text[end - 1] != "\n")
-    return lines - text.count("\n ", start, end) - text.count("\n\t", start, end)
+    return lines - (bisect_left(continuations, end - 1) - bisect_left(continuations, start))
 
 
 def _blocks(stream: BinaryIO) -> Iterator[bytes | None]:
