@@ -161,12 +161,50 @@ def test_logscan_feeding_only_hits_agrees_with_feeding_every_record() -> None:
               ["accel accel0: f: Device did not come back from reset.", "accel accel0: f: Failed to reset device"],
               ["NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus.",
                "NVRM: GPU 0000:02:00.0: GPU has fallen off the bus."]]
-    rng = random.Random(7)
+    _agree(RULES, pieces, random.Random(7))
+
+
+# Lines holding a keyword whose regexes do not match them, and follow lines with no fault open: logscan passes
+# over them without parsing, and must still agree with the collector, which sees every record.
+NEAR = ["mce: [Hardware Error]: TSC 2ac997e3063c3 ", "mce: CPU supports 16 MCE banks",
+        "{7}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 1",
+        "pcieport 0000:00:01.0: AER: aer_status: 0x00004000, aer_mask: 0x00000000",
+        "EDAC sbridge MC0: HANDLING MCE MEMORY ERROR", "Process accounting resumed"]
+
+
+def test_lines_logscan_passes_over_unparsed_agree_with_feeding_every_record() -> None:
+    pieces = [[line] for line in NEAR] + [CPER, CPER[:1] + CPER[2:], [HEADER, DETAIL], [STATUS, DETAIL],
+                                          ["mce: [Hardware Error]: Machine check events logged", NEAR[4]],
+                                          ["mce: [Hardware Error]: Machine check events logged", NOISE]]
+    _agree(RULES, pieces, random.Random(11))
+
+
+def test_rules_that_look_outside_the_message_are_tried_on_the_parsed_record(tmp_path: Path) -> None:
+    rules = _rules(tmp_path, """rules:
+  - {name: anchored, keywords: ["wedged"], regex: '^chip wedged$', severity: warning}
+  - {name: behind, keywords: ["stalled"], regex: '(?<!not )stalled', severity: info}
+""")
+    assert [c is None for c in (rules.checks["wedged"], rules.checks["stalled"])] == [True, True]
+    lines = ["chip wedged", "it is not stalled", "queue stalled", "the chip wedged"]
+    _agree(rules, [[line] for line in lines], random.Random(3))
+    text = "".join(f"[{n:6d}.000000] {line}\n" for n, line in enumerate(lines)).encode()
+    assert [e.rule for e in scan(io.BytesIO(text), rules, lambda pci: None, ScanStats())] == ["anchored", "behind"]
+
+
+def _agree(rules: RuleSet, pieces: list[list[str]], rng: random.Random) -> None:
+    """Random streams of ``pieces`` between noise: logscan (dmesg, syslog and kmsg forms) and feeding every record
+    give the same events on the same lines."""
     for _ in range(30):
         lines: list[str] = []
         for _ in range(8):
             lines += [NOISE] * rng.choice([0, 1, 3, 40]) + list(rng.choice(pieces))
-        fed = [(i, rule, sev) for i, rule, sev in _feed(RULES, lines)]
-        text = "".join(f"[{n:6d}.000000] {line}\n" for n, line in enumerate(lines)).encode()
-        scanned = [(e.line, e.rule, e.severity) for e in scan(io.BytesIO(text), RULES, lambda pci: None, ScanStats())]
-        assert scanned == fed
+        fed = _feed(rules, lines)
+        forms = ["[{n:6d}.000000] {line}\n", "Nov 30 04:37:39 host kernel: [{n:6d}.000000] {line}\n",
+                 "6,{n},{n}000,-;{line}\n SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n"]
+        for form in forms:
+            text = "".join(form.format(n=n, line=line) for n, line in enumerate(lines)).encode()
+            scanned = [(e.line, e.rule, e.severity)
+                       for e in scan(io.BytesIO(text), rules, lambda pci: None, ScanStats())]
+            if form.startswith("6,"):  # three lines per record
+                scanned = [((line - 1) // 3 + 1 if line else line, rule, sev) for line, rule, sev in scanned]
+            assert scanned == fed, form

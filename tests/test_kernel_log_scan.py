@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -97,6 +98,29 @@ def test_odd_input_is_skipped_and_counted() -> None:
     events, stats = _scan(data)
     assert [e.line for e in events] == [1, 7, 8]
     assert (stats.lines, stats.skipped) == (8, 4)
+
+
+def test_line_numbers_and_counts_do_not_depend_on_where_blocks_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(5)
+    pieces = [b"[    1.000000] e1000e 0000:00:1f.6 eno1: NIC Link is Up\n",
+              b"[    1.000000] NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x\n",
+              b"[    1.000000] mce: CPU supports 16 MCE banks\n",
+              b"6,1,1,-;nvidia 0000:3b:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer\n"
+              b" SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n",
+              b"[    1.000000] NVRM: The NVIDIA GPU 0000:b3:00.0\n[    1.000000] NVRM: (PCI ID: 10de:26b5) installed "
+              b"in this system has\n[    1.000000] NVRM: fallen off the bus and is not responding to commands.\n"]
+    for _ in range(20):
+        data = b"".join(rng.choice(pieces) for _ in range(rng.randrange(1, 60)))
+        if rng.random() < 0.5:
+            data = data[:-1]  # no newline at the end
+        whole, stats = _scan(data)
+        assert stats.lines == data.count(b"\n") + (not data.endswith(b"\n"))
+        for size in (64, 200, 333):
+            monkeypatch.setattr(scan_module, "BLOCK_BYTES", size)
+            events, small = _scan(data)
+            assert [(e.line, e.rule) for e in events] == [(e.line, e.rule) for e in whole]
+            assert small.lines == stats.lines
+        monkeypatch.setattr(scan_module, "BLOCK_BYTES", 1 << 20)
 
 
 def test_huge_line_never_held_whole() -> None:

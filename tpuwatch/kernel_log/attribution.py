@@ -21,7 +21,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from tpuwatch.kernel_log.records import Record, normalise_pci
+from tpuwatch.kernel_log.records import Record
+from tpuwatch.kernel_log.rule import normalise
 
 CACHE_SIZE = 1024
 CACHE_SECONDS = 300.0
@@ -43,7 +44,7 @@ def kernel_device_key(value: str | None) -> str | None:
     if not value:
         return None
     if value.startswith("+pci:"):
-        return normalise_pci(value[5:]) or value
+        return normalise(value[5:]) or value
     return value if _DEVICE_RE.fullmatch(value) else None
 
 
@@ -52,7 +53,7 @@ def prefix_device(message: str) -> tuple[str, str] | None:
     found = _PREFIX_RE.match(message)
     if found is None:
         return None
-    device = normalise_pci(found["pci"]) if found["pci"] else found["name"]
+    device = normalise(found["pci"]) if found["pci"] else found["name"]
     return None if device is None else (found["driver"], device)
 
 
@@ -84,7 +85,7 @@ class SysfsResolver:
         if found is None:
             return None
         if found["subsystem"] == "pci":
-            return normalise_pci(found["name"])
+            return normalise(found["name"])
         return self._cached(value, lambda: self._resolve_device(found))
 
     def pci_of_class_device(self, cls: str, name: str) -> str | None:
@@ -132,7 +133,7 @@ class SysfsResolver:
             return None
         for part in reversed(real[len(self.sysfs):].split(os.sep)):
             if _PCI_RE.fullmatch(part):
-                return normalise_pci(part)
+                return normalise(part)
         return None
 
     def _cached(self, key: str, resolve: Callable[[], str | None]) -> str | None:
@@ -168,7 +169,7 @@ class Attribution:
         """The PCI function ``record`` is about, from its device tag, else its message prefix, or None."""
         value = record.kernel_device
         if value and value.startswith("+pci:"):
-            return normalise_pci(value[5:])
+            return normalise(value[5:])
         if value and self.sysfs is not None:
             pci = self.sysfs.pci_of_kernel_device(value)
             if pci is not None:

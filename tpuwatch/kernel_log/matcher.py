@@ -63,8 +63,9 @@ class StreamMatcher:
     def __init__(self, rules: RuleSet) -> None:
         self.rules = rules
         self._rules = rules.rules
-        self._search = rules.prefilter.search if rules.prefilter is not None else None
         self._always = bool(rules.unkeyed or rules.unkeyed_follow)
+        self._can_match = rules.can_match
+        self._search = rules.prefilter.search if rules.prefilter is not None else _nothing
         self._index = 0
         self._context: deque[str] | None = deque(maxlen=rules.max_lines - 1) if rules.max_lines > 1 else None
         self._open: dict[int, deque[_Fault]] = {}
@@ -75,15 +76,33 @@ class StreamMatcher:
         """The matches for the next record of the stream."""
         self._index += 1
         message = record.message
-        context = self._context
-        if not (self._held or self._always or (self._search is not None and self._search(message))):
-            if context is not None:
-                context.append(message)
-            return []
-        out = self._match(record)
-        if context is not None:
-            context.append(message)
+        if self._held or self._always:
+            out = self._match(record)
+        elif (found := self._search(message)) is None or not self._can_match(message, self.expects, found):
+            out = []
+        else:
+            out = self._match(record)
+        if self._context is not None:
+            self._context.append(message)
         return out
+
+    def feed_found(self, record: Record) -> list[Match]:
+        """``feed`` for a record already known to hold a keyword whose regexes may match (logscan's hits): the
+        same matches, without looking again."""
+        self._index += 1
+        out = self._match(record)
+        if self._context is not None:
+            self._context.append(record.message)
+        return out
+
+    def expects(self, rule: int) -> bool:
+        """True if rule ``rule`` has a fault open that its follow lines may still belong to (an upper bound: the
+        records the caller has not told about yet do not count)."""
+        faults = self._open.get(rule)
+        if not faults:
+            return False
+        within = self._rules[rule].follow.within  # type: ignore[union-attr]
+        return any(self._index - fault.last <= within for fault in faults)
 
     def skip(self, count: int) -> list[Match]:
         """``count`` records that contain no keyword went by: waiting events end."""
@@ -104,17 +123,26 @@ class StreamMatcher:
         index, message, rules = self._index, record.message, self._rules
         primary, follow = self.rules.candidates(message)
         matches: list[tuple[int, Match]] = []
-        for i in sorted(primary):
+        for i in sorted(primary) if len(primary) > 1 else primary:
             found = rules[i].match(message)
             if found is None and rules[i].lines > 1:
                 found = self._joined(i, record)
             if found is not None:
                 matches.append((i, found))
-        follows = [(i, m) for i in sorted(follow) if (m := rules[i].match_follow(message)) is not None]
-        record_key = device_key(record) if matches or follows or self._held else None
+        follows = [(i, m) for i in sorted(follow) if (m := rules[i].match_follow(message)) is not None] \
+            if follow else []
         out: list[Match] = []
+        if not (follows or self._held):
+            if not matches:
+                return out
+            if len(matches) == 1:  # the common case: one rule matches, no fault to belong to
+                i, found = matches[0]
+                self._emit(i, found, record, device_key(record) if rules[i].follow else None, index, out)
+                return out
+        record_key = device_key(record) if matches or follows or self._held else None
         absorbed: list[tuple[str | None, int]] = []
-        taken = self._held_follows(follows, {i for i, _ in matches}, record_key, index, out, absorbed)
+        taken = self._held_follows(follows, {i for i, _ in matches}, record_key, index, out, absorbed) \
+            if self._held else set()
         alone: list[tuple[int, Match]] = []
         for i, found in follows:
             if i in taken:
@@ -214,6 +242,11 @@ class StreamMatcher:
     def _release(held: _Held) -> Match:
         match = held.match
         return Match(match.rule, match.severity, match.pci, match.xid, match.fields, held.record, held.index)
+
+
+def _nothing(message: str) -> None:
+    """The prefilter of a rule set without keywords."""
+    return None
 
 
 def _covered(key: str | None, rank: int, absorbed: list[tuple[str | None, int]]) -> bool:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
+from functools import lru_cache
 
 from tpuwatch.kernel_log.records import Record, normalise_pci
+
+# Messages name the same few devices over and over: normalise each address once.
+normalise = lru_cache(maxsize=4096)(normalise_pci)
 
 SEVERITIES = ("critical", "warning", "info")
 RANK = {"critical": 2, "warning": 1, "info": 0}
@@ -111,8 +115,8 @@ def _pci(fields: dict[str, str]) -> str | None:
     domain = fields.pop("pci_domain", "0000")
     requester = fields.pop("pci_id", None)
     if "pci" in fields:
-        return normalise_pci(fields.pop("pci"))
+        return normalise(fields.pop("pci"))
     if requester is None:
         return None
     number = int(requester, 16)
-    return normalise_pci(f"{domain}:{number >> 8:02x}:{(number >> 3) & 0x1f:02x}.{number & 7}")
+    return normalise(f"{domain}:{number >> 8:02x}:{(number >> 3) & 0x1f:02x}.{number & 7}")

@@ -45,6 +45,8 @@ rule's name replaces it (or removes it with ``enabled: false``).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +60,18 @@ __all__ = ["SEVERITIES", "SHIPPED_DIR", "Match", "Rule", "RuleError", "RuleSet",
            "parse_rule_file"]
 
 SHIPPED_DIR = Path(__file__).parent / "rules"
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 MAX_RULE_FILE_BYTES = 1 << 20
 MAX_PATTERN_CHARS = 8192
 _NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 _RULE_KEYS = {"name", "regex", "keywords", "severity", "severity_by", "enabled", "description", "lines", "follow",
               "hold", "superseded_by"}
 _FOLLOW_KEYS = {"regex", "keywords", "within", "alone", "same_device", "severity"}
+# Per keyword: searches of rule (and stand-alone follow) regexes; (rule indexes, search) of other follow regexes;
+# the indexes of all those other follow regexes' rules.
+Checks = tuple[tuple[Callable[[str], object], ...], tuple[tuple[tuple[int, ...], Callable[[str], object]], ...],
+               tuple[int, ...]]
+_CHAR_CLASS_RE = re.compile(r"\[\^?\]?[^\]]*\]")
 
 
 class RuleError(ConfigError):
@@ -93,57 +101,149 @@ class RuleSet:
         self.unkeyed_follow = frozenset(i for i, r in enumerate(self.rules) if r.follow and not r.follow.keywords)
         self.prefilter = re.compile(literal_alternation(keywords)) if keywords else None
         self._multiline = frozenset(i for i, r in enumerate(self.rules) if r.lines > 1)
-        self._multiline_keywords = tuple(k for i in self._multiline for k in self.rules[i].keywords)
+        multiline_keywords = sorted({k for i in self._multiline for k in self.rules[i].keywords})
+        self._multiline_search = re.compile(literal_alternation(multiline_keywords)).search if multiline_keywords \
+            else None
         names = {rule.name: i for i, rule in enumerate(self.rules)}
         self.superseded_by = [frozenset(names[n] for n in r.superseded_by if n in names) for r in self.rules]
+        self.checks = {k: self._checks({k, *self._partners[k]}) for k in keywords}
 
-    def candidates(self, message: str) -> tuple[set[int], set[int]]:
+    def _checks(self, keywords: set[str]) -> Checks | None:
+        """What decides whether a line holding one of ``keywords`` can match anything: the searches of the rule
+        regexes (and of the follow regexes that stand alone) those keywords lead to, and of their other follow
+        regexes with the rules' indexes (a follow line counts only while its rule has a fault open); None when
+        only the parsed record can tell (a rule over several records, a regex that looks outside the message)."""
+        searches: dict[str, re.Pattern[str]] = {}
+        follows: dict[str, tuple[set[int], Callable[[str], object]]] = {}
+        for keyword in keywords:
+            primary, follow = self._dispatch[keyword]
+            if any(self.rules[i].lines > 1 for i in primary):
+                return None
+            patterns: list[tuple[int | None, re.Pattern[str]]] = [(None, self.rules[i].regex) for i in primary]
+            for i in follow:
+                rule_follow = self.rules[i].follow
+                assert rule_follow is not None
+                patterns.append((None if rule_follow.alone else i, rule_follow.regex))
+            for index, pattern in patterns:
+                if looks_outside(pattern.pattern):
+                    return None
+                key = pattern.pattern + str(pattern.flags)
+                if index is None:
+                    searches[key] = pattern
+                else:
+                    follows.setdefault(key, (set(), pattern.search))[0].add(index)
+        return (_one_search(list(searches.values())),
+                tuple((tuple(sorted(i)), search) for i, search in follows.values()),
+                tuple(sorted({i for rules, _ in follows.values() for i in rules})))
+
+    def candidates(self, message: str) -> tuple[frozenset[int], frozenset[int]]:
         """Indexes of the rules whose regex (first) and follow regex (second) must be tried on ``message``."""
-        primary, follow = set(self.unkeyed), set(self.unkeyed_follow)
+        primary, follow = self.unkeyed, self.unkeyed_follow
         if self.prefilter is None:
             return primary, follow
         found = {m.group() for m in self.prefilter.finditer(message)}
         for keyword in list(found):  # a keyword overlapping a found one is not found again: look for it
-            found.update(k for k in self._partners[keyword] if k in message)
+            if partners := self._partners[keyword]:
+                found.update(k for k in partners if k in message)
         for keyword in found:
             rules, follows = self._dispatch[keyword]
-            primary |= rules
-            follow |= follows
+            primary = primary | rules
+            follow = follow | follows
         return primary, follow
 
     def wants_context(self, message: str) -> bool:
         """True if a rule whose message spans several records may end in ``message`` (it needs the ones before)."""
-        return any(k in message for k in self._multiline_keywords)
+        return self._multiline_search is not None and self._multiline_search(message) is not None
 
     def match(self, message: str) -> list[Match]:
         """Every rule's match on ``message`` alone, in rule order (no cross-record logic: see ``stream``)."""
-        if self.prefilter is not None and not self.unkeyed and self.prefilter.search(message) is None:
+        if not self.can_match(message):
             return []
         primary, _ = self.candidates(message)
         return [m for i in sorted(primary) if (m := self.rules[i].match(message)) is not None]
 
     def hits(self, text: str) -> list[int]:
         """Sorted offsets in ``text`` where a line may match: keyword finds and unkeyed regex hits."""
-        found = [m.start() for m in self.prefilter.finditer(text)] if self.prefilter is not None else []
-        for index in self.unkeyed:
-            found.extend(m.start() for m in self.rules[index].regex.finditer(text))
-        for index in self.unkeyed_follow:
-            follow = self.rules[index].follow
-            assert follow is not None
-            found.extend(m.start() for m in follow.regex.finditer(text))
-        found.sort()
+        return [offset for offset, _ in self.keyed_hits(text)]
+
+    def keyed_hits(self, text: str) -> list[tuple[int, str]]:
+        """``hits`` with the keyword found at each (``""`` for an unkeyed rule's regex hit), sorted by offset."""
+        found = [(m.start(), m.group()) for m in self.prefilter.finditer(text)] if self.prefilter is not None else []
+        if self.unkeyed or self.unkeyed_follow:
+            for index in self.unkeyed:
+                found.extend((m.start(), "") for m in self.rules[index].regex.finditer(text))
+            for index in self.unkeyed_follow:
+                follow = self.rules[index].follow
+                assert follow is not None
+                found.extend((m.start(), "") for m in follow.regex.finditer(text))
+            found.sort(key=itemgetter(0))
         return found
+
+    def can_match(self, message: str, expects: Callable[[int], bool] | None = None,
+                  found: re.Match[str] | None = None) -> bool:
+        """False if no rule's regex or follow regex can match ``message`` (a record's whole message, or one raw
+        line of the forms ``checks`` hold for): its keywords lead only to regexes that do not match it.  With
+        ``expects`` (rule index -> has a fault open), a follow regex counts only for a rule that expects it;
+        ``found``: the prefilter's first find in ``message``, when the caller has it."""
+        if self.prefilter is None or self.unkeyed or self.unkeyed_follow:
+            return True
+        search, checks = self.prefilter.search, self.checks
+        if found is None:
+            found = search(message)
+        while found is not None:
+            tests = checks[found.group()]
+            if tests is None or passes(tests, message, expects):
+                return True
+            found = search(message, found.end())
+        return False
 
     def stream(self) -> StreamMatcher:
         """A matcher for one stream of records in order (one log source, one scanned file)."""
         return StreamMatcher(self)
 
 
+def _one_search(patterns: list[re.Pattern[str]]) -> tuple[Callable[[str], object], ...]:
+    """The searches of ``patterns`` as one search where they combine into one regex (group names dropped), so that
+    a line is read once; else one search each."""
+    if len(patterns) < 2:
+        return tuple(p.search for p in patterns)
+    parts = []
+    for pattern in patterns:
+        if pattern.flags & ~re.UNICODE or re.search(r"\(\?P=|\\[1-9]|\(\?[aiLmsux]|\\\(\?P", pattern.pattern):
+            return tuple(p.search for p in patterns)  # flags, back references: each on its own
+        parts.append("(?:" + re.sub(r"\(\?P<\w+>", "(?:", pattern.pattern) + ")")
+    try:
+        return (re.compile("|".join(parts)).search,)
+    except re.error:
+        return tuple(p.search for p in patterns)
+
+
+def passes(checks: Checks, text: str, expects: Callable[[int], bool] | None = None) -> bool:
+    """True if a search of ``checks`` finds ``text`` (a follow search only for a rule that ``expects`` it)."""
+    primary, follows, _ = checks
+    for test in primary:
+        if test(text):
+            return True
+    for rules, test in follows:
+        if (expects is None or any(map(expects, rules))) and test(text):
+            return True
+    return False
+
+
+def looks_outside(pattern: str) -> bool:
+    """True if ``pattern`` may see past the message's ends (anchors, lookbehind), so that searching a raw line
+    holding the message could differ from searching the message."""
+    if re.search(r"\\[AZ]", pattern.replace("\\\\", "")):
+        return True
+    bare = _CHAR_CLASS_RE.sub("", re.sub(r"\\.", "_", pattern))
+    return "^" in bare or "$" in bare or "(?<=" in bare or "(?<!" in bare
+
+
 def _overlapping(keyword: str, keywords: list[str]) -> tuple[str, ...]:
     """The other keywords a match of ``keyword`` can hide from a left-to-right search: those inside it, or starting
     inside it (a suffix of it is their prefix)."""
-    return tuple(k for k in keywords if k != keyword and (
-        k in keyword or any(k.startswith(keyword[i:]) for i in range(1, len(keyword)))))
+    suffixes = tuple(keyword[i:] for i in range(1, len(keyword)))
+    return tuple(k for k in keywords if k != keyword and (k in keyword or k.startswith(suffixes)))
 
 
 def literal_alternation(words: list[str]) -> str:
@@ -209,7 +309,7 @@ def _read(path: Path) -> str:
 def parse_rule_file(text: str, source: str) -> list[Rule | str]:
     """Rules in one YAML file; a disabled rule comes back as its bare name."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_LOADER)  # noqa: S506 - a safe loader (libyaml's when present)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import BinaryIO
 
 from tpuwatch.kernel_log.attribution import Attribution, as_attribution
@@ -36,12 +37,13 @@ from tpuwatch.kernel_log.records import (
     parse_line,
 )
 from tpuwatch.kernel_log.rule import Match
-from tpuwatch.kernel_log.rules import RuleSet
+from tpuwatch.kernel_log.rules import Checks, RuleSet, passes
 
 BLOCK_BYTES = 1 << 20
 MAX_CONTINUATION_LINES = 16
 _LINE_MEMORY = 512
 _CONTINUATION = re.compile(r"\n[ \t]")
+_SYSLOG_ESCAPE = re.compile(r"#0[0-3][0-7]")  # rsyslog writes control characters as #ooo
 _KMSG_HEAD_BYTES = re.compile(rb"\d+,\d+,\d+,[^;\n]*;")
 
 
@@ -68,8 +70,9 @@ def scan(stream: BinaryIO, rules: RuleSet, device_for_pci: Attribution | Callabl
             continue
         text, bad = _clean(block)
         stats.skipped += bad
-        stats.lines += text.count("\n") + (not text.endswith("\n"))
-        for event in scanner.block(text):
+        events = scanner.block(text)
+        stats.lines += scanner.block_lines
+        for event in events:
             stats.severities[event.severity] += 1
             yield event
     for event in scanner.finish():
@@ -89,67 +92,124 @@ class _Scanner:
         self.carry = ""  # the last records of the previous block, not given to the matcher yet
         self.carry_lines = 0
         self.index = 0  # records the matcher has been given (fed or skipped)
-        self.lines_of: OrderedDict[int, int] = OrderedDict()  # record index -> 1-based line, for recent fed records
+        self.lines_of: dict[int, int] = {}  # record index -> 1-based line, for recent fed records
+        self.block_lines = 0  # lines in the last block
 
-    def drop_line(self) -> Iterator[KernelEvent]:
+    def drop_line(self) -> list[KernelEvent]:
         """A line dropped unread (over 64 KiB): no record, but it counts for line numbers and ends the context."""
-        self.continuations = [m.start() for m in _CONTINUATION.finditer(self.carry)]
-        yield from self._events(self.matcher.skip(self._skip(self.carry, 0, len(self.carry))))
+        self.continuations = _continuations(self.carry)
+        out: list[KernelEvent] = []
+        self._events(self.matcher.skip(self._skip(self.carry, 0, len(self.carry))), None, out)
         self.carry, self.carry_lines = "", 0
         self.line_base += 1
+        return out
 
-    def block(self, block: str) -> Iterator[KernelEvent]:
-        """Events of one block; its last records wait (unfed) for the next block, which may need them as context."""
+    def block(self, block: str) -> list[KernelEvent]:
+        """Events of one block (``block_lines`` then says how many lines it had); its last records wait (unfed) for
+        the next block, which may need them as context."""
         text = self.carry + block
-        self.continuations = [m.start() for m in _CONTINUATION.finditer(text)]
+        self.continuations = continuations = _continuations(text)
+        out: list[KernelEvent] = []
         pos, line, last_start = 0, self.line_base - self.carry_lines, -1
-        for hit in self.rules.hits(text):
+        checks, wants_context, matcher = self.rules.checks, self.rules.wants_context, self.matcher
+        expects, lines_of = matcher.expects, self.lines_of
+        for hit, keyword in self.rules.keyed_hits(text):
+            tests = checks.get(keyword)
+            if tests is not None and not tests[0] and not any(map(expects, tests[2])):
+                continue  # only follow lines of rules with no fault open: like a line without keywords
             start = _record_start(text, hit)
             if start < pos or start == last_start:
                 continue
+            if tests is not None and _rejected(text, start, hit, tests, expects):
+                continue  # no regex matches: like a line without keywords (another keyword may still count)
             last_start = start
             record, end = _record(text, start)
             before: list[tuple[int, Record]] = []
-            if self.context and self.rules.wants_context(record.message):
+            if self.context and wants_context(record.message):
                 before = _previous(text, start, pos, self.context)
             gap_end = before[0][0] if before else start
-            line += text.count("\n", pos, gap_end)
-            yield from self._events(self.matcher.skip(self._skip(text, pos, gap_end)))
+            if gap_end > pos:  # records with no keyword: counted, not parsed (gap_end starts a line)
+                newlines = text.count("\n", pos, gap_end)
+                line += newlines
+                skipped = newlines - (bisect_left(continuations, gap_end - 1) - bisect_left(continuations, pos))
+                self.index += skipped
+                if released := matcher.skip(skipped):
+                    self._events(released, None, out)
             for at, previous in before:
                 line += text.count("\n", gap_end, at)
                 gap_end = at
-                yield from self._feed(previous, line + 1)
+                self.index += 1
+                lines_of[self.index] = line + 1
+                if matches := matcher.feed(previous):
+                    self._events(matches, previous, out)
             line += text.count("\n", gap_end, start)
-            yield from self._feed(record, line + 1)
+            self.index += 1
+            lines_of[self.index] = line + 1
+            if matches := matcher.feed_found(record):
+                self._events(matches, record, out)
             line += text.count("\n", start, end)
             pos = end
+            if len(lines_of) > 2 * _LINE_MEMORY:
+                self._forget_lines()
         tail = _previous(text, len(text), pos, self.context)[0][0] if self.context and pos < len(text) else len(text)
-        yield from self._events(self.matcher.skip(self._skip(text, pos, tail)))
+        newlines = text.count("\n", pos, tail)  # with the counts at each hit, every newline is counted once
+        if tail > pos:
+            skipped = newlines + (text[tail - 1] != "\n") - (
+                bisect_left(continuations, tail - 1) - bisect_left(continuations, pos))
+            self.index += skipped
+            self._events(matcher.skip(skipped), None, out)
         self.carry = text[tail:]
-        self.carry_lines = self.carry.count("\n") + (not self.carry.endswith("\n") and bool(self.carry))
-        self.line_base += block.count("\n") + (not block.endswith("\n"))
+        carry_newlines = self.carry.count("\n")
+        partial = bool(text) and not text.endswith("\n")  # the last line, if the stream ends without a newline
+        text_lines = line - (self.line_base - self.carry_lines) + newlines + carry_newlines + partial
+        self.block_lines = text_lines - self.carry_lines
+        self.carry_lines = carry_newlines + (partial and bool(self.carry))
+        self.line_base += self.block_lines
+        return out
 
-    def finish(self) -> Iterator[KernelEvent]:
-        self.continuations = [m.start() for m in _CONTINUATION.finditer(self.carry)]
-        yield from self._events(self.matcher.skip(self._skip(self.carry, 0, len(self.carry))))
-        yield from self._events(self.matcher.flush())
+    def finish(self) -> list[KernelEvent]:
+        self.continuations = _continuations(self.carry)
+        out: list[KernelEvent] = []
+        self._events(self.matcher.skip(self._skip(self.carry, 0, len(self.carry))), None, out)
+        self._events(self.matcher.flush(), None, out)
+        return out
 
     def _skip(self, text: str, start: int, end: int) -> int:
         count = _records_in(text, start, end, self.continuations)
         self.index += count
         return count
 
-    def _feed(self, record: Record, line: int) -> Iterator[KernelEvent]:
-        self.index += 1
-        self.lines_of[self.index] = line
-        if len(self.lines_of) > _LINE_MEMORY:
-            self.lines_of.popitem(last=False)
-        yield from self._events(self.matcher.feed(record), record)
+    def _forget_lines(self) -> None:
+        """Keep the line numbers of the last _LINE_MEMORY fed records (the ones a waiting event can start at)."""
+        for index in list(islice(self.lines_of, len(self.lines_of) - _LINE_MEMORY)):  # oldest first
+            del self.lines_of[index]
 
-    def _events(self, matches: list[Match], record: Record | None = None) -> Iterator[KernelEvent]:
+    def _events(self, matches: list[Match], record: Record | None, out: list[KernelEvent]) -> None:
         for match in matches:
             line = self.lines_of.get(match.index) if match.index is not None else None
-            yield make_event(match, match.record or record or Record(""), self.attribution, line=line)
+            out.append(make_event(match, match.record or record or Record(""), self.attribution, line=line))
+
+
+def _rejected(text: str, start: int, hit: int, tests: Checks, expects: Callable[[int], bool]) -> bool:
+    """True if the keyword at ``hit`` cannot make the record at ``start`` match: its rules' regexes, searched in
+    the raw line, find nothing (``RuleSet.checks``, ``StreamMatcher.expects``).  Only for a one-line record whose
+    message is the raw line's text as it stands (not JSON, no kmsg or syslog escapes, not cut short), which the
+    regexes of ``tests`` cannot see past."""
+    end = text.find("\n", start)
+    end = len(text) if end < 0 else end
+    if hit >= end or end - start > MAX_MESSAGE_CHARS or text.startswith("{", start):
+        return False
+    if text.startswith((" ", "\t"), end + 1) and not KMSG_HEAD_RE.match(text, start):
+        return False  # a continuation line joins the message
+    raw = text[start:end]
+    if "\\" in raw or ("#0" in raw and _SYSLOG_ESCAPE.search(raw)):
+        return False
+    return not passes(tests, raw, expects)
+
+
+def _continuations(text: str) -> list[int]:
+    """The offsets of the newlines that start a continuation line, in order."""
+    return [m.start() for m in _CONTINUATION.finditer(text)]
 
 
 def _record_start(text: str, offset: int) -> int:
