@@ -123,9 +123,13 @@ def device_lookup(readings: Callable[[], Iterable[DeviceReading]]) -> Callable[[
 
     ``readings`` is called on every lookup, e.g. ``lambda: device_collector.last_readings``.
     """
+    from functools import lru_cache
+
+    normalise = lru_cache(maxsize=256)(normalise_pci)  # the backend's addresses, asked again on every event
+
     def lookup(pci: str) -> str | None:
         for reading in readings():
-            if reading.pci and normalise_pci(reading.pci) == pci:
+            if reading.pci and normalise(reading.pci) == pci:
                 return reading.device
         return None
     return lookup

@@ -16,9 +16,9 @@ SEVERITIES = ("critical", "warning", "info")
 RANK = {"critical": 2, "warning": 1, "info": 0}
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Match:
-    """What one rule found in one message.
+    """What one rule found in one message (a value: never changed once made, copied with ``replace``).
 
     ``record`` is the record the match stands for when it is not simply the
     one just fed (a message joined from several records, an event that waited
@@ -104,8 +104,13 @@ class Rule:
     def verdict(self, found: re.Match[str], default: str) -> Match:
         """The match for a regex hit: severity from ``severity_by`` (first entry that decides), fields normalised."""
         fields = {k: v for k, v in found.groupdict().items() if v is not None}
-        severity = next((s for by in self.severity_by if (s := by.decide(fields)) is not None), default)
-        pci = _pci(fields)
+        severity = default
+        for by in self.severity_by:
+            decided = by.decide(fields)
+            if decided is not None:
+                severity = decided
+                break
+        pci = _pci(fields) if fields else None
         xid = int(fields.pop("xid")) if fields.get("xid", "").isdigit() else None
         return Match(self.name, severity, pci, xid, fields)
 

@@ -106,7 +106,9 @@ class RuleSet:
             else None
         names = {rule.name: i for i, rule in enumerate(self.rules)}
         self.superseded_by = [frozenset(names[n] for n in r.superseded_by if n in names) for r in self.rules]
-        self.checks = {k: self._checks({k, *self._partners[k]}) for k in keywords}
+        self.checks = {k: self._checks({k}) for k in keywords}
+        # Keywords a find of this one can hide (they overlap it): their checks count when they are in the line.
+        self.partner_checks = {k: tuple((p, self.checks[p]) for p in self._partners[k]) for k in keywords}
 
     def _checks(self, keywords: set[str]) -> Checks | None:
         """What decides whether a line holding one of ``keywords`` can match anything: the searches of the rule
@@ -187,14 +189,24 @@ class RuleSet:
         ``found``: the prefilter's first find in ``message``, when the caller has it."""
         if self.prefilter is None or self.unkeyed or self.unkeyed_follow:
             return True
-        search, checks = self.prefilter.search, self.checks
+        search = self.prefilter.search
         if found is None:
             found = search(message)
         while found is not None:
-            tests = checks[found.group()]
-            if tests is None or passes(tests, message, expects):
+            if self.line_may_match(found.group(), message, expects):
                 return True
             found = search(message, found.end())
+        return False
+
+    def line_may_match(self, keyword: str, text: str, expects: Callable[[int], bool] | None = None) -> bool:
+        """True unless the regexes that ``keyword`` (found in ``text``) and the keywords it may hide lead to all
+        fail on ``text`` (see ``can_match``)."""
+        tests = self.checks[keyword]
+        if tests is None or passes(tests, text, expects):
+            return True
+        for partner, partner_tests in self.partner_checks[keyword]:
+            if partner in text and (partner_tests is None or passes(partner_tests, text, expects)):
+                return True
         return False
 
     def stream(self) -> StreamMatcher:

@@ -37,7 +37,7 @@ from tpuwatch.kernel_log.records import (
     parse_line,
 )
 from tpuwatch.kernel_log.rule import Match
-from tpuwatch.kernel_log.rules import Checks, RuleSet, passes
+from tpuwatch.kernel_log.rules import RuleSet
 
 BLOCK_BYTES = 1 << 20
 MAX_CONTINUATION_LINES = 16
@@ -111,16 +111,17 @@ class _Scanner:
         self.continuations = continuations = _continuations(text)
         out: list[KernelEvent] = []
         pos, line, last_start = 0, self.line_base - self.carry_lines, -1
-        checks, wants_context, matcher = self.rules.checks, self.rules.wants_context, self.matcher
-        expects, lines_of = matcher.expects, self.lines_of
-        for hit, keyword in self.rules.keyed_hits(text):
+        rules, matcher, lines_of = self.rules, self.matcher, self.lines_of
+        checks, partners, wants_context, expects = rules.checks, rules.partner_checks, rules.wants_context, \
+            matcher.expects
+        for hit, keyword in rules.keyed_hits(text):
             tests = checks.get(keyword)
-            if tests is not None and not tests[0] and not any(map(expects, tests[2])):
+            if tests is not None and not tests[0] and not partners[keyword] and not any(map(expects, tests[2])):
                 continue  # only follow lines of rules with no fault open: like a line without keywords
             start = _record_start(text, hit)
             if start < pos or start == last_start:
                 continue
-            if tests is not None and _rejected(text, start, hit, tests, expects):
+            if tests is not None and _rejected(text, start, hit, keyword, rules, expects):
                 continue  # no regex matches: like a line without keywords (another keyword may still count)
             last_start = start
             record, end = _record(text, start)
@@ -190,11 +191,11 @@ class _Scanner:
             out.append(make_event(match, match.record or record or Record(""), self.attribution, line=line))
 
 
-def _rejected(text: str, start: int, hit: int, tests: Checks, expects: Callable[[int], bool]) -> bool:
-    """True if the keyword at ``hit`` cannot make the record at ``start`` match: its rules' regexes, searched in
-    the raw line, find nothing (``RuleSet.checks``, ``StreamMatcher.expects``).  Only for a one-line record whose
-    message is the raw line's text as it stands (not JSON, no kmsg or syslog escapes, not cut short), which the
-    regexes of ``tests`` cannot see past."""
+def _rejected(text: str, start: int, hit: int, keyword: str, rules: RuleSet, expects: Callable[[int], bool]) -> bool:
+    """True if ``keyword`` at ``hit`` cannot make the record at ``start`` match: its rules' regexes, searched in
+    the raw line, find nothing (``RuleSet.line_may_match``, ``StreamMatcher.expects``).  Only for a one-line record
+    whose message is the raw line's text as it stands (not JSON, no kmsg or syslog escapes, not cut short), which
+    those regexes cannot see past."""
     end = text.find("\n", start)
     end = len(text) if end < 0 else end
     if hit >= end or end - start > MAX_MESSAGE_CHARS or text.startswith("{", start):
@@ -204,7 +205,7 @@ def _rejected(text: str, start: int, hit: int, tests: Checks, expects: Callable[
     raw = text[start:end]
     if "\\" in raw or ("#0" in raw and _SYSLOG_ESCAPE.search(raw)):
         return False
-    return not passes(tests, raw, expects)
+    return not rules.line_may_match(keyword, raw, expects)
 
 
 def _continuations(text: str) -> list[int]:
