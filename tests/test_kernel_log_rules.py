@@ -118,6 +118,9 @@ def _rule_file(tmp_path: Path, text: str, name: str = "local.yaml") -> Path:
 
 @pytest.mark.parametrize(("text", "reason"), [
     ("rules: [{name: bad, regex: 'Xid (', severity: warning}]", "rule 'bad': invalid regex: missing )"),
+    ("rules: [{name: big, regex: 'a{99999999999}'}]", "rule 'big': invalid regex: the repetition number is too large"),
+    ("rules: [{name: deep, regex: '" + "(" * 1000 + ")" * 1000 + "'}]",
+     "rule 'deep': invalid regex: maximum recursion"),
     ("rules: [{name: bad, regex: x, severity: urgent}]", "rule 'bad': severity must be one of"),
     ("rules: [{name: bad, regex: x, colour: red}]", "rule 'bad': unknown key 'colour'"),
     ("rules: [{name: bad}]", "rule 'bad': regex is required"),

@@ -379,7 +379,7 @@ def _regex(pattern: Any, key: str, fail: Any) -> re.Pattern[str]:
         raise fail(f"{key} is longer than {MAX_PATTERN_CHARS} characters")
     try:
         return re.compile(pattern)
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError) as exc:  # a{99999999999}, thousands of nested groups
         raise fail(f"invalid {key}: {exc}") from None
 
 
