@@ -25,7 +25,7 @@ DESIGN_RULES = {"nvidia_xid", "gpu_fell_off_bus", "pcie_aer_corrected", "pcie_ae
                 "edac_uncorrected", "mce", "cper_fatal", "tpu_driver_error", "oom_kill", "hung_task", "soft_lockup"}
 SHIPPED_RULES = DESIGN_RULES | {"nvrm_error", "pci_reset_failed", "mce_logged", "cper_recoverable", "cper_corrected",
                                 "memory_failure", "hard_lockup", "rcu_stall", "workqueue_lockup", "kernel_panic",
-                                "kernel_oops", "amdgpu_error"}
+                                "kernel_oops", "amdgpu_error", "nvswitch_sxid"}
 RULES = load_rules([])
 
 MATCHES = [(rule, case) for rule, cases in CASES.items() for case in cases["match"]]
