@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tpuwatch.kernel_log.events import make_event
 from tpuwatch.kernel_log.records import (
     Record,
     normalise_pci,
@@ -15,22 +17,25 @@ from tpuwatch.kernel_log.records import (
     parse_line,
     pci_of_kernel_device,
 )
-from tpuwatch.kernel_log.rules import SHIPPED_DIR, RuleError, load_rules
+from tpuwatch.kernel_log.rules import SHIPPED_DIR, RuleError, literal_alternation, load_rules
 
 DATA = Path(__file__).parent / "testdata" / "kernel_log"
 CASES: dict[str, Any] = yaml.safe_load((DATA / "cases.yaml").read_text())
 DESIGN_RULES = {"nvidia_xid", "gpu_fell_off_bus", "pcie_aer_corrected", "pcie_aer_uncorrected", "edac_corrected",
                 "edac_uncorrected", "mce", "cper_fatal", "tpu_driver_error", "oom_kill", "hung_task", "soft_lockup"}
+SHIPPED_RULES = DESIGN_RULES | {"nvrm_error", "pci_reset_failed", "mce_logged", "cper_recoverable", "cper_corrected",
+                                "memory_failure", "hard_lockup", "rcu_stall", "workqueue_lockup", "kernel_panic",
+                                "kernel_oops", "amdgpu_error", "nvswitch_sxid"}
 RULES = load_rules([])
 
 MATCHES = [(rule, case) for rule, cases in CASES.items() for case in cases["match"]]
 NEAR_MISSES = [(rule, line) for rule, cases in CASES.items() for line in cases["near_miss"]]
 
 
-def test_shipped_rules_are_the_design_categories_each_with_fixtures() -> None:
-    assert {r.name for r in RULES.rules} == DESIGN_RULES
-    assert set(CASES) == DESIGN_RULES
-    assert all(CASES[name]["match"] and CASES[name]["near_miss"] for name in DESIGN_RULES)
+def test_shipped_rules_are_the_design_categories_and_more_each_with_fixtures() -> None:
+    assert {r.name for r in RULES.rules} == SHIPPED_RULES
+    assert set(CASES) == SHIPPED_RULES
+    assert all(CASES[name]["match"] and CASES[name]["near_miss"] for name in SHIPPED_RULES)
 
 
 @pytest.mark.parametrize(("rule", "case"), MATCHES, ids=[f"{r}-{i}" for i, (r, _) in enumerate(MATCHES)])
@@ -40,13 +45,18 @@ def test_every_shipped_rule_matches_its_lines_in_every_format(rule: str, case: d
     record = parse_line(prefix + case["line"])
     assert record.message == case["line"]
     [match] = RULES.match(record.message)
-    assert (match.rule, match.severity, match.pci, match.xid) == (rule, case["severity"], case.get("pci"),
+    event = make_event(match, record, lambda pci: None)
+    assert (event.rule, event.severity, event.pci, event.xid) == (rule, case["severity"], case.get("pci"),
                                                                   case.get("xid"))
+    stream = RULES.stream()
+    assert [m.rule for m in [*stream.feed(record), *stream.flush()]] == [rule]
 
 
 @pytest.mark.parametrize(("rule", "line"), NEAR_MISSES, ids=[f"{r}-{i}" for i, (r, _) in enumerate(NEAR_MISSES)])
 def test_near_misses_match_no_rule(rule: str, line: str) -> None:
     assert RULES.match(line) == []
+    stream = RULES.stream()
+    assert stream.feed(Record(line)) + stream.flush() == []
 
 
 def test_every_rule_keyword_prefilter_admits_all_its_fixture_lines() -> None:
@@ -108,6 +118,9 @@ def _rule_file(tmp_path: Path, text: str, name: str = "local.yaml") -> Path:
 
 @pytest.mark.parametrize(("text", "reason"), [
     ("rules: [{name: bad, regex: 'Xid (', severity: warning}]", "rule 'bad': invalid regex: missing )"),
+    ("rules: [{name: big, regex: 'a{99999999999}'}]", "rule 'big': invalid regex: the repetition number is too large"),
+    ("rules: [{name: deep, regex: '" + "(" * 1000 + ")" * 1000 + "'}]",
+     "rule 'deep': invalid regex: maximum recursion"),
     ("rules: [{name: bad, regex: x, severity: urgent}]", "rule 'bad': severity must be one of"),
     ("rules: [{name: bad, regex: x, colour: red}]", "rule 'bad': unknown key 'colour'"),
     ("rules: [{name: bad}]", "rule 'bad': regex is required"),
@@ -120,6 +133,25 @@ def _rule_file(tmp_path: Path, text: str, name: str = "local.yaml") -> Path:
     ("rules: [{name: dup, regex: x}, {name: dup, regex: y}]", "rule 'dup': defined twice in this file"),
     ("rules:\n  - name: x\n   regex: [", "line 3, column 4: YAML syntax error"),
     ("- just a list", "expected a mapping with one key, rules"),
+    ("rules: [{name: bad, regex: x, lines: 9}]", "rule 'bad': lines must be a whole number from 1 to 8"),
+    ("rules: [{name: bad, regex: x, hold: -1}]", "rule 'bad': hold must be a whole number from 0 to 64"),
+    ("rules: [{name: bad, regex: x, hold: true}]", "rule 'bad': hold must be a whole number"),
+    ("rules: [{name: bad, regex: x, superseded_by: Other}]", "rule 'bad': superseded_by must be a list of rule names"),
+    ("rules: [{name: bad, regex: x, follow: x}]", "rule 'bad': follow must be a mapping"),
+    ("rules: [{name: bad, regex: x, follow: {keywords: [a]}}]", "rule 'bad': follow.regex is required"),
+    ("rules: [{name: bad, regex: x, follow: {regex: '('}}]", "rule 'bad': invalid follow.regex: missing )"),
+    ("rules: [{name: bad, regex: x, follow: {regex: y, within: 0}}]",
+     "rule 'bad': follow.within must be a whole number from 1 to 256"),
+    ("rules: [{name: bad, regex: x, follow: {regex: y, alone: yes please}}]", "rule 'bad': follow.alone must be true"),
+    ("rules: [{name: bad, regex: x, follow: {regex: y, colour: red}}]", "rule 'bad': unknown key follow.'colour'"),
+    ("rules: [{name: bad, regex: x, follow: {regex: y, severity: urgent}}]", "rule 'bad': follow.severity must be"),
+    ("rules: [{name: bad, regex: '(?P<s>x)', severity_by: [{field: s, bits: {critical: [64]}}]}]",
+     "rule 'bad': severity_by.bits must map severities to lists of bit numbers (0-63)"),
+    ("rules: [{name: bad, regex: '(?P<s>x)', severity_by: {field: s, bits: {critical: [1]}, info: [x]}}]",
+     "with nothing beside field"),
+    ("rules: [{name: bad, regex: '(?P<s>x)', severity_by: [{field: t, info: [x]}]}]",
+     "rule 'bad': severity_by.field 't' is not a named group"),
+    ("rules: [{name: bad, regex: " + "x" * 9000 + "}]", "rule 'bad': regex is longer than 8192 characters"),
 ])
 def test_broken_rule_file_names_file_rule_and_reason(tmp_path: Path, text: str, reason: str) -> None:
     path = _rule_file(tmp_path, text)
@@ -131,7 +163,7 @@ def test_broken_rule_file_names_file_rule_and_reason(tmp_path: Path, text: str, 
 
 
 def test_missing_rule_path_is_an_error_only_when_required(tmp_path: Path) -> None:
-    assert {r.name for r in load_rules([str(tmp_path / "absent")]).rules} == DESIGN_RULES
+    assert {r.name for r in load_rules([str(tmp_path / "absent")]).rules} == SHIPPED_RULES
     with pytest.raises(RuleError, match="absent.yaml: cannot read"):
         load_rules([], required=[str(tmp_path / "absent.yaml")])
 
@@ -158,6 +190,47 @@ rules:
     [link] = rules.match("ice 0000:5e:00.0: NIC Link is Down")
     assert (link.rule, link.severity, link.pci) == ("ice_link_down", "warning", "0000:5e:00.0")
     assert rules.hits("x\nice 0000:5e:00.0: NIC Link is Down\n") == [2]  # an unkeyed rule scans by its regex
+
+
+def test_rule_file_over_the_size_limit_is_refused(tmp_path: Path) -> None:
+    path = _rule_file(tmp_path, "rules: []\n" + "#" * (1 << 20))
+    with pytest.raises(RuleError, match=f"{path}: larger than 1 MiB"):
+        load_rules([str(tmp_path)])
+
+
+def test_severity_by_list_first_deciding_entry_wins_and_bits_read_a_hex_word(tmp_path: Path) -> None:
+    _rule_file(tmp_path, """
+rules:
+  - name: word
+    regex: 'kind=(?P<kind>\\w+)(?: status=(?P<status>\\w+))?'
+    keywords: ["kind="]
+    severity: info
+    severity_by:
+      - {field: kind, critical: [boom]}
+      - {field: status, bits: {critical: [3, 0], warning: [3]}}
+""")
+    rules = load_rules([str(tmp_path)])
+    verdicts = {text: [m.severity for m in rules.match(text) if m.rule == "word"]
+                for text in ("kind=boom status=0", "kind=x status=9", "kind=x status=8", "kind=x status=1", "kind=x",
+                             "kind=x status=zz")}
+    assert verdicts == {"kind=boom status=0": ["critical"], "kind=x status=9": ["critical"],
+                        "kind=x status=8": ["warning"], "kind=x status=1": ["info"], "kind=x": ["info"],
+                        "kind=x status=zz": ["info"]}  # not a hex word: the entry does not decide
+
+
+@pytest.mark.parametrize("words", [["AER: ", "AER: x", "EDAC MC", "EDAC", "a", "ab", "b"], ["x.y", "(?", "\\d"]])
+def test_literal_alternation_matches_exactly_its_words(words: list[str]) -> None:
+    regex = re.compile(literal_alternation(words))
+    for word in words:
+        assert regex.fullmatch(word)
+    assert not regex.fullmatch("zzz") and not regex.fullmatch("xxy")
+
+
+def test_rule_severities_include_follow_and_bits() -> None:
+    mce = next(r for r in RULES.rules if r.name == "mce")
+    assert mce.severities() == ["critical", "warning", "info"]
+    aer = next(r for r in RULES.rules if r.name == "pcie_aer_corrected")
+    assert aer.severities() == ["info"]
 
 
 def test_shipped_rule_files_have_no_duplicate_names() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from tpuwatch.config import Config, parse
 from tpuwatch.kernel_log import logscan
 from tpuwatch.kernel_log import scan as scan_module
+from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver
 from tpuwatch.kernel_log.events import KernelEvent
 from tpuwatch.kernel_log.records import MAX_LINE_BYTES
 from tpuwatch.kernel_log.rules import load_rules
@@ -21,18 +23,16 @@ from tpuwatch.kernel_log.scan import ScanStats, scan
 DATA = Path(__file__).parent / "testdata" / "kernel_log"
 FORMATS = ["dmesg.txt", "dmesg_T.txt", "kern.log", "kmsg.txt", "journal.json"]
 EXPECTED = [  # (line in dmesg.txt, rule, severity, pci, xid)
-    (13, "pcie_aer_corrected", "info", "0000:3b:00.0", None),
-    (17, "nvidia_xid", "info", "0000:3b:00.0", 13),
+    (13, "pcie_aer_corrected", "info", "0000:3b:00.0", None),  # its three detail lines are the same message
+    (17, "nvidia_xid", "warning", "0000:3b:00.0", 13),
     (18, "edac_corrected", "info", None, None),
     (20, "oom_kill", "warning", None, None),
     (22, "hung_task", "warning", None, None),
-    (25, "tpu_driver_error", "warning", "0000:00:04.0", None),
-    (26, "tpu_driver_error", "critical", None, None),
-    (27, "mce", "warning", None, None),
-    (28, "mce", "warning", None, None),
+    (25, "pci_reset_failed", "critical", "0000:00:05.0", None),
+    (26, "tpu_driver_error", "critical", None, None),  # accel0: no sysfs here to reach its PCI address
+    (27, "mce", "critical", None, None),  # "Machine check events logged" after it is the same fault
     (29, "soft_lockup", "warning", None, None),
-    (30, "nvidia_xid", "critical", "0000:3b:00.0", 79),
-    (31, "gpu_fell_off_bus", "critical", "0000:3b:00.0", None),
+    (30, "nvidia_xid", "critical", "0000:3b:00.0", 79),  # "GPU has fallen off the bus" after it is the same fault
     (32, "cper_fatal", "critical", None, None),
 ]
 RULES = load_rules([])
@@ -43,7 +43,8 @@ def _lookup(pci: str) -> str | None:
     return {"0000:3b:00.0": "3"}.get(pci)
 
 
-def _scan(data: bytes, lookup: Callable[[str], str | None] = lambda pci: None) -> tuple[list[KernelEvent], ScanStats]:
+def _scan(data: bytes, lookup: Callable[[str], str | None] | Attribution = lambda pci: None
+          ) -> tuple[list[KernelEvent], ScanStats]:
     stats = ScanStats()
     return list(scan(io.BytesIO(data), RULES, lookup, stats)), stats
 
@@ -66,13 +67,19 @@ def test_every_format_gives_the_same_events(name: str) -> None:
         assert stats.lines == 32
 
 
-def test_kmsg_continuation_attributes_and_is_not_split_across_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    record = (b"4,7,100,-;pcieport 0000:00:03.0: AER: Corrected error received: id=0018\n"
-              b" SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n")
+def test_kmsg_continuation_attributes_through_sysfs_and_is_not_split_across_blocks(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    device = tmp_path / "devices" / "pci0000:00" / "0000:3b:00.0" / "accel" / "accel0"
+    device.mkdir(parents=True)
+    (tmp_path / "dev" / "char").mkdir(parents=True)
+    (tmp_path / "dev" / "char" / "121:0").symlink_to("../../devices/pci0000:00/0000:3b:00.0/accel/accel0")
+    attribution = Attribution(_lookup, SysfsResolver(str(tmp_path)))
+    record = (b"3,7,100,-;accel accel0: gasket_reset_nolock: Device reported as dead.\n"
+              b" SUBSYSTEM=accel\n DEVICE=c121:0\n")
     filler = b"6,1,1,-;" + b"x" * 60 + b"\n"
     monkeypatch.setattr(scan_module, "BLOCK_BYTES", 256)
     for padding in range(12):  # the record lands across every possible block boundary
-        events, stats = _scan(filler * padding + record + filler, _lookup)
+        events, stats = _scan(filler * padding + record + filler, attribution)
         assert [(e.line, e.pci, e.device) for e in events] == [(padding + 1, "0000:3b:00.0", "3")]
         assert stats.lines == padding + 4
 
@@ -91,6 +98,29 @@ def test_odd_input_is_skipped_and_counted() -> None:
     events, stats = _scan(data)
     assert [e.line for e in events] == [1, 7, 8]
     assert (stats.lines, stats.skipped) == (8, 4)
+
+
+def test_line_numbers_and_counts_do_not_depend_on_where_blocks_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(5)
+    pieces = [b"[    1.000000] e1000e 0000:00:1f.6 eno1: NIC Link is Up\n",
+              b"[    1.000000] NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x\n",
+              b"[    1.000000] mce: CPU supports 16 MCE banks\n",
+              b"6,1,1,-;nvidia 0000:3b:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer\n"
+              b" SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n",
+              b"[    1.000000] NVRM: The NVIDIA GPU 0000:b3:00.0\n[    1.000000] NVRM: (PCI ID: 10de:26b5) installed "
+              b"in this system has\n[    1.000000] NVRM: fallen off the bus and is not responding to commands.\n"]
+    for _ in range(20):
+        data = b"".join(rng.choice(pieces) for _ in range(rng.randrange(1, 60)))
+        if rng.random() < 0.5:
+            data = data[:-1]  # no newline at the end
+        whole, stats = _scan(data)
+        assert stats.lines == data.count(b"\n") + (not data.endswith(b"\n"))
+        for size in (64, 200, 333):
+            monkeypatch.setattr(scan_module, "BLOCK_BYTES", size)
+            events, small = _scan(data)
+            assert [(e.line, e.rule) for e in events] == [(e.line, e.rule) for e in whole]
+            assert small.lines == stats.lines
+        monkeypatch.setattr(scan_module, "BLOCK_BYTES", 1 << 20)
 
 
 def test_huge_line_never_held_whole() -> None:
@@ -128,8 +158,8 @@ def test_logscan_json_follows_the_event_contract(capsys: pytest.CaptureFixture[s
     code, out, err = _logscan(capsys, str(DATA / "dmesg.txt"), "--json")
     assert code == 1 and err == ""  # critical events found
     result = json.loads(out)
-    assert result["lines"] == 32 and result["counts"] == {"critical": 4, "warning": 6, "info": 3}
-    xid = result["events"][-3]
+    assert result["lines"] == 32 and result["counts"] == {"critical": 5, "warning": 4, "info": 2}
+    xid = result["events"][-2]
     assert xid == {"line": 30, "rule": "nvidia_xid", "severity": "critical", "pci": "0000:3b:00.0", "device": None,
                    "xid": 79, "message": "NVRM: Xid (PCI:0000:3b:00): 79, pid=6262, name=python3, GPU has fallen off "
                    "the bus.", "fields": {"pid": "6262", "process": "python3"}}
@@ -139,9 +169,9 @@ def test_logscan_json_follows_the_event_contract(capsys: pytest.CaptureFixture[s
 def test_logscan_text_output(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _logscan(capsys, str(DATA / "dmesg.txt"))
     lines = out.splitlines()
-    assert code == 1 and len(lines) == 14
-    assert lines[10].split()[:6] == ["30", "critical", "nvidia_xid", "device=-", "pci=0000:3b:00.0", "xid=79"]
-    assert lines[-1].endswith("32 lines, 13 events (4 critical, 6 warning, 3 info), 0 lines skipped "
+    assert code == 1 and len(lines) == 12
+    assert lines[9].split()[:6] == ["30", "critical", "nvidia_xid", "device=-", "pci=0000:3b:00.0", "xid=79"]
+    assert lines[-1].endswith("32 lines, 11 events (5 critical, 4 warning, 2 info), 0 lines skipped "
                               "(not text or over 64 KiB)")
 
 
@@ -151,7 +181,7 @@ def test_logscan_without_critical_events_exits_0(tmp_path: Path, capsys: pytest.
 
 
 def test_logscan_devices_from_the_configured_backend(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "k.log").write_text("apex 0000:11:00.0: non-zero error_status: 0x2\n")  # sim chip 1
+    (tmp_path / "k.log").write_text("vfio-pci 0000:11:00.0: not ready 65535ms after FLR; giving up\n")  # sim chip 1
     config = parse("devices: {backend: sim}\nkernel_log: {rules_dirs: []}")
     _, out, _ = _logscan(capsys, str(tmp_path / "k.log"), "--json", config=config)
     assert json.loads(out)["events"][0]["device"] == "1"

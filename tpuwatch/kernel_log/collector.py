@@ -150,11 +150,15 @@ class KernelLogCollector:
         for record in records:
             try:
                 for match in self._matcher.feed(record):
-                    event = make_event(match, record, self._device, when=now)
-                    self._counts[(event.rule, event.severity, event.device or "")] += 1
-                    passed.extend(self._storms.offer(event))
+                    self._count(make_event(match, record, self._device_for_pci, when=now), passed)
             except Exception as exc:  # noqa: BLE001 - no record may stop the counting
                 self._note_error(exc)
+        try:  # what waited for the records after it (a CPER block, a machine-check summary) is due now
+            for match in self._matcher.flush():
+                if match.record is not None:
+                    self._count(make_event(match, match.record, self._device_for_pci, when=now), passed)
+        except Exception as exc:  # noqa: BLE001 - no record may stop the counting
+            self._note_error(exc)
         self._publish(passed)
 
     def _note_error(self, exc: Exception) -> None:
@@ -178,9 +182,9 @@ class KernelLogCollector:
                           source=source.name))
         return out
 
-    def _device(self, pci: str) -> str | None:
-        device = self._device_for_pci(pci)
-        return None if device is None else str(device)
+    def _count(self, event: KernelEvent, passed: list[KernelEvent]) -> None:
+        self._counts[(event.rule, event.severity, event.device or "")] += 1
+        passed.extend(self._storms.offer(event))
 
     def _publish(self, events: list[KernelEvent]) -> None:
         with self._lock:
@@ -223,9 +227,13 @@ def device_lookup(readings: Callable[[], Iterable[DeviceReading]]) -> Callable[[
 
     ``readings`` is called on every lookup, e.g. ``lambda: device_collector.last_readings``.
     """
+    from functools import lru_cache
+
+    normalise = lru_cache(maxsize=256)(normalise_pci)  # the backend's addresses, asked again on every event
+
     def lookup(pci: str) -> str | None:
         for reading in readings():
-            if reading.pci and normalise_pci(reading.pci) == pci:
+            if reading.pci and normalise(reading.pci) == pci:
                 return reading.device
         return None
     return lookup
@@ -291,15 +299,20 @@ def build_collector(config: Config, device_for_pci: DeviceLookup,
 
     The daemon uses ``persist=True``; ``tpuwatch check`` passes False so that it
     reads this boot's messages without moving the daemon's saved position.
+    Events are attributed through ``paths.sysfs`` (the kernel's device tags and
+    ``accel accelN:`` prefixes to PCI addresses), then ``device_for_pci``.
     Raises ConfigError (RuleError is one) for a broken rule file or an
     explicitly configured source that cannot be opened.
     """
+    from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver
+
     rules = load_rules(config.kernel_log.rules_dirs)
     source, note = open_source(config, persist)
     log.log(logging.WARNING if isinstance(source, NoSource) else logging.INFO, "%s", note)
     if source is None:
         return None, note
-    return KernelLogCollector(source, rules, device_for_pci, config.kernel_log.storm_window,
+    attribution = Attribution(device_for_pci, SysfsResolver(config.paths.sysfs))
+    return KernelLogCollector(source, rules, attribution, config.kernel_log.storm_window,
                               deadline=config.collector_deadline), note
 
 

@@ -7,8 +7,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tpuwatch.kernel_log.records import Record, pci_of_kernel_device
-from tpuwatch.kernel_log.rules import Match
+from tpuwatch.kernel_log.attribution import Attribution, as_attribution
+from tpuwatch.kernel_log.records import Record
+from tpuwatch.kernel_log.rule import Match
 
 MAX_STORM_KEYS = 1024
 
@@ -53,11 +54,19 @@ class KernelEvent:
         return out
 
 
-def make_event(match: Match, record: Record, device_for_pci: Callable[[str], str | None],
+def make_event(match: Match, record: Record, device_for_pci: Attribution | Callable[[str], str | int | None],
                line: int | None = None, when: float | None = None) -> KernelEvent:
-    """The event for a rule match: the rule's own PCI address first, else the kernel's DEVICE attribution."""
-    pci = match.pci or pci_of_kernel_device(record.kernel_device)
-    return KernelEvent(match.rule, match.severity, record.message, pci, device_for_pci(pci) if pci else None,
+    """The event for a rule match on ``record`` (or on the record the match carries: a joined or waiting one).
+
+    The PCI address is the rule's own field first, else the device the kernel
+    tagged the record with, else the message's ``driver device:`` prefix (both
+    through sysfs when ``device_for_pci`` is an Attribution with a resolver);
+    the chip is ``device_for_pci(pci)``.
+    """
+    source = match.record or record
+    attribution = as_attribution(device_for_pci)
+    pci = match.pci or attribution.pci_of(source)
+    return KernelEvent(match.rule, match.severity, source.message, pci, attribution(pci) if pci else None,
                        match.xid, match.fields, line, 1, when)
 
 

@@ -10,11 +10,12 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TextIO
 
 from tpuwatch.config import Config
 from tpuwatch.devices import select_backend
+from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver
 from tpuwatch.kernel_log.collector import device_lookup
 from tpuwatch.kernel_log.events import KernelEvent
 from tpuwatch.kernel_log.rules import SEVERITIES, load_rules
@@ -60,11 +61,12 @@ def run(args: argparse.Namespace, config: Config) -> int:
     return EXIT_CRITICAL if stats.severities["critical"] else EXIT_OK
 
 
-def _chip_lookup(config: Config) -> Callable[[str], str | None]:
-    """PCI address -> chip index of this host's device backend (nothing found without one)."""
+def _chip_lookup(config: Config) -> Attribution:
+    """PCI address -> chip index of this host's device backend (nothing found without one), and this host's
+    sysfs (``paths.sysfs``) for the kernel's device tags: a log from another host gets this host's chips."""
     backend, _ = select_backend(config)
     readings = backend.read() if backend is not None else []
-    return device_lookup(lambda: readings)
+    return Attribution(device_lookup(lambda: readings), SysfsResolver(config.paths.sysfs))
 
 
 def _write_text(events: Iterable[KernelEvent], stats: ScanStats, name: str, out: TextIO) -> None:

@@ -1,32 +1,49 @@
-"""Scan a whole log file with the rules, fast: 1 MiB blocks, a keyword prefilter, per-line work only on hits.
+"""Scan a whole log file with the rules, fast: 1 MiB blocks, one keyword prefilter, per-record work only on hits.
 
-Lines are recognised one by one (dmesg text with or without timestamps,
-syslog, raw kmsg records with their continuation lines, ``journalctl -o json``).
-A line that is not text (invalid UTF-8, control bytes) or is longer than
-64 KiB is skipped and counted; memory stays bounded by the block size.
+Records are recognised one by one (dmesg text with or without timestamps,
+syslog, raw kmsg records with their continuation lines, ``journalctl -o
+json``).  A line that starts with white space continues the record above it
+(kmsg's `` KEY=VALUE`` lines; the indented lines ``dmesg`` and ``journalctl``
+print for a message with newlines), so a record is what /dev/kmsg or the
+journal would have given the daemon's collector.  Records go through the same
+``StreamMatcher`` as the collector's: the ones with a keyword hit are fed,
+with the records before them a message spanning several lines needs; the rest
+are only counted (``skip``).  A line that is not text (invalid UTF-8, control
+bytes) or is longer than 64 KiB is skipped and counted; memory stays bounded
+by the block size.
 """
 
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import BinaryIO
 
+from tpuwatch.kernel_log.attribution import Attribution, as_attribution
 from tpuwatch.kernel_log.events import KernelEvent, make_event
+from tpuwatch.kernel_log.matcher import StreamMatcher
 from tpuwatch.kernel_log.records import (
     KMSG_HEAD_RE,
     MAX_LINE_BYTES,
+    MAX_MESSAGE_CHARS,
     Record,
     as_text,
     is_text,
     parse_kmsg,
     parse_line,
 )
+from tpuwatch.kernel_log.rule import Match
 from tpuwatch.kernel_log.rules import RuleSet
 
 BLOCK_BYTES = 1 << 20
+MAX_CONTINUATION_LINES = 16
+_LINE_MEMORY = 512
+_CONTINUATION = re.compile(r"\n[ \t]")
+_SYSLOG_ESCAPE = re.compile(r"#0[0-3][0-7]")  # rsyslog writes control characters as #ooo
 _KMSG_HEAD_BYTES = re.compile(rb"\d+,\d+,\d+,[^;\n]*;")
 
 
@@ -39,24 +56,222 @@ class ScanStats:
     severities: Counter[str] = field(default_factory=Counter)
 
 
-def scan(stream: BinaryIO, rules: RuleSet, device_for_pci: Callable[[str], str | None],
+def scan(stream: BinaryIO, rules: RuleSet, device_for_pci: Attribution | Callable[[str], str | int | None],
          stats: ScanStats) -> Iterator[KernelEvent]:
-    """Events for every matching line of ``stream``, in order; ``stats`` is updated as it goes."""
+    """Events for every matching record of ``stream``, in order; ``stats`` is updated as it goes."""
+    scanner = _Scanner(rules, as_attribution(device_for_pci))
     for block in _blocks(stream):
         if block is None:  # one over-long line, dropped unread
             stats.lines += 1
             stats.skipped += 1
+            for event in scanner.drop_line():
+                stats.severities[event.severity] += 1
+                yield event
             continue
         text, bad = _clean(block)
         stats.skipped += bad
-        for event in _scan_text(text, stats.lines, rules, device_for_pci):
+        events = scanner.block(text)
+        stats.lines += scanner.block_lines
+        for event in events:
             stats.severities[event.severity] += 1
             yield event
-        stats.lines += text.count("\n") + (not text.endswith("\n"))
+    for event in scanner.finish():
+        stats.severities[event.severity] += 1
+        yield event
+
+
+class _Scanner:
+    """Walks blocks of whole records, feeding the matcher exactly the records it needs, in order."""
+
+    def __init__(self, rules: RuleSet, attribution: Attribution) -> None:
+        self.rules = rules
+        self.matcher: StreamMatcher = rules.stream()
+        self.attribution = attribution
+        self.context = rules.max_lines - 1
+        self.line_base = 0  # lines before the current block
+        self.carry = ""  # the last records of the previous block, not given to the matcher yet
+        self.carry_lines = 0
+        self.index = 0  # records the matcher has been given (fed or skipped)
+        self.lines_of: dict[int, int] = {}  # record index -> 1-based line, for recent fed records
+        self.block_lines = 0  # lines in the last block
+
+    def drop_line(self) -> list[KernelEvent]:
+        """A line dropped unread (over 64 KiB): no record, but it counts for line numbers and ends the context."""
+        self.continuations = _continuations(self.carry)
+        out: list[KernelEvent] = []
+        self._events(self.matcher.skip(self._skip(self.carry, 0, len(self.carry))), None, out)
+        self.carry, self.carry_lines = "", 0
+        self.line_base += 1
+        return out
+
+    def block(self, block: str) -> list[KernelEvent]:
+        """Events of one block (``block_lines`` then says how many lines it had); its last records wait (unfed) for
+        the next block, which may need them as context."""
+        text = self.carry + block
+        self.continuations = continuations = _continuations(text)
+        out: list[KernelEvent] = []
+        pos, line, last_start = 0, self.line_base - self.carry_lines, -1
+        rules, matcher, lines_of = self.rules, self.matcher, self.lines_of
+        checks, partners, wants_context, expects = rules.checks, rules.partner_checks, rules.wants_context, \
+            matcher.expects
+        for hit, keyword in rules.keyed_hits(text):
+            tests = checks.get(keyword)
+            if tests is not None and not tests[0] and not partners[keyword] and not any(map(expects, tests[2])):
+                continue  # only follow lines of rules with no fault open: like a line without keywords
+            start = _record_start(text, hit)
+            if start < pos or start == last_start:
+                continue
+            if tests is not None and _rejected(text, start, hit, keyword, rules, expects):
+                continue  # no regex matches: like a line without keywords (another keyword may still count)
+            last_start = start
+            record, end = _record(text, start)
+            before: list[tuple[int, Record]] = []
+            if self.context and wants_context(record.message):
+                before = _previous(text, start, pos, self.context)
+            gap_end = before[0][0] if before else start
+            if gap_end > pos:  # records with no keyword: counted, not parsed (gap_end starts a line)
+                newlines = text.count("\n", pos, gap_end)
+                line += newlines
+                skipped = newlines - (bisect_left(continuations, gap_end - 1) - bisect_left(continuations, pos))
+                self.index += skipped
+                if released := matcher.skip(skipped):
+                    self._events(released, None, out)
+            for at, previous in before:
+                line += text.count("\n", gap_end, at)
+                gap_end = at
+                self.index += 1
+                lines_of[self.index] = line + 1
+                if matches := matcher.feed(previous):
+                    self._events(matches, previous, out)
+            line += text.count("\n", gap_end, start)
+            self.index += 1
+            lines_of[self.index] = line + 1
+            if matches := matcher.feed_found(record):
+                self._events(matches, record, out)
+            line += text.count("\n", start, end)
+            pos = end
+            if len(lines_of) > 2 * _LINE_MEMORY:
+                self._forget_lines()
+        tail = _previous(text, len(text), pos, self.context)[0][0] if self.context and pos < len(text) else len(text)
+        newlines = text.count("\n", pos, tail)  # with the counts at each hit, every newline is counted once
+        if tail > pos:
+            skipped = newlines + (text[tail - 1] != "\n") - (
+                bisect_left(continuations, tail - 1) - bisect_left(continuations, pos))
+            self.index += skipped
+            self._events(matcher.skip(skipped), None, out)
+        self.carry = text[tail:]
+        carry_newlines = self.carry.count("\n")
+        partial = bool(text) and not text.endswith("\n")  # the last line, if the stream ends without a newline
+        text_lines = line - (self.line_base - self.carry_lines) + newlines + carry_newlines + partial
+        self.block_lines = text_lines - self.carry_lines
+        self.carry_lines = carry_newlines + (partial and bool(self.carry))
+        self.line_base += self.block_lines
+        return out
+
+    def finish(self) -> list[KernelEvent]:
+        self.continuations = _continuations(self.carry)
+        out: list[KernelEvent] = []
+        self._events(self.matcher.skip(self._skip(self.carry, 0, len(self.carry))), None, out)
+        self._events(self.matcher.flush(), None, out)
+        return out
+
+    def _skip(self, text: str, start: int, end: int) -> int:
+        count = _records_in(text, start, end, self.continuations)
+        self.index += count
+        return count
+
+    def _forget_lines(self) -> None:
+        """Keep the line numbers of the last _LINE_MEMORY fed records (the ones a waiting event can start at)."""
+        for index in list(islice(self.lines_of, len(self.lines_of) - _LINE_MEMORY)):  # oldest first
+            del self.lines_of[index]
+
+    def _events(self, matches: list[Match], record: Record | None, out: list[KernelEvent]) -> None:
+        for match in matches:
+            line = self.lines_of.get(match.index) if match.index is not None else None
+            out.append(make_event(match, match.record or record or Record(""), self.attribution, line=line))
+
+
+def _rejected(text: str, start: int, hit: int, keyword: str, rules: RuleSet, expects: Callable[[int], bool]) -> bool:
+    """True if ``keyword`` at ``hit`` cannot make the record at ``start`` match: its rules' regexes, searched in
+    the raw line, find nothing (``RuleSet.line_may_match``, ``StreamMatcher.expects``).  Only for a one-line record
+    whose message is the raw line's text as it stands (not JSON, no kmsg or syslog escapes, not cut short), which
+    those regexes cannot see past."""
+    end = text.find("\n", start)
+    end = len(text) if end < 0 else end
+    if hit >= end or end - start > MAX_MESSAGE_CHARS or text.startswith("{", start):
+        return False
+    if text.startswith((" ", "\t"), end + 1) and not KMSG_HEAD_RE.match(text, start):
+        return False  # a continuation line joins the message
+    raw = text[start:end]
+    if "\\" in raw or ("#0" in raw and _SYSLOG_ESCAPE.search(raw)):
+        return False
+    return not rules.line_may_match(keyword, raw, expects)
+
+
+def _continuations(text: str) -> list[int]:
+    """The offsets of the newlines that start a continuation line, in order."""
+    return [m.start() for m in _CONTINUATION.finditer(text)]
+
+
+def _record_start(text: str, offset: int) -> int:
+    """Where the record holding ``offset`` starts: the start of its line, or of the line a continuation continues."""
+    start = text.rfind("\n", 0, offset) + 1
+    for _ in range(MAX_CONTINUATION_LINES):
+        if start == 0 or not _continues(text, start):
+            break
+        start = text.rfind("\n", 0, start - 1) + 1
+    return start
+
+
+def _continues(text: str, start: int) -> bool:
+    return text.startswith((" ", "\t"), start)
+
+
+def _record(text: str, start: int) -> tuple[Record, int]:
+    """The record whose head line starts at ``start``, and the offset just past its last line."""
+    end = text.find("\n", start)
+    end = len(text) if end < 0 else end
+    head = text[start:end]
+    extra: list[str] = []
+    while end < len(text) and len(extra) < MAX_CONTINUATION_LINES and _continues(text, end + 1):
+        following = text.find("\n", end + 1)
+        following = len(text) if following < 0 else following
+        extra.append(text[end + 1:following])
+        end = following
+    end = min(end + 1, len(text))
+    if KMSG_HEAD_RE.match(head):
+        parsed = parse_kmsg("\n".join([head, *extra]))
+        if parsed is not None:
+            return parsed.record, end
+    record = parse_line(head)
+    if extra:
+        message = "\n".join([record.message, *(line.strip() for line in extra)])
+        record = Record(message[:MAX_MESSAGE_CHARS * 2], record.kernel_device)
+    return record, end
+
+
+def _previous(text: str, start: int, floor: int, count: int) -> list[tuple[int, Record]]:
+    """Up to ``count`` records before the one at ``start`` and not before ``floor``, oldest first."""
+    out: list[tuple[int, Record]] = []
+    while len(out) < count and start > floor:
+        start = _record_start(text, start - 1)
+        if start < floor:
+            break
+        out.append((start, _record(text, start)[0]))
+    return out[::-1]
+
+
+def _records_in(text: str, start: int, end: int, continuations: list[int]) -> int:
+    """Records whose head lines start in ``text[start:end]`` (``start`` is a record start); ``continuations``:
+    the sorted offsets of the newlines that start a continuation line."""
+    if end <= start:
+        return 0
+    lines = text.count("\n", start, end) + (text[end - 1] != "\n")
+    return lines - (bisect_left(continuations, end - 1) - bisect_left(continuations, start))
 
 
 def _blocks(stream: BinaryIO) -> Iterator[bytes | None]:
-    """Blocks of whole lines (a kmsg record is never split from its continuation lines); None for a line
+    """Blocks of whole records (a record is never split from its continuation lines); None for a line
     over MAX_LINE_BYTES that never fit in memory."""
     pending = b""
     discarding = False
@@ -85,11 +300,13 @@ def _blocks(stream: BinaryIO) -> Iterator[bytes | None]:
 
 
 def _hold_back(buffer: bytes, end: int) -> int:
-    """Where to cut ``buffer[:end]`` so that a trailing kmsg record waits for more continuation lines."""
+    """Where to cut ``buffer[:end]`` so that its last record waits for more continuation lines."""
     start = buffer.rfind(b"\n", 0, end - 1) + 1
-    while start > 0 and buffer.startswith(b" ", start):
+    for _ in range(MAX_CONTINUATION_LINES):
+        if start == 0 or not buffer.startswith((b" ", b"\t"), start):
+            break
         start = buffer.rfind(b"\n", 0, start - 1) + 1
-    return start if _KMSG_HEAD_BYTES.match(buffer, start) else end
+    return start
 
 
 def _clean(block: bytes) -> tuple[str, int]:
@@ -116,33 +333,3 @@ def _has_long_line(block: bytes) -> bool:
             return True
         position = newline + 1
     return False
-
-
-def _scan_text(text: str, lines_before: int, rules: RuleSet,
-               device_for_pci: Callable[[str], str | None]) -> Iterator[KernelEvent]:
-    counted_to, line_index, last_start = 0, lines_before, -1
-    for hit in rules.hits(text):
-        start = text.rfind("\n", 0, hit) + 1
-        if start == last_start:
-            continue
-        last_start = start
-        end = text.find("\n", hit)
-        end = len(text) if end < 0 else end
-        line_index += text.count("\n", counted_to, start)
-        counted_to = start
-        line = text[start:end]
-        record = parse_line(line)
-        if KMSG_HEAD_RE.match(line):
-            record = _with_continuation(text, line, end)
-        for match in rules.match(record.message):
-            yield make_event(match, record, device_for_pci, line=line_index + 1)
-
-
-def _with_continuation(text: str, line: str, end: int) -> Record:
-    """The kmsg record at ``line`` with the DEVICE= of the continuation lines that follow it."""
-    position = end + 1
-    while text.startswith(" ", position):
-        newline = text.find("\n", position)
-        position = len(text) if newline < 0 else newline + 1
-    parsed = parse_kmsg(line + "\n" + text[end + 1:position])
-    return parsed.record if parsed is not None else parse_line(line)

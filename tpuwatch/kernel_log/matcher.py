@@ -1,0 +1,255 @@
+"""Matching one stream of kernel records in order, with a little bounded state between records.
+
+The cross-record forms of real logs live here: a message printed over several
+records (``lines``), the detail lines of one fault that must not count again
+and that stand for it when its first line was lost (``follow``), and an event
+that waits for the lines after it (``hold``, a CPER block's ``device_id:``).
+State is a few records deep: at most ``MAX_OPEN_FAULTS`` open faults per rule,
+``MAX_HELD`` waiting events, the last ``lines - 1`` messages.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from tpuwatch.kernel_log.attribution import device_key
+from tpuwatch.kernel_log.records import Record
+from tpuwatch.kernel_log.rule import RANK, Match
+
+if TYPE_CHECKING:
+    from tpuwatch.kernel_log.rules import RuleSet
+
+MAX_OPEN_FAULTS = 32
+MAX_HELD = 64
+
+
+class _Fault:
+    """A fault seen recently: what its later lines must agree with."""
+
+    __slots__ = ("rule", "key", "fields", "rank", "last", "held")
+
+    def __init__(self, rule: int, key: str | None, match: Match, index: int) -> None:
+        self.rule = rule
+        self.key = key
+        self.fields = match.fields
+        self.rank = RANK[match.severity]
+        self.last = index
+        self.held: _Held | None = None
+
+
+class _Held:
+    """An event waiting for the lines after it."""
+
+    __slots__ = ("rule", "match", "record", "index")
+
+    def __init__(self, rule: int, match: Match, record: Record, index: int) -> None:
+        self.rule = rule
+        self.match = match
+        self.record = record
+        self.index = index
+
+
+class StreamMatcher:
+    """Matches the records of one stream in order; one stream, one matcher.
+
+    ``feed(record)`` gives the matches the record completes (at most one for
+    the record itself, plus any waiting events it ends); ``skip(n)`` tells it
+    that ``n`` records matching no keyword went by unfed; ``flush()`` gives the
+    waiting events at the end of a read or of the stream.
+    """
+
+    def __init__(self, rules: RuleSet) -> None:
+        self.rules = rules
+        self._rules = rules.rules
+        self._always = bool(rules.unkeyed or rules.unkeyed_follow)
+        self._can_match = rules.can_match
+        self._search = rules.prefilter.search if rules.prefilter is not None else _nothing
+        self._index = 0
+        self._context: deque[str] | None = deque(maxlen=rules.max_lines - 1) if rules.max_lines > 1 else None
+        self._open: dict[int, deque[_Fault]] = {}
+        self._held: list[_Held] = []
+        self._last: dict[int, int] = {}  # rule -> index of its last event
+
+    def feed(self, record: Record) -> list[Match]:
+        """The matches for the next record of the stream."""
+        self._index += 1
+        message = record.message
+        if self._held or self._always:
+            out = self._match(record)
+        elif (found := self._search(message)) is None or not self._can_match(message, self.expects, found):
+            out = []
+        else:
+            out = self._match(record)
+        if self._context is not None:
+            self._context.append(message)
+        return out
+
+    def feed_found(self, record: Record) -> list[Match]:
+        """``feed`` for a record already known to hold a keyword whose regexes may match (logscan's hits): the
+        same matches, without looking again."""
+        self._index += 1
+        out = self._match(record)
+        if self._context is not None:
+            self._context.append(record.message)
+        return out
+
+    def expects(self, rule: int) -> bool:
+        """True if rule ``rule`` has a fault open that its follow lines may still belong to (an upper bound: the
+        records the caller has not told about yet do not count)."""
+        faults = self._open.get(rule)
+        if not faults:
+            return False
+        within = self._rules[rule].follow.within  # type: ignore[union-attr]
+        return any(self._index - fault.last <= within for fault in faults)
+
+    def skip(self, count: int) -> list[Match]:
+        """``count`` records that contain no keyword went by: waiting events end."""
+        if count <= 0:
+            return []
+        self._index += count
+        if self._context is not None:
+            self._context.clear()
+        return self.flush()
+
+    def flush(self) -> list[Match]:
+        """Every waiting event, now (the end of a read, or of the stream)."""
+        out = [self._release(held) for held in self._held]
+        self._held.clear()
+        return out
+
+    def _match(self, record: Record) -> list[Match]:
+        index, message, rules = self._index, record.message, self._rules
+        primary, follow = self.rules.candidates(message)
+        matches: list[tuple[int, Match]] = []
+        for i in sorted(primary) if len(primary) > 1 else primary:
+            found = rules[i].match(message)
+            if found is None and rules[i].lines > 1:
+                found = self._joined(i, record)
+            if found is not None:
+                matches.append((i, found))
+        follows = [(i, m) for i in sorted(follow) if (m := rules[i].match_follow(message)) is not None] \
+            if follow else []
+        out: list[Match] = []
+        if not (follows or self._held):
+            if not matches:
+                return out
+            if len(matches) == 1:  # the common case: one rule matches, no fault to belong to
+                i, found = matches[0]
+                self._emit(i, found, record, device_key(record) if rules[i].follow else None, index, out)
+                return out
+        record_key = device_key(record) if matches or follows or self._held else None
+        absorbed: list[tuple[str | None, int]] = []
+        taken = self._held_follows(follows, {i for i, _ in matches}, record_key, index, out, absorbed) \
+            if self._held else set()
+        alone: list[tuple[int, Match]] = []
+        for i, found in follows:
+            if i in taken:
+                continue
+            key = found.pci or record_key
+            fault = self._fault(i, found, key, index)
+            if fault is not None and RANK[found.severity] <= fault.rank:
+                fault.last = index
+                absorbed.append((fault.key, fault.rank))
+            elif rules[i].follow.alone:  # type: ignore[union-attr]
+                alone.append((i, found))
+        options = [(RANK[m.severity], False, -i, i, m) for i, m in matches
+                   if not _covered(m.pci or record_key, RANK[m.severity], absorbed)]
+        options += [(RANK[m.severity], True, -i, i, m) for i, m in alone]
+        if options:
+            _, _, _, i, chosen = max(options, key=lambda o: o[:3])
+            self._emit(i, chosen, record, record_key, index, out)
+        return out
+
+    def _held_follows(self, follows: list[tuple[int, Match]], primaries: set[int], record_key: str | None, index: int,
+                      out: list[Match], absorbed: list[tuple[str | None, int]]) -> set[int]:
+        """Waiting events are superseded (dropped), take this record as one of their lines, or end (released)."""
+        taken: set[int] = set()
+        for held in list(self._held):
+            rule = self._rules[held.rule]
+            if primaries & self.rules.superseded_by[held.rule]:
+                self._held.remove(held)
+                continue
+            line = next((m for i, m in follows if i == held.rule), None)
+            fault = self._fault(held.rule, line, line.pci or record_key, index) if line is not None else None
+            if (line is not None and fault is not None and fault.held is held and held.rule not in primaries
+                    and index - held.index <= rule.hold):
+                fault.last = index
+                if held.match.pci is None and line.pci is not None:
+                    held.match = replace(held.match, pci=line.pci)
+                absorbed.append((fault.key, max(fault.rank, RANK[line.severity])))
+                taken.add(held.rule)
+                continue
+            self._held.remove(held)
+            out.append(self._release(held))
+        return taken
+
+    def _emit(self, i: int, match: Match, record: Record, record_key: str | None, index: int,
+              out: list[Match]) -> None:
+        rule = self._rules[i]
+        start = match.index if match.index is not None else index
+        match = Match(match.rule, match.severity, match.pci, match.xid, match.fields, match.record, start)
+        fault = _Fault(i, match.pci or record_key, match, index) if rule.follow is not None else None
+        self._last[i] = index
+        recent = index - rule.hold
+        if rule.hold and any(self._last.get(j, recent - 1) >= recent for j in self.rules.superseded_by[i]):
+            return  # a rule that reports this fault just matched
+        if rule.hold:
+            held = _Held(i, match, match.record or record, start)
+            if len(self._held) >= MAX_HELD:
+                out.append(self._release(self._held.pop(0)))
+            self._held.append(held)
+            if fault is not None:
+                fault.held = held
+        else:
+            out.append(match)
+        if fault is not None:
+            self._open.setdefault(i, deque(maxlen=MAX_OPEN_FAULTS)).append(fault)
+
+    def _fault(self, i: int, line: Match | None, key: str | None, index: int) -> _Fault | None:
+        """The latest open fault of rule ``i`` that ``line`` can belong to."""
+        follow = self._rules[i].follow
+        if line is None or follow is None:
+            return None
+        for fault in reversed(self._open.get(i, ())):
+            if index - fault.last > follow.within:
+                continue
+            if follow.same_device and fault.key and key and fault.key != key:
+                continue
+            if all(fault.fields.get(name, value) == value for name, value in line.fields.items()):
+                return fault
+        return None
+
+    def _joined(self, i: int, record: Record) -> Match | None:
+        """Rule ``i`` on this record joined with the ones before it: a match that starts before it and ends in it."""
+        rule = self._rules[i]
+        assert self._context is not None
+        previous = list(self._context)[-(rule.lines - 1):]
+        if not previous:
+            return None
+        text = "\n".join([*previous, record.message])
+        start = len(text) - len(record.message)
+        for found in rule.regex.finditer(text):
+            if found.start() < start < found.end():
+                first = text.rfind("\n", 0, found.start()) + 1
+                joined = Record(text[first:], record.kernel_device)
+                match = rule.verdict(found, rule.severity)
+                return replace(match, record=joined, index=self._index - text.count("\n", first))
+        return None
+
+    @staticmethod
+    def _release(held: _Held) -> Match:
+        match = held.match
+        return Match(match.rule, match.severity, match.pci, match.xid, match.fields, held.record, held.index)
+
+
+def _nothing(message: str) -> None:
+    """The prefilter of a rule set without keywords."""
+    return None
+
+
+def _covered(key: str | None, rank: int, absorbed: list[tuple[str | None, int]]) -> bool:
+    """True if a match on a line that belongs to an open fault is that fault again (not more severe)."""
+    return any(rank <= fault_rank and (not fault_key or not key or fault_key == key)
+               for fault_key, fault_rank in absorbed)
