@@ -76,7 +76,7 @@ def test_counters_with_device_attribution_start_at_zero(tmp_path: Path) -> None:
     values = _values(collector.collect())
     events = {k[1]: v for k, v in values.items() if k[0] == "tpuwatch_kernel_events_total" and v}
     assert events == {(("device", "1"), ("rule", "nvidia_xid"), ("severity", "critical")): 1,
-                      (("device", "0"), ("rule", "pcie_aer_corrected"), ("severity", "warning")): 1,
+                      (("device", "0"), ("rule", "pcie_aer_corrected"), ("severity", "info")): 1,
                       (("device", ""), ("rule", "edac_uncorrected"), ("severity", "critical")): 1}
     assert values[("tpuwatch_kernel_log_records_total", (("source", "file"),))] == 4
     assert values[("tpuwatch_kernel_log_lost_total", (("source", "file"),))] == 0
