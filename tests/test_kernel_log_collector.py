@@ -187,6 +187,9 @@ class FailingMatcher:
             raise ValueError("cannot match this one")
         return self.rules.match(record.message)
 
+    def flush(self) -> list[Match]:
+        return []
+
 
 class FailingRules(RuleSet):
     def stream(self) -> FailingMatcher:  # type: ignore[override]
