@@ -8,12 +8,11 @@ from typing import Any
 from tpuwatch.config import Config
 from tpuwatch.devices.base import sources_line
 from tpuwatch.health import collector_problems, collector_warnings, device_problems, state_dir_warnings
+from tpuwatch.hw.units import GIB
 from tpuwatch.kernel_log.collector import event_problems
 from tpuwatch.registry import build_sources
 from tpuwatch.sampler import Sampler
 from tpuwatch.store import SeriesStore
-
-GIB = float(1 << 30)
 
 
 def check_once(config: Config) -> dict[str, Any]:

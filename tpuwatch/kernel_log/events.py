@@ -39,7 +39,7 @@ class KernelEvent:
         return self.rule, self.device or self.pci or ""
 
     def to_json(self) -> dict[str, Any]:
-        """DESIGN.md's kernel event object, plus extracted fields and the count."""
+        """The kernel event object of ``logscan --json`` (docs/kernel_log.md), plus extracted fields and the count."""
         out: dict[str, Any] = {"line": self.line, "rule": self.rule, "severity": self.severity, "pci": self.pci,
                                "device": self.device}
         if self.xid is not None:
