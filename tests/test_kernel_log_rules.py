@@ -195,7 +195,7 @@ rules:
 
 def test_rule_file_over_the_size_limit_is_refused(tmp_path: Path) -> None:
     path = _rule_file(tmp_path, "rules: []\n" + "#" * (1 << 20))
-    with pytest.raises(RuleError, match=f"{path}: larger than 1 MiB"):
+    with pytest.raises(RuleError, match=rf"{path}: larger than 1048576 bytes \(1 MiB\)"):
         load_rules([str(tmp_path)])
 
 
