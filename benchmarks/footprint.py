@@ -205,7 +205,17 @@ def render(results: Footprint, facts: dict[str, str], args: argparse.Namespace, 
         added = "" if previous is None else f"{(kib - previous) / 1024:+.1f}"
         lines.append(f"| `{name}` | {added} | {kib / 1024:.1f} | {modules} |")
         previous = kib
-    lines += ["", *machine_and_command(facts, started, command)]
+    steps = {name: kib for name, kib, _ in results.imports}
+    python, libraries, imported = steps["python"], steps["prometheus_client"], steps["tpuwatch.daemon"]
+    running = results.rss_kib["tpuwatch-8"]
+    lines += ["", f"So of the 8-chip daemon's {running / 1024:.1f} MiB: the interpreter {python / 1024:.1f}, the "
+                  f"libraries it is built on (ssl, PyYAML, psutil, sqlite3, APScheduler, prometheus-client) "
+                  f"{(libraries - python) / 1024:.1f}, tpuwatch's own modules {(imported - libraries) / 1024:.1f}, "
+                  f"and what it holds while running (store, detectors, threads, buffers) "
+                  f"{(running - imported) / 1024:.1f}. The libraries alone come to "
+                  f"{libraries / results.rss_kib['node_exporter']:.2f}x node_exporter; APScheduler's step is the "
+                  "largest (it loads importlib.metadata for its version, asyncio, multiprocessing and tzlocal).",
+              "", *machine_and_command(facts, started, command)]
     return "\n".join(lines)
 
 
