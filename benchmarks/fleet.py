@@ -328,7 +328,7 @@ def report(spec: Spec, result: Result, command: str, quick: bool) -> str:
         f"| daemons' CPU, all {spec.hosts} together | {result.cpu_seconds / result.wall:.2f} cores over {result.wall:.0f} s |",
         f"| daemon resident memory | median {statistics.median(mib):.1f} MiB, max {max(mib):.1f} MiB |",
         "",
-        "Times are from the first poll (every 0.5 s) that saw the fault on the daemon's /metrics: a node condition and a taint follow in the same sampling cycle as the alert (0-0.5 s here), a page takes a scrape, a rule evaluation and Alertmanager's group_wait. The canary pages once although two rules fire for its chip (TpuwatchCanaryFailed, TpuwatchCanaryFleetOutlier): one Alertmanager group per (instance, device). The official client was installed with `python3 -m venv /tmp/k8sclient-venv && /tmp/k8sclient-venv/bin/pip install kubernetes` (37.0.2).",
+        "Times are from the first poll (every 0.5 s) that saw the fault on the daemon's /metrics: a node condition and a taint follow in the same sampling cycle as the alert (0-0.5 s here), a page takes a scrape, a rule evaluation and Alertmanager's group_wait. The canary pages once although two critical rules fire for its chip (CanaryWrongResult, CanaryFleetOutlier): one Alertmanager group per (instance, device). The official client was installed with `python3 -m venv /tmp/k8sclient-venv && /tmp/k8sclient-venv/bin/pip install kubernetes` (37.0.2).",
         "",
         f"Machine: {os.cpu_count()} cores ({cpu_model()}), Python {platform.python_version()}, "
         f"{datetime.now(timezone.utc):%Y-%m-%d}. Command: `{command}`.",

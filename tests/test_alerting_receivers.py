@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from tpuwatch import config as config_module
-from tpuwatch.alerting.notifiers import SIGNATURE_HEADER, Sent, bodies_for, build_notifiers
 from tpuwatch.alerting.state import Alert, fingerprint
+from tpuwatch.notifiers import build_notifiers
+from tpuwatch.notifiers.base import SIGNATURE_HEADER
 
 
 def firing_alert(device: str = "0", name: str = "AcceleratorEccUncorrectable") -> Alert:
@@ -26,8 +27,8 @@ def notifiers_for(receivers_yaml: str, timeout: str = "10s") -> list[Any]:
 
 
 def send_one(notifier: Any, alert: Alert, firing: bool = True) -> Any:
-    (body,) = bodies_for(notifier, (alert.labels["alertname"], alert.labels.get("device", "")),
-                         [Sent(alert, firing, None if firing else alert.fired_at)], "http://h1:9847")
+    (body,) = notifier.bodies((alert.labels["alertname"], alert.labels.get("device", "")),
+                              [alert.told(firing, None if firing else alert.fired_at)], "http://h1:9847")
     return notifier.send(body, "key-1")
 
 

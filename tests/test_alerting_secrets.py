@@ -18,7 +18,7 @@ from test_alerting_receivers import firing_alert, send_one
 
 from tpuwatch import config as config_module
 from tpuwatch import logsetup
-from tpuwatch.alerting.notifiers import build_notifiers
+from tpuwatch.notifiers import build_notifiers
 
 from conftest import SIM_FAST, run_cli, wait_until
 from http_receiver import ECHO_FORMS

@@ -24,9 +24,9 @@ RUNBOOK_PREFIX = "file:///usr/share/doc/tpuwatch/"  # where the .deb installs do
 NAME = re.compile(r"\btpuwatch(?::[a-z0-9_]+)+|\btpuwatch_[a-z0-9_]+")
 # What the fleet must be paged for (docs/fleet.md): chip down, uncorrectable errors, canary failing or stale,
 # fingerprint disagreement, leak ETA, exporter absent, notifications failing.
-REQUIRED_ALERTS = {"TpuwatchChipDown", "TpuwatchEccUncorrectable", "TpuwatchKernelHardwareError",
-                   "TpuwatchCanaryFailed", "TpuwatchCanaryStale", "TpuwatchCanaryFleetOutlier",
-                   "TpuwatchMemoryExhaustionSoon", "TpuwatchExporterAbsent", "TpuwatchExporterDown",
+REQUIRED_ALERTS = {"AcceleratorLost", "AcceleratorEccUncorrectable", "KernelHardwareErrorCritical",
+                   "CanaryUnhealthy", "CanaryWrongResult", "CanaryStale", "CanaryFleetOutlier",
+                   "AcceleratorMemoryExhaustionSoon", "TpuwatchExporterAbsent", "TpuwatchExporterDown",
                    "TpuwatchNotificationsFailing", "TpuwatchNotificationsLost"}
 
 

@@ -184,15 +184,17 @@ def test_prometheus_scrapes_every_daemon_and_loads_the_rules(fleet: Fleet) -> No
 
 def test_hardware_faults_page_through_prometheus_and_alertmanager(fleet: Fleet) -> None:
     instance_a = f"127.0.0.1:{fleet.a.port}"
-    ecc = wait_until(lambda: firing(fleet.am_hook, "TpuwatchEccUncorrectable", instance=instance_a, device="0"),
+    ecc = wait_until(lambda: firing(fleet.am_hook, "AcceleratorEccUncorrectable", instance=instance_a, device="0"),
                      timeout=30, what="the ECC alert through Prometheus and Alertmanager")
-    assert {"job": "tpuwatch", "kind": "uncorrected", "severity": "critical"}.items() <= ecc["labels"].items()
-    assert ecc["annotations"]["runbook_url"] == "file:///usr/share/doc/tpuwatch/fleet.md#tpuwatcheccuncorrectable"
+    assert {"job": "tpuwatch", "kind": "uncorrected", "severity": "critical",
+            "pci": "0000:10:00.0"}.items() <= ecc["labels"].items()
+    assert ecc["annotations"]["runbook_url"] == "file:///usr/share/doc/tpuwatch/alerting.md#acceleratoreccuncorrectable"
     assert ecc["generatorURL"].startswith(fleet.prometheus)
     # The Xid line was the counter's birth at 1: only the recording rule's birth clause sees it.
-    xid = wait_until(lambda: firing(fleet.am_hook, "TpuwatchKernelHardwareError", instance=instance_a, device="1"),
+    xid = wait_until(lambda: firing(fleet.am_hook, "KernelHardwareErrorCritical", instance=instance_a, device="1"),
                      timeout=30, what="the kernel Xid alert through Prometheus and Alertmanager")
     assert xid["labels"]["rule"] == "nvidia_xid" and xid["annotations"]["summary"].startswith("Kernel reported")
+    assert xid["labels"]["pci"] == "0000:11:00.0"
     # The receiver that rejects every notification: tpuwatch gives up, Prometheus notices.
     lost = wait_until(lambda: firing(fleet.am_hook, "TpuwatchNotificationsLost", instance=instance_a),
                       timeout=30, what="the lost-notifications alert")
@@ -201,21 +203,24 @@ def test_hardware_faults_page_through_prometheus_and_alertmanager(fleet: Fleet) 
 
 def test_canary_faults_page_through_prometheus_and_alertmanager(fleet: Fleet) -> None:
     instance_b = f"127.0.0.1:{fleet.b.port}"
-    failed = wait_until(lambda: firing(fleet.am_hook, "TpuwatchCanaryFailed", instance=instance_b),
-                        timeout=45, what="the canary alert through Prometheus and Alertmanager")
-    assert failed["labels"]["device"] == "1"
+    wrong = wait_until(lambda: firing(fleet.am_hook, "CanaryWrongResult", instance=instance_b),
+                       timeout=45, what="the canary's wrong result through Prometheus and Alertmanager")
+    assert {"device": "1", "pci": "0000:11:00.0", "severity": "critical"}.items() <= wrong["labels"].items()
+    failed = wait_until(lambda: firing(fleet.am_hook, "CanaryUnhealthy", instance=instance_b),
+                        timeout=15, what="the canary's unhealthy chip through Prometheus and Alertmanager")
+    assert {"device": "1", "severity": "warning"}.items() <= failed["labels"].items()
     # Chips 0, 2 and 3 agree bit for bit; chip 1's fingerprint is the fleet's outlier.
-    outlier = wait_until(lambda: firing(fleet.am_hook, "TpuwatchCanaryFleetOutlier", instance=instance_b),
+    outlier = wait_until(lambda: firing(fleet.am_hook, "CanaryFleetOutlier", instance=instance_b),
                          timeout=15, what="the fingerprint outlier alert")
     assert outlier["labels"]["device"] == "1" and outlier["labels"]["fingerprint"]
 
 
 def test_memory_leak_pages_through_prometheus_and_straight_from_tpuwatch(fleet: Fleet) -> None:
     instance_c = f"127.0.0.1:{fleet.c.port}"
-    for alertname in ("TpuwatchMemoryExhaustionSoon", "TpuwatchMemoryLeak"):
+    for alertname in ("AcceleratorMemoryExhaustionSoon", "AcceleratorMemoryLeak"):
         alert = wait_until(lambda: firing(fleet.am_hook, alertname, instance=instance_c),
                            timeout=30, what=f"{alertname} through Prometheus and Alertmanager")
-        assert {"device": "2", "memory": "hbm"}.items() <= alert["labels"].items()
+        assert {"device": "2", "pci": "0000:12:00.0", "memory": "hbm"}.items() <= alert["labels"].items()
         assert alert["annotations"]["summary"].startswith(f"hbm memory 2 on {instance_c} ")
     for alertname, severity in (("AcceleratorMemoryLeak", "warning"), ("AcceleratorMemoryExhaustionSoon", "critical")):
         direct = wait_until(lambda: firing(fleet.direct_hook, alertname, device="2"),
@@ -239,10 +244,17 @@ def test_tpuwatch_alerts_arrive_straight_and_through_its_alertmanager_receiver(f
                         timeout=30, what="tpuwatch's own kernel alert at its webhook")
     assert kernel["labels"]["rule"] == "nvidia_xid"
     # tpuwatch's alertmanager receiver posts to the same Alertmanager, which routes them like Prometheus's.
-    routed = wait_until(lambda: firing(fleet.am_hook, "AcceleratorEccUncorrectable", device="0"),
+    routed = wait_until(lambda: firing(fleet.am_hook, "AcceleratorEccUncorrectable", device="0",
+                                       host=direct["labels"]["host"]),
                         timeout=30, what="tpuwatch's own ECC alert routed by Alertmanager")
-    assert routed["labels"]["host"] == direct["labels"]["host"]
     assert routed["annotations"]["summary"] == direct["annotations"]["summary"]
+    # The same fault told by Prometheus's rules: one name, severity, chip and PCI address on either path.
+    scraped = wait_until(lambda: firing(fleet.am_hook, "AcceleratorEccUncorrectable", device="0",
+                                        instance=f"127.0.0.1:{fleet.a.port}"),
+                         timeout=30, what="the fleet rules' ECC alert")
+    same = ("alertname", "severity", "device", "pci")
+    assert [routed["labels"][k] for k in same] == [scraped["labels"][k] for k in same] == [
+        "AcceleratorEccUncorrectable", "critical", "0", "0000:10:00.0"]
 
 
 def test_every_dashboard_query_returns_data(fleet: Fleet) -> None:

@@ -176,7 +176,7 @@ def test_prometheusrule_runbook_links_follow_runbook_base_url() -> None:
     rule = _documents(None, {"prometheusRule": {"enabled": True, "runbookBaseUrl": base}})["PrometheusRule"]
     links = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert links and all(link.startswith(base) for link in links), links
-    assert f"{base}fleet.md#tpuwatchchipdown" in links
+    assert f"{base}alerting.md#acceleratorlost" in links
 
 
 def test_plain_manifests_are_the_charts_rendering() -> None:

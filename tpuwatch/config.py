@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 import yaml
 
 from tpuwatch import yamlfile
+from tpuwatch.notifiers import ReceiverConfig
 from tpuwatch.schema import (
     Check,
     ConfigError,
@@ -19,12 +20,9 @@ from tpuwatch.schema import (
     FilePath,
     ListenAddress,
     Range,
-    Regex,
-    Secret,
     Url,
     build,
     dump,
-    join_key,
     short,
 )
 
@@ -37,10 +35,6 @@ SimChip = Literal["v4", "v5e", "v5p", "v6e", "h100", "h200"]
 AbsolutePath = Annotated[str, FilePath()]
 # Rule file patterns are expanded with the user's home: ~/alerts/*.yaml.
 Glob = Annotated[str, FilePath(home=True)]
-# Secret files: a relative path is read from $CREDENTIALS_DIRECTORY.
-SecretPath = Annotated[str, FilePath(absolute=False)]
-# An HTTP header field name (RFC 9110's token); header values must not break the request's lines.
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 
 
 @dataclass(frozen=True)
@@ -144,44 +138,6 @@ class StoreConfig:
 
     points_per_series: Annotated[int, Range(2, 100_000)] = 360
     max_series: Annotated[int, Range(16, 1_000_000)] = 10_000
-
-
-@dataclass(frozen=True)
-class ReceiverConfig:
-    """One alert receiver: where notifications go, which alerts it takes, and its secrets.
-
-    Secret files (``url_file``, ``routing_key_file``, ``secret_file``) given as a
-    relative path are read from ``$CREDENTIALS_DIRECTORY`` (systemd's LoadCredential).
-    """
-
-    name: str
-    type: Literal["webhook", "alertmanager", "pagerduty", "slack"]
-    url: Annotated[str, Url()] | None = None
-    url_file: SecretPath | None = None
-    urls: list[Annotated[str, Url()]] = field(default_factory=list)
-    routing_key: Annotated[str, Secret()] | None = None
-    routing_key_file: SecretPath | None = None
-    secret_file: SecretPath | None = None
-    headers: Annotated[dict[str, str], Secret()] | None = None
-    match: dict[str, Annotated[str, Regex()]] = field(default_factory=dict)
-    send_resolved: bool = True
-
-    def validate(self, path: str) -> None:
-        given = (self.url is not None) + (self.url_file is not None) + bool(self.urls)
-        if self.urls and self.type != "alertmanager":
-            raise ConfigError(f"{path}.urls", "only alertmanager receivers take a list of urls")
-        if given != 1 and self.type != "pagerduty":
-            raise ConfigError(path, f"receiver {short(self.name)} needs exactly one of url, url_file"
-                              + (", urls" if self.type == "alertmanager" else ""))
-        if self.type == "pagerduty" and self.routing_key is None and self.routing_key_file is None:
-            raise ConfigError(path, f"receiver {short(self.name)} needs routing_key or routing_key_file")
-        if self.secret_file is not None and self.type != "webhook":
-            raise ConfigError(f"{path}.secret_file", "only webhook receivers sign their requests")
-        for name, value in (self.headers or {}).items():  # the value is a secret: never in the message
-            if not _HEADER_NAME.fullmatch(name):
-                raise ConfigError(join_key(f"{path}.headers", name), "not a valid HTTP header name")
-            if re.search(r"[\x00\r\n]", value):
-                raise ConfigError(join_key(f"{path}.headers", name), "the value must not hold CR, LF or NUL")
 
 
 @dataclass(frozen=True)
@@ -349,7 +305,7 @@ class Config:
     trend: TrendConfig = field(default_factory=TrendConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
     alerting: AlertingConfig = field(default_factory=AlertingConfig)
-    notify: list[ReceiverConfig] = field(default_factory=list)
+    notify: list[ReceiverConfig] = field(default_factory=list)  # tpuwatch/notifiers: the types and their checks
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
 
     @property

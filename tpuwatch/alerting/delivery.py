@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from tpuwatch.alerting.db import AlertDB, Message
-from tpuwatch.alerting.notifiers import Answer, Notifier
 from tpuwatch.config import AlertingConfig
+from tpuwatch.notifiers.base import Answer, Notifier
 
 log = logging.getLogger(__name__)
 

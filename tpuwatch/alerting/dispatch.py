@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tpuwatch.alerting.db import Notification
-from tpuwatch.alerting.notifiers import Notifier, Sent, bodies_for
 from tpuwatch.alerting.state import Alert
 from tpuwatch.config import AlertingConfig
+from tpuwatch.notifiers import Notifier
 
 GroupKey = tuple[str, str]
 
@@ -52,12 +52,8 @@ class Dispatcher:
         wake: float | None = None
         for notifier in self.notifiers:
             mine = [a for a in alerts if self.routed(notifier, a) or notifier.name in a.notified]
-            if notifier.type == "alertmanager":
-                found, when = self._alertmanager(notifier, mine, now)
-                out += found
-            else:
-                found, when = self._grouped(notifier, mine, now)
-                out += found
+            found, when = (self._resend if notifier.kind.resend else self._grouped)(notifier, mine, now)
+            out += found
             if when is not None:
                 wake = when if wake is None else min(wake, when)
         return out, wake
@@ -103,16 +99,17 @@ class Dispatcher:
     def _group_notification(self, notifier: Notifier, key: GroupKey, firing: list[Alert],
                             gone: list[Alert]) -> Notification:
         told_resolved = tuple(a.fingerprint for a in gone)
-        sent = [Sent(a, True) for a in firing]
+        sent = [a.told(True) for a in firing]
         if notifier.config.send_resolved:
-            sent += [Sent(a, False, a.resolved_at) for a in gone]
+            sent += [a.told(False, a.resolved_at) for a in gone]
         if not sent:
             return Notification(notifier.name, (), (), told_resolved)
-        bodies = bodies_for(notifier, key, sent, self.external_url)
+        bodies = notifier.bodies(key, sent, self.external_url)
         return Notification(notifier.name, tuple(bodies), tuple(a.fingerprint for a in firing), told_resolved)
 
-    def _alertmanager(self, notifier: Notifier, alerts: Sequence[Alert], now: float) -> tuple[list[Notification],
-                                                                                            float | None]:
+    def _resend(self, notifier: Notifier, alerts: Sequence[Alert], now: float) -> tuple[list[Notification],
+                                                                                      float | None]:
+        """Alertmanager's API path: every active alert at once on a change, again every resend_delay."""
         firing = [a for a in alerts if a.state == "firing" and not a.inhibited]
         recent = [a for a in alerts if a.state == "resolved" and a.resolved_at is not None
                   and now - a.resolved_at <= self.config.resolved_retention]
@@ -126,9 +123,9 @@ class Dispatcher:
         if due > now:
             return [], due
         self._am_last[notifier.name] = now
-        sent = [Sent(a, True, now + self._valid_for) for a in firing]
-        sent += [Sent(a, False, a.resolved_at) for a in recent]
+        sent = [a.told(True, now + self._valid_for) for a in firing]
+        sent += [a.told(False, a.resolved_at) for a in recent]
         told_resolved = tuple(a.fingerprint for a in alerts if a.state == "resolved" and notifier.name in a.notified)
-        bodies = bodies_for(notifier, ("", ""), sent, self.external_url)
+        bodies = notifier.bodies(("", ""), sent, self.external_url)
         return [Notification(notifier.name, tuple(bodies), tuple(a.fingerprint for a in firing), told_resolved,
                              supersede=True)], now + self.config.resend_delay

@@ -12,9 +12,9 @@ from typing import Any
 
 import requests
 
-from tpuwatch.alerting.notifiers import inline_secrets
 from tpuwatch.config import Config
 from tpuwatch.logsetup import add_secrets, redact
+from tpuwatch.notifiers import inline_secrets
 from tpuwatch.schema import ConfigError, parse_listen_address
 from tpuwatch.webconfig import load_web_config
 

@@ -14,7 +14,6 @@ from typing import Any
 from tpuwatch.alerting.db import OutboxFull, open_db
 from tpuwatch.alerting.delivery import Delivery
 from tpuwatch.alerting.dispatch import Dispatcher
-from tpuwatch.alerting.notifiers import Notifier, build_notifiers
 from tpuwatch.alerting.rules import (
     LOOKBACK_S,
     THRESHOLD_SETTINGS,
@@ -28,6 +27,7 @@ from tpuwatch.alerting.state import Alert, AlertBook, Changes
 from tpuwatch.alerting.tracker import Tracker
 from tpuwatch.config import Config
 from tpuwatch.logsetup import redact_data
+from tpuwatch.notifiers import Notifier, build_notifiers
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import parse_listen_address
 

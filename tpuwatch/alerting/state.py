@@ -9,18 +9,15 @@ webhooks, its API and Alertmanager's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, Literal
 
 from tpuwatch.alerting.rules import Candidate
+from tpuwatch.notifiers.base import Sent, rfc3339
 
 State = Literal["pending", "firing", "resolved"]
-ZERO_TIME = "0001-01-01T00:00:00Z"
 _FNV_OFFSET = 14695981039346656037
 _FNV_PRIME = 1099511628211
 _SEPARATOR = 0xFF
-_GO_ESCAPES = {"\a": r"\a", "\b": r"\b", "\f": r"\f", "\n": r"\n", "\r": r"\r", "\t": r"\t", "\v": r"\v",
-               '"': r"\"", "\\": r"\\"}
 
 
 def fingerprint(labels: dict[str, str]) -> str:
@@ -31,37 +28,6 @@ def fingerprint(labels: dict[str, str]) -> str:
             for byte in part.encode("utf-8", "surrogatepass") + bytes([_SEPARATOR]):
                 digest = ((digest ^ byte) * _FNV_PRIME) & 0xFFFFFFFFFFFFFFFF
     return f"{digest:016x}"
-
-
-def go_quote(text: str) -> str:
-    """``text`` as Go's strconv.Quote writes it (Alertmanager quotes label values so in group keys)."""
-    out = ['"']
-    for char in text:
-        code = ord(char)
-        if char in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[char])
-        elif char.isprintable():
-            out.append(char)
-        elif code < 0x20 or code == 0x7F:
-            out.append(f"\\x{code:02x}")
-        elif 0xD800 <= code <= 0xDFFF:  # not a valid rune: Go writes the replacement character
-            out.append(r"\ufffd")
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    return "".join(out) + '"'
-
-
-def label_set_string(labels: dict[str, str]) -> str:
-    """``{a="1", b="2"}``: prometheus/common's LabelSet.String, names sorted, values Go-quoted."""
-    return "{" + ", ".join(f"{name}={go_quote(labels[name])}" for name in sorted(labels)) + "}"
-
-
-def rfc3339(timestamp: float) -> str:
-    """Unix time as RFC 3339 UTC with milliseconds, the form Alertmanager writes."""
-    moment = datetime.fromtimestamp(timestamp, timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
 @dataclass
@@ -94,6 +60,10 @@ class Alert:
     def group_key(self) -> tuple[str, str]:
         """Alerts are grouped by alert name and chip."""
         return self.labels.get("alertname", ""), self.labels.get("device", "")
+
+    def told(self, firing: bool, ends_at: float | None = None) -> Sent:
+        """This alert as a notification tells it: firing, or resolved at ``ends_at``."""
+        return Sent(self.labels, self.annotations, self.key, self.fired_at or self.active_at, firing, ends_at)
 
     def to_json(self) -> dict[str, Any]:
         """The alert as ``/api/alerts`` and ``tpuwatch alerts`` show it."""

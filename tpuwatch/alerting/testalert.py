@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 from tpuwatch.alerting.db import open_db
-from tpuwatch.alerting.notifiers import Sent, bodies_for, build_notifiers
 from tpuwatch.alerting.state import Alert, fingerprint
 from tpuwatch.config import Config
+from tpuwatch.notifiers import build_notifiers
 from tpuwatch.schema import ConfigError
 
 TEST_ALERTNAME = "TpuwatchTestAlert"
@@ -104,9 +104,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
         alert = test_alert(socket.gethostname(), now)
         ok = True
         for notifier in notifiers:
-            ends_at = now + 300.0 if notifier.type == "alertmanager" else None
-            for body in bodies_for(notifier, (TEST_ALERTNAME, ""), [Sent(alert, True, ends_at)],
-                                   "tpuwatch test-alert"):
+            ends_at = now + 300.0 if notifier.kind.resend else None  # the resend path's alerts expire unless resent
+            for body in notifier.bodies((TEST_ALERTNAME, ""), [alert.told(True, ends_at)], "tpuwatch test-alert"):
                 message = db.insert_claimed(notifier.name, body, now, config.alerting.send_timeout + 5.0)
                 answer = notifier.send(message.body, message.key)
                 db.delete(message.id)

@@ -16,6 +16,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tpuwatch.config import Config
@@ -239,45 +240,71 @@ def device_lookup(readings: Callable[[], Iterable[DeviceReading]]) -> Callable[[
     return lookup
 
 
+# Opens a source: (config, kernel_log.path when this source is the one named, the position file, the lookback).
+Opener = Callable[[Config, str | None, Path | None, float | None], tuple[Source, str]]
+
+
+def _kmsg(config: Config, path: str | None, state: Path | None, lookback: float | None) -> tuple[Source, str]:
+    path = path or f"{config.paths.dev}/kmsg"
+    return KmsgSource(path, state, _boot_id(config.paths.procfs), lookback), f"reading {path}"
+
+
+def _journal(config: Config, path: str | None, state: Path | None, lookback: float | None) -> tuple[Source, str]:
+    return (JournalSource(state, path, lookback),
+            f"reading the journal's kernel messages{' in ' + path if path else ''}")
+
+
+def _file(config: Config, path: str | None, state: Path | None, lookback: float | None) -> tuple[Source, str]:
+    assert path is not None  # KernelLogConfig.validate
+    return FileSource(path, state), f"following file {path}"
+
+
+@dataclass(frozen=True)
+class SourceType:
+    """A kernel-log source by name (``kernel_log.source``): how it opens, and whether ``auto`` tries it."""
+
+    open: Opener
+    auto: bool = False
+
+
+# Registered by name; ``auto`` tries the ones that say so in this order.  The names are also the choices of
+# KernelLogConfig.source (tpuwatch/config.py, which cannot import this; a test keeps the two equal).
+SOURCES: dict[str, SourceType] = {
+    "kmsg": SourceType(_kmsg, auto=True),
+    "journal": SourceType(_journal, auto=True),
+    "file": SourceType(_file),
+}
+
+
 def open_source(config: Config, persist: bool = True) -> tuple[Source | None, str]:
     """The source ``kernel_log.source`` names (``auto``: /dev/kmsg, else the journal), and why.
 
     With ``persist`` the position is kept under ``state_dir``/kernel_log, and a
     first start this boot reads back only ``kernel_log.lookback``; without, the
     position is neither read nor saved and the whole boot is read.  Raises
-    ConfigError when an explicitly chosen kmsg or journal cannot be opened;
-    ``auto`` with neither usable gives a NoSource that says why.
+    ConfigError when an explicitly chosen source cannot be opened; ``auto``
+    with none usable gives a NoSource that says why.
     """
     settings = config.kernel_log
     state_dir = Path(config.state_dir, "kernel_log")
-
-    def state(name: str) -> Path | None:
-        return state_dir / f"{name}.json" if persist else None
-
-    kmsg_path = settings.path if settings.source == "kmsg" and settings.path else f"{config.paths.dev}/kmsg"
-    journal_path = settings.path if settings.source == "journal" else None
     lookback = settings.lookback if persist else None
-    openers: dict[str, Callable[[], tuple[Source, str]]] = {
-        "kmsg": lambda: (KmsgSource(kmsg_path, state("kmsg"), _boot_id(config.paths.procfs), lookback),
-                         f"reading {kmsg_path}"),
-        "journal": lambda: (JournalSource(state("journal"), journal_path, lookback),
-                            f"reading the journal's kernel messages{' in ' + journal_path if journal_path else ''}"),
-    }
+
+    def opened(name: str) -> tuple[Source, str]:
+        path = settings.path if settings.source == name else None  # auto reads each source where it lives
+        return SOURCES[name].open(config, path, state_dir / f"{name}.json" if persist else None, lookback)
+
     if settings.source == "none":
         return None, "kernel_log.source is none: kernel log not read"
-    if settings.source == "file":
-        assert settings.path is not None  # KernelLogConfig.validate
-        return FileSource(settings.path, state("file")), f"kernel log: following file {settings.path}"
     if settings.source != "auto":
         try:
-            source, what = openers[settings.source]()
+            source, what = opened(settings.source)
         except SourceError as exc:
             raise ConfigError("kernel_log.source", f"{settings.source}: {exc}") from None
         return source, f"kernel log: {what}"
     reasons = []
-    for name, opener in openers.items():
+    for name in (name for name, kind in SOURCES.items() if kind.auto):
         try:
-            source, what = opener()
+            source, what = opened(name)
         except SourceError as exc:
             reasons.append(f"{name}: {exc}")
             continue

@@ -26,22 +26,21 @@ def _sources(*pairs: tuple[str, str] | tuple[str, str, str]) -> list[ConditionSo
             for p in pairs]
 
 
-# The one place that says which alert makes which condition.  Each reason is listed under the daemon's own
-# alert name (tpuwatch/alerting/rules/default.yaml) and under the fleet rules' name (alerts/*.rules.yml), so
-# that either source, or a later unification of the names, keeps working.  Order is priority: the condition's
-# reason is that of the first source that fires.
+# The one place that says which alert makes which condition.  An alert has one name whichever path raised it
+# (tpuwatch's built-in rules, tpuwatch/alerting/rules/default.yaml, or the fleet's Prometheus rules,
+# alerts/*.rules.yml; docs/alerting.md's table holds both to it).  Order is priority: the condition's reason is
+# that of the first source that fires.
 DEFAULT_CONDITIONS: list[NodeConditionConfig] = [
     NodeConditionConfig("AcceleratorHardwareProblem", _sources(
-        ("AcceleratorLost", "ChipLost"), ("TpuwatchChipDown", "ChipLost"),
-        ("TpuwatchChipsMissing", "ChipsMissing"),
-        ("AcceleratorEccUncorrectable", "EccUncorrectable"), ("TpuwatchEccUncorrectable", "EccUncorrectable"),
-        ("KernelHardwareErrorCritical", "KernelHardwareError"), ("TpuwatchKernelHardwareError", "KernelHardwareError"),
+        ("AcceleratorLost", "ChipLost"),
+        ("AcceleratorsMissing", "ChipsMissing"),
+        ("AcceleratorEccUncorrectable", "EccUncorrectable"),
+        ("KernelHardwareErrorCritical", "KernelHardwareError"),
         ("AcceleratorTemperatureHigh", "TemperatureCritical", "critical"))),
     NodeConditionConfig("AcceleratorComputeProblem", _sources(
-        ("CanaryWrongResult", "CanaryWrongResult"), ("TpuwatchCanaryFleetOutlier", "CanaryFleetOutlier"))),
+        ("CanaryWrongResult", "CanaryWrongResult"), ("CanaryFleetOutlier", "CanaryFleetOutlier"))),
     NodeConditionConfig("AcceleratorMemoryProblem", _sources(
-        ("AcceleratorMemoryExhaustionSoon", "MemoryExhaustionSoon"),
-        ("TpuwatchMemoryExhaustionSoon", "MemoryExhaustionSoon"))),
+        ("AcceleratorMemoryExhaustionSoon", "MemoryExhaustionSoon"))),
 ]
 
 
