@@ -26,7 +26,8 @@ ROOT = "tpuwatch"  # the package's own __init__.py
 LAYERS: list[tuple[str, set[str]]] = [
     ("the bottom: hardware and host facts, readings", {ROOT, "hw", "samples"}),
     ("plumbing", {"schema", "yamlfile", "statefile", "catalog", "logsetup", "sdnotify", "httpd"}),
-    ("config, the store, the state directory, the web config", {"config", "store", "statedir", "webconfig"}),
+    ("config, the store, the state directory, the web config, the receiver types",
+     {"config", "store", "statedir", "webconfig", "notifiers"}),
     ("the pipeline's frame: the collector protocol, the guard, the sampler", {"collectors", "sampler"}),
     ("sources", {"devices", "kernel_log", "canary"}),
     ("analysis", {"analysis"}),

@@ -24,7 +24,7 @@ import platform
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tpuwatch import __version__
 from tpuwatch.alerting.service import Alerting
@@ -34,15 +34,12 @@ from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.config import Config
 from tpuwatch.devices import sim
 from tpuwatch.devices.base import DeviceReading, reading_samples
-from tpuwatch.registry import Sources, build_canary, build_sources
+from tpuwatch.registry import ACTIONS, Action, Sources, build_canary, build_sources
 from tpuwatch.sampler import Sampler, Stage
 from tpuwatch.samples import Sample, sample
 from tpuwatch.statedir import is_simulated
 from tpuwatch.store import SeriesStore
 from tpuwatch.webconfig import WebConfig, load_web_config
-
-if TYPE_CHECKING:
-    from tpuwatch.kubernetes.agent import KubernetesAgent
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +79,7 @@ class Parts:
     sources: Sources
     canary: CanaryCollector | None
     alerting: Alerting
-    kubernetes: KubernetesAgent | None
+    actions: dict[str, Action]  # those enabled, by name (ACTIONS)
     sampler: Sampler
 
     def device_readings(self) -> list[DeviceReading]:
@@ -128,13 +125,15 @@ def _trend_state(config: Config, previous: Parts | None, trend: TrendAnalyzer) -
     return state
 
 
-def _kubernetes(config: Config) -> KubernetesAgent | None:
-    """The node agent when ``kubernetes.node_conditions`` is on (its modules are imported only then)."""
-    if not config.kubernetes.node_conditions:
-        return None
-    from tpuwatch.kubernetes import agent
-
-    return agent.build(config)
+def _actions(config: Config, previous: Parts | None) -> dict[str, Action]:
+    """The enabled actions: the previous one of each whose config section did not change, else a new one."""
+    out = {}
+    for name, factory in ACTIONS.items():
+        kept = _same(previous, config, factory.section)
+        action = kept.actions.get(name) if kept is not None else factory.build(config)
+        if action is not None:
+            out[name] = action
+    return out
 
 
 def _same(previous: Parts | None, config: Config, key: Callable[[Config], Any]) -> Parts | None:
@@ -144,24 +143,26 @@ def _same(previous: Parts | None, config: Config, key: Callable[[Config], Any]) 
 
 def _pipeline(config: Config, store: SeriesStore, trend: TrendAnalyzer, trend_state: TrendStateFile | None,
               sources: Sources, canary: CanaryCollector | None, alerting: Alerting,
-              kubernetes: KubernetesAgent | None, daemon_samples: SampleSource) -> Sampler:
+              actions: dict[str, Action], daemon_samples: SampleSource) -> Sampler:
     """The stages of one cycle (module docstring), each part behind its guard."""
     own = SelfMetrics([store.samples, daemon_samples, *([trend_state.samples] if trend_state else []),
-                       *([kubernetes.samples] if kubernetes else [])])
+                       *(action.samples for action in actions.values())])
 
     def evaluate() -> list[Sample]:
         alerting.evaluate(store.current())
         return alerting.samples()
 
-    def act() -> list[Sample]:  # hands over and returns at once: the agent's own thread calls the API
-        assert kubernetes is not None
-        kubernetes.feed(alerting.active_alerts(), {r.device: r.pci for r in sources.device_readings() if r.pci})
+    def act() -> list[Sample]:  # each hands over and returns at once: the actions work in their own threads
+        alerts = alerting.active_alerts()
+        pci = {r.device: r.pci for r in sources.device_readings() if r.pci}
+        for action in actions.values():
+            action.feed(alerts, pci)
         return []
 
     stages: list[list[Any]] = [[*sources, *([canary] if canary is not None else [])],
                                [own, Stage("trend", lambda: trend.observe(store.current(), time.time()))],
                                [Stage("alerting", evaluate)]]
-    if kubernetes is not None:
+    if actions:
         stages.append([Stage("actions", act)])
     sampler = Sampler(stages, store, config.collector_deadline)
     own.sources.insert(0, sampler.samples)
@@ -187,8 +188,7 @@ def assemble(config: Config, previous: Parts | None, daemon_samples: SampleSourc
         canary = kept_canary.canary if kept_canary else build_canary(config, sources.devices)
         if canary is not None:
             canary.known_devices = lambda: [r.device for r in sources.device_readings()]
-        kept_agent = _same(previous, config, lambda c: c.kubernetes)
-        kubernetes = kept_agent.kubernetes if kept_agent else _kubernetes(config)
+        actions = _actions(config, previous)
         if previous is None:
             alerting = Alerting(config, config.state_dir)
         else:  # last: it applies whole or raises, changing nothing
@@ -201,23 +201,24 @@ def assemble(config: Config, previous: Parts | None, daemon_samples: SampleSourc
     sampler = None
     if previous is not None and previous.config.collector_deadline == config.collector_deadline and all(
             new is old for new, old in ((store, previous.store), (trend, previous.trend),
-                                        (sources, previous.sources), (canary, previous.canary),
-                                        (kubernetes, previous.kubernetes))):
+                                        (sources, previous.sources), (canary, previous.canary))) \
+            and actions == previous.actions:
         sampler = previous.sampler
-    return Parts(config, web, store, trend, trend_state, sources, canary, alerting, kubernetes,
-                 sampler or _pipeline(config, store, trend, trend_state, sources, canary, alerting, kubernetes,
+    return Parts(config, web, store, trend, trend_state, sources, canary, alerting, actions,
+                 sampler or _pipeline(config, store, trend, trend_state, sources, canary, alerting, actions,
                                       daemon_samples))
 
 
 def retire(old: Parts, new: Parts) -> None:
-    """Release what ``old`` held that ``new`` does not reuse (collectors' descriptors, the node agent)."""
+    """Release what ``old`` held that ``new`` does not reuse (collectors' descriptors, actions)."""
     kept = {id(c) for c in new.sources}
     for collector in old.sources:
         close = getattr(collector, "close", None)
         if id(collector) not in kept and close is not None:
             close()
-    if old.kubernetes is not None and old.kubernetes is not new.kubernetes:
-        old.kubernetes.stop()
+    for name, action in old.actions.items():
+        if new.actions.get(name) is not action:
+            action.stop()
     if new.store is not old.store:
         return
     gone = {g.name for g in old.sampler.guards} - {g.name for g in new.sampler.guards}

@@ -7,6 +7,7 @@ on reload); what /healthz says comes from ``tpuwatch.health``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -27,6 +28,7 @@ from tpuwatch.assembly import Parts, assemble, retire
 from tpuwatch.canary.runner import kill_running_workers
 from tpuwatch.config import Config, Scenario
 from tpuwatch.exporter import build_registry
+from tpuwatch.registry import ACTIONS
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
 from tpuwatch.statedir import StateDir, is_simulated, namespaced, probe_every
@@ -92,8 +94,8 @@ class Daemon:
         self._schedule()
         self._scheduler.start()
         self.parts.alerting.start()
-        if self.parts.kubernetes is not None:
-            self.parts.kubernetes.start()
+        for action in self.parts.actions.values():
+            action.start()
         log.info("tpuwatch %s serving %s://%s/metrics, sampling every %ss",
                  __version__, self.endpoint.scheme, self.config.listen, f"{self.config.interval:g}")
         sdnotify.notify("READY=1", f"STATUS={health.status_line(self.parts)}")
@@ -113,8 +115,8 @@ class Daemon:
         self._save_trend()
         kill_running_workers()
         self.parts.alerting.stop()
-        if self.parts.kubernetes is not None:
-            self.parts.kubernetes.stop()
+        for action in self.parts.actions.values():
+            action.stop()
         self.endpoint.close()
         self.state.close()
         log.info("tpuwatch stopped")
@@ -143,8 +145,9 @@ class Daemon:
             return False
         old, self.parts = self.parts, parts
         retire(old, parts)
-        if parts.kubernetes is not None and parts.kubernetes is not old.kubernetes:
-            parts.kubernetes.start()
+        for name, action in parts.actions.items():
+            if old.actions.get(name) is not action:
+                action.start()
         if endpoint is not self.endpoint:
             self.endpoint.close()
             self.endpoint = endpoint
@@ -248,13 +251,17 @@ class Daemon:
     # --- what the endpoint serves ------------------------------------------
 
     def _routes(self) -> dict[str, JsonRoute]:
-        return {"/healthz": self._health_route, "/api/alerts": lambda: (200, self.parts.alerting.api_payload()),
-                "/api/kubernetes": self._kubernetes_route}
+        routes: dict[str, JsonRoute] = {"/healthz": self._health_route,
+                                        "/api/alerts": lambda: (200, self.parts.alerting.api_payload())}
+        for name in ACTIONS:
+            routes[f"/api/{name}"] = functools.partial(self._action_route, name)
+        return routes
 
-    def _kubernetes_route(self) -> tuple[int, dict[str, Any]]:
-        if self.parts.kubernetes is None:
-            return 404, {"status": "error", "error": "kubernetes.node_conditions is off"}
-        return 200, self.parts.kubernetes.api_payload()
+    def _action_route(self, name: str) -> tuple[int, dict[str, Any]]:
+        action = self.parts.actions.get(name)
+        if action is None:
+            return 404, {"status": "error", "error": ACTIONS[name].off}
+        return 200, action.api_payload()
 
     def _health_route(self) -> tuple[int, dict[str, Any]]:
         healthy, report = health.health_report(self.parts, self.state, self.reload_ok, self.started_at)

@@ -1,9 +1,11 @@
-"""What a config makes: the source collectors, registered by name, and the canary; used by ``run`` and ``check``.
+"""What a config makes: the source collectors and the actions, registered by name, and the canary.
 
 A source is built by a factory from the config and the sources built before
 it (the kernel log attributes events to chips through the devices); each
-says in one sentence what it chose.  Adding a source is one factory here and
-one entry in ``SOURCES``.
+says in one sentence what it chose.  ``run`` and ``check`` build the same
+sources.  An action (the Kubernetes node agent) is handed the alert state
+after every cycle and acts in its own thread.  Adding a source or an action
+is one factory and one entry in ``SOURCES`` or ``ACTIONS``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import psutil
 
@@ -23,6 +26,7 @@ from tpuwatch.config import Config
 from tpuwatch.devices import DeviceCollector, DeviceReading, select_backend
 from tpuwatch.kernel_log.collector import KernelLogCollector, device_lookup
 from tpuwatch.kernel_log.collector import build_collector as build_kernel_log
+from tpuwatch.samples import Sample
 
 log = logging.getLogger(__name__)
 
@@ -117,3 +121,47 @@ def build_canary(config: Config, devices: DeviceCollector | None) -> CanaryColle
                     "canary.python at an interpreter with jax)", sys.executable)
         return None
     return CanaryCollector(config, lambda: [r.device for r in devices.last_readings] if devices is not None else [])
+
+
+class Action(Protocol):
+    """What is done about the alerts: fed once per cycle after alerting, never blocking it."""
+
+    name: str
+
+    def feed(self, alerts: list[dict[str, Any]], pci_by_device: dict[str, str]) -> None:
+        """Hand over the active alerts (``Alerting.active_alerts()``) and the chips' PCI addresses; returns at
+        once."""
+
+    def start(self) -> None:
+        """Start acting (its own thread)."""
+
+    def stop(self) -> None:
+        """Stop within a few seconds."""
+
+    def samples(self) -> list[Sample]:
+        """Its metrics (stored by the self-metrics collector)."""
+
+    def api_payload(self) -> dict[str, Any]:
+        """What ``GET /api/NAME`` answers."""
+
+
+@dataclass(frozen=True)
+class ActionFactory:
+    """How an action is built: from the config section ``section`` picks (None when the action is off)."""
+
+    section: Callable[[Config], Any]
+    build: Callable[[Config], Action | None]
+    off: str  # what /api/NAME says while it is off
+
+
+def _kubernetes(config: Config) -> Action | None:
+    if not config.kubernetes.node_conditions:
+        return None
+    from tpuwatch.kubernetes import agent  # its modules are imported only when it is on
+
+    return agent.build(config)
+
+
+ACTIONS: dict[str, ActionFactory] = {
+    "kubernetes": ActionFactory(lambda c: c.kubernetes, _kubernetes, "kubernetes.node_conditions is off"),
+}

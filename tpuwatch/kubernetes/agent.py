@@ -52,7 +52,9 @@ def build(config: Config) -> KubernetesAgent | None:
 
 
 class KubernetesAgent:
-    """Keeps the Node's conditions, marks and remediation in step with tpuwatch's alerts."""
+    """Keeps the Node's conditions, marks and remediation in step with tpuwatch's alerts (an action)."""
+
+    name = "kubernetes"
 
     def __init__(self, section: KubernetesConfig, node: str, client: KubeClient, state_dir: Path) -> None:
         self.section, self.node, self.client = section, node, client
