@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("the bottom: hardware and host facts, readings", {ROOT, "hw", "samples"}),
     ("plumbing", {"schema", "yamlfile", "statefile", "catalog", "logsetup", "sdnotify", "httpd"}),
     ("config, the store, the state directory, the web config", {"config", "store", "statedir", "webconfig"}),
+    ("pod attribution: cgroups and the kubelet's PodResources API", {"pods"}),
     ("the pipeline's frame: the collector protocol, the guard, the sampler", {"collectors", "sampler"}),
     ("sources", {"devices", "kernel_log", "canary"}),
     ("analysis", {"analysis"}),

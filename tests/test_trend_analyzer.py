@@ -60,7 +60,7 @@ def test_series_extracted_from_a_cycle() -> None:
     assert memory == {
         (("device", "0"), ("memory", "hbm")): (5 * GIB, 16 * GIB),
         (("memory", "host"),): (24 * GIB, 64 * GIB),
-        (("memory", "process"), ("pid", "42")): (3 * GIB, 64 * GIB),
+        (("command", "python3"), ("memory", "process"), ("pid", "42")): (3 * GIB, 64 * GIB),
     }
     drift = drift_series(_cycle(5 * GIB))
     assert drift == {(("device", "0"), ("series", "canary_latency")): 0.004,
