@@ -95,15 +95,23 @@ def expect(config: Config, backend: str, environ: Mapping[str, str] = os.environ
     return Expectation(len(functions), "pci", f"{len(functions)} accelerator PCI function(s) at start", functions)
 
 
+def candidates(expectation: Expectation, readings: Iterable[DeviceReading]) -> list[str]:
+    """Expected PCI functions no reading names."""
+    present = {r.pci for r in readings if r.pci}
+    return [pci for pci in expectation.pci if pci not in present]
+
+
 def missing(expectation: Expectation, readings: Iterable[DeviceReading]) -> tuple[list[str], int]:
     """(expected PCI functions no chip answers for, how many more are missing that no PCI function names).
 
-    A chip the backend still reports, even down, is not missing: it is the lost-chip alert's.
+    A chip the backend still reports, even down, is not missing: it is the lost-chip alert's.  When a chip
+    is reported without its PCI address (lost before it was ever read), which of the unclaimed functions
+    are missing is not known: they are counted, not named.
     """
     found = list(readings)
     short = max(0, expectation.count - len(found))
-    present = {r.pci for r in found if r.pci}
-    named = [pci for pci in expectation.pci if pci not in present][:short]
+    unclaimed = candidates(expectation, found)
+    named = unclaimed if len(unclaimed) <= short else []
     return named, short - len(named)
 
 
@@ -125,6 +133,9 @@ def missing_problem(expectation: Expectation, readings: Iterable[DeviceReading])
     if not named and not unnamed:
         return None
     what = [f"pci {', '.join(named)} (on the bus, not answering)"] if named else []
-    what += [f"{unnamed} not on the PCI bus or not enumerated"] if unnamed else []
+    unclaimed = [] if named else candidates(expectation, found)
+    if unnamed:
+        what.append(f"{unnamed} among pci {', '.join(unclaimed)}" if unclaimed
+                    else f"{unnamed} not on the PCI bus or not enumerated")
     return (f"{len(named) + unnamed} of {expectation.count} expected accelerator(s) missing "
             f"({expectation.why}; {len(found)} reported): {'; '.join(what)}")

@@ -53,7 +53,7 @@ _HEADER_RE = re.compile(r"(Panic|Oops|Emergency|Shutdown|Restart|Halt|Poweroff|U
 _PREFIX_RE = re.compile(r"<\d{1,3}>(?:\[\s*\d+\.\d+\])?(?:\[\s*[CT]\d+\])?\s?")
 # The crash kinds, most telling first: a panic a machine check caused is a machine check.
 KINDS = (
-    ("mce", re.compile(r"[Ff]atal [Mm]achine [Cc]heck|Machine check: Processor context corrupt|"
+    ("mce", re.compile(r"[Ff]atal [Mm]achine [Cc]heck|Machine check: Processor context corrupt|Machine Check Exception|"
                        r"mce: \[Hardware Error\]:.*(?:[Uu]ncorrect|[Ff]atal)")),
     ("hardware_error", re.compile(r"\[Hardware Error\]:.*severity: fatal|[Ff]atal hardware error")),
     ("panic", re.compile(r"Kernel panic - not syncing")),
@@ -212,7 +212,7 @@ def _previous_boot_crash(reader: Any, boot_id: str) -> Crash | None:
     if previous is None:
         return None
     last = previous["__REALTIME_TIMESTAMP"].timestamp()
-    previous_boot = str(previous["_BOOT_ID"])
+    previous_boot = previous["_BOOT_ID"]  # a UUID: this_boot() matches its hex form, as the journal keeps it
     reader.flush_matches()
     reader.this_boot(previous_boot)
     reader.add_match(_TRANSPORT="kernel")
@@ -227,7 +227,7 @@ def _previous_boot_crash(reader: Any, boot_id: str) -> Crash | None:
     found = crash_lines(lines)
     if found is None:
         return None
-    return Crash(found[0], "journal", f"journal:{previous_boot}", found[1],
+    return Crash(found[0], "journal", f"journal:{getattr(previous_boot, 'hex', previous_boot)}", found[1],
                  f"journal, boot {previous_boot}", last)
 
 
