@@ -7,10 +7,12 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import requests
 
 from tpuwatch.alerting.rules import CompiledRule, default_rules_text, parse_rules
 from tpuwatch.alerting.tracker import Tracker
@@ -21,7 +23,7 @@ from tpuwatch.devices.nvidia import NvidiaBackend
 from tpuwatch.devices.sim import SimBackend
 from tpuwatch.samples import sample
 
-from conftest import run_cli
+from conftest import SIM_FAST, DaemonProcess, run_cli, wait_until
 
 STANDIN = Path(__file__).parent / "testdata" / "devices" / "nvml"
 
@@ -149,3 +151,33 @@ def test_a_simulated_host_short_of_its_configured_count_is_a_health_problem() ->
     assert sample("tpuwatch_devices_missing", 2, pci="") in samples
     assert collector.missing_problem == ("2 of 6 expected accelerator(s) missing (devices.expected is 6; "
                                          "4 reported): 2 not on the PCI bus or not enumerated")
+
+
+def test_the_daemon_shows_missing_chips_and_the_previous_boots_crash(
+        start_daemon: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    pstore = tmp_path / "sys" / "fs" / "pstore"
+    pstore.mkdir(parents=True)
+    shutil.copyfile(Path(__file__).parent / "testdata" / "kernel_log" / "pstore" / "mce" /
+                    "dmesg-erst-7212345678901234567", pstore / "dmesg-erst-7212345678901234567")
+    config = {**SIM_FAST, "paths": {"sysfs": str(tmp_path / "sys")},
+              "kernel_log": {"source": "none", "pstore_archive": None},
+              "devices": {"backend": "sim", "expected": 6, "sim": {"count": 4}}}
+    daemon = start_daemon(config)
+    daemon.wait_ready()
+
+    def health() -> dict[str, Any] | None:
+        report = requests.get(f"{daemon.url}/healthz", timeout=5).json()
+        checks = report["checks"]
+        return report if checks["devices"]["problems"] and checks["previous_boot"]["status"] == "crashed" else None
+
+    report = wait_until(health, timeout=30, what="/healthz to show both")
+    assert report["checks"]["devices"]["problems"] == [
+        "2 of 6 expected accelerator(s) missing (devices.expected is 6; 4 reported): 2 not on the PCI bus or not "
+        "enumerated"]
+    (event,) = report["checks"]["previous_boot"]["events"]
+    assert (event["rule"], event["severity"], event["fields"]["kind"]) == ("previous_boot_panic", "critical", "mce")
+    text = requests.get(f"{daemon.url}/metrics", timeout=5).text
+    assert 'tpuwatch_devices_missing{pci=""} 2.0' in text
+    assert 'tpuwatch_devices_expected{source="config"} 6.0' in text
+    assert 'tpuwatch_previous_boot_crash{kind="mce",source="pstore"} 1.0' in text
+    assert 'tpuwatch_kernel_events_total{device="",rule="previous_boot_panic",severity="critical"} 1.0' in text
