@@ -90,8 +90,9 @@ def render_check(result: dict[str, Any]) -> str:
         lines.append(f"host: {_fmt(host.get('memory_available_bytes'), scale=GIB)} of "
                      f"{_fmt(host['memory_total_bytes'], scale=GIB)} GiB memory available")
     for h in result["holders"]:
-        lines.append(f"holder: pid {h['pid']} ({h['command']}) {_fmt(h['resident_memory_bytes'], scale=GIB, digits=2)}"
-                     " GiB resident")
+        pod = f" in pod {h['namespace']}/{h['pod']}" if h.get("pod") else ""
+        lines.append(f"holder: pid {h['pid']} ({h['command']}){pod} "
+                     f"{_fmt(h['resident_memory_bytes'], scale=GIB, digits=2)} GiB resident")
     if result["kernel_events"]:
         lines.append(f"kernel log: {len(result['kernel_events'])} event(s) this boot, "
                      f"{sum(e['severity'] == 'critical' for e in result['kernel_events'])} critical")
