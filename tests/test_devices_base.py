@@ -10,6 +10,7 @@ from tpuwatch.catalog import CATALOG, spec_of
 from tpuwatch.devices.base import (
     HARDWARE_ONLY_FAMILIES,
     DeviceReading,
+    LinkReading,
     Summary,
     reading_samples,
     sources_line,
@@ -29,6 +30,7 @@ FULL = DeviceReading(
     retired_pages_single_bit=0, retired_pages_double_bit=1, remapped_rows_corrected=0, remapped_rows_uncorrected=1,
     memory_repair_pending=True, row_remap_failed=False, pcie_replays_total=7,
     throttle_reasons={"gpu_idle": True, "hw_slowdown": False, "board_limit": False},
+    links=(LinkReading(0, True, {"crc_flit": 3, "replay": 0}), LinkReading(1, False, {})),
 )
 
 

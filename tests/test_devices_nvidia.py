@@ -16,13 +16,15 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from fakekubelet import Kubelet, serve
 
 from tpuwatch.collectors import GuardedCollector
 from tpuwatch.config import Config, DevicesConfig, NvidiaConfig, Paths
 from tpuwatch.devices import DeviceCollector, select_backend
-from tpuwatch.devices.base import DeviceReading
+from tpuwatch.devices.base import DeviceReading, ProcessUse
 from tpuwatch.devices.nvidia import NvidiaBackend, pci_bus_id, throttle_reasons
 from tpuwatch.health import collector_problems, device_problems
+from tpuwatch.pods import PodLookup
 
 from conftest import run_cli, wait_until
 
@@ -260,3 +262,71 @@ def test_the_hardware_check_prints_both_sides_and_flags_a_mismatch(nvml: FakeNvm
     assert total == [["memory_total_bytes", "81559", "81559", "81559"]] * 4, "backend, check --json, nvidia-smi"
     assert ("  MISMATCH" in done.stdout) == bool(skew)
     assert done.stdout.rstrip().endswith(f"4 GPU(s), {4 * skew} mismatch(es) in values that should agree exactly")
+
+
+def test_running_processes_device_files_and_plugin_ids_come_from_nvml(nvml: FakeNvml, tmp_path: Path) -> None:
+    procfs = tmp_path / "proc"
+    (procfs / "4101").mkdir(parents=True)
+    (procfs / "4101" / "comm").write_text("python3\n")
+    backend = NvidiaBackend(Config(paths=Paths(procfs=str(procfs)), devices=DevicesConfig(backend="nvidia")))
+    first, second, lost, fourth = backend.read()
+    assert first.processes == (ProcessUse(4101, "python3", 40802189312.0), ProcessUse(4102, "?", 2147483648.0))
+    assert second.processes == (ProcessUse(4201, "?", 1048576.0),), "in both lists once; NOT_AVAILABLE is absent"
+    assert fourth.processes is None, "not supported: not looked at, not 'no processes'"
+    assert (first.device_files, first.plugin_ids) == (
+        ("nvidia0",), (("nvidia.com/gpu", "GPU-0b1c7f3e-5a2d-4e6f-9b0c-1d2e3f4a5b6c"), ("nvidia.com/gpu", "0")))
+    assert lost.processes is None and lost.links is None
+
+
+def test_nvlinks_report_state_and_counters_and_only_links_seen_active(nvml: FakeNvml) -> None:
+    backend = NvidiaBackend(config())
+    first, second, _, fourth = backend.read()
+    assert first.links is not None and [link.link for link in first.links] == list(range(18))
+    assert first.links[3].errors == {"replay": 4.0, "recovery": 1.0, "crc_flit": 12.0, "crc_data": 0.0,
+                                     "ecc_data": 0.0}
+    assert second.links is not None and [link.link for link in second.links] == [0, *range(2, 18)], \
+        "link 1 was never active: an unused port, not a link down"
+    assert fourth.links is None, "no NVLink at all"
+    nvml.change(1, nvlinks=[0, 0] + [1] * 16)
+    again = backend.read()[1]
+    assert again.links is not None and (again.links[0].link, again.links[0].up) == (0, False)
+    samples = DeviceCollector(backend).collect()
+    down = [dict(s.labels) for s in samples if s.name == "tpuwatch_device_nvlink_up" and s.value == 0]
+    assert down == [{"device": "1", "link": "0"}]
+    errors = {(dict(s.labels)["link"], dict(s.labels)["kind"]): s.value for s in samples
+              if s.name == "tpuwatch_device_nvlink_errors_total" and dict(s.labels)["device"] == "0"}
+    assert errors[("3", "crc_flit")] == 12
+
+
+def test_gpu_processes_are_named_by_pod_and_capped(nvml: FakeNvml, tmp_path: Path) -> None:
+    uuid = "GPU-0b1c7f3e-5a2d-4e6f-9b0c-1d2e3f4a5b6c"
+    socket = tmp_path / "kubelet.sock"
+    kubelet = Kubelet([("ml", "trainer-0", "jax", "nvidia.com/gpu", [uuid])])
+    server = serve(kubelet, socket)
+    procfs = tmp_path / "proc"
+    for pid in (4101, 4102):
+        (procfs / str(pid)).mkdir(parents=True)
+        (procfs / str(pid) / "comm").write_text("python3\n")
+    (procfs / "4101" / "cgroup").write_text(
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod9f1b6a3e_4c2d_4f6e_8a1b_2c3d4e5f6a7b.slice/"
+        "cri-containerd-3c6f0e3b0f2a6d7c8e9f0a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0c1d.scope\n")
+    lookup = PodLookup(str(procfs), str(socket), refresh_every=0.0)
+    collector = DeviceCollector(NvidiaBackend(Config(paths=Paths(procfs=str(procfs)),
+                                                     devices=DevicesConfig(backend="nvidia"))),
+                                pods=lookup, max_processes=1)
+
+    def memory() -> list[dict[str, str]] | None:
+        found = [{**dict(s.labels), "value": s.value} for s in collector.collect()
+                 if s.name == "tpuwatch_process_device_memory_used_bytes" and dict(s.labels)["device"] == "0"]
+        return found if found and found[0]["pod"] else None
+
+    try:
+        assert wait_until(memory, timeout=10, what="GPU 0's process named by pod") == [
+            {"device": "0", "pid": "4101", "command": "python3", "namespace": "ml", "pod": "trainer-0",
+             "container": "jax", "value": 40802189312.0}], "capped at one: the one holding the most memory"
+        counts = {dict(s.labels)["device"]: s.value for s in collector.collect()
+                  if s.name == "tpuwatch_device_processes"}
+        assert counts == {"0": 2, "1": 1}, "the count is not capped; GPU 3 does not say; lost GPU 2 neither"
+    finally:
+        lookup.close()
+        server.stop(grace=None)

@@ -279,3 +279,53 @@ def test_addresses_without_a_known_process_share_the_chips_the_others_do_not_hol
     readings = TpuBackend(make_config(paths, [unknown, known])).read()
     assert [r.sources["memory_used_bytes"] for r in readings] == [f"libtpu:{known}"] * 2 + [f"libtpu:{unknown}"] * 2
     assert readings[2].sources["runtime_chip"].startswith(f"chip 0 of libtpu:{unknown}, numbered after")
+
+
+# --- who holds a chip, and the interconnect ---------------------------------------------------------
+
+def test_the_process_whose_runtime_answers_uses_its_chips_hbm(tmp_path: Path, workloads: Any) -> None:
+    paths = make_host(tmp_path, "v6e", 4)
+    late = workloads("v6e", "12,13", f"{paths.dev}/vfio/12", f"{paths.dev}/vfio/13")
+    readings = TpuBackend(make_config(paths, [late])).read()
+    holder = readings[2].processes
+    assert holder is not None and len(holder) == 1
+    assert holder[0].device_memory_bytes == readings[2].memory_used_bytes is not None
+    assert readings[0].processes == (), "nobody holds chip 0"
+    assert (readings[2].device_files, readings[2].plugin_ids) == (("vfio/12",), (("google.com/tpu", "12"),)), \
+        "the TPU device plugin's id of a vfio chip is its IOMMU group"
+    samples = DeviceCollector(TpuBackend(make_config(paths, [late]))).collect()
+    used = [dict(s.labels) for s in samples if s.name == "tpuwatch_process_device_memory_used_bytes"]
+    assert [u["device"] for u in used] == ["2", "3"] and {u["pid"] for u in used} == {str(holder[0].pid)}
+    assert used[0]["namespace"] == used[0]["pod"] == "", "not in a pod"
+
+
+def test_dcn_packet_counters_and_a_megascale_hang_are_host_series(tmp_path: Path, serve: Any) -> None:
+    runtime = Runtime("v5p-dcn", "busy")
+    backend = TpuBackend(make_config(make_host(tmp_path, "v5p", 4), [serve(runtime)]))
+    collector = DeviceCollector(backend)
+
+    def interconnect() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {(s.name, s.labels): s.value for s in collector.collect()
+                if s.name in ("tpuwatch_dcn_tcp_packets_total", "tpuwatch_interconnect_error_detected")}
+
+    assert interconnect() == {
+        ("tpuwatch_dcn_tcp_packets_total", (("kind", "retransmitted"),)): 30,
+        ("tpuwatch_dcn_tcp_packets_total", (("kind", "sent"),)): 3_000_000,
+        ("tpuwatch_interconnect_error_detected", (("kind", "HANG_DETECTED"), ("source", "megascale"))): 0,
+        ("tpuwatch_interconnect_error_detected", (("kind", "SLICE_FAILURE"), ("source", "slice"))): 0,
+    }
+    runtime.answers = Runtime("v5p-dcn", "stuck").answers
+    stuck = interconnect()
+    assert stuck[("tpuwatch_interconnect_error_detected", (("kind", "HANG_DETECTED"), ("source", "megascale")))] == 1
+    assert stuck[("tpuwatch_dcn_tcp_packets_total", (("kind", "retransmitted"),))] == 14_030
+    assert all(r.runtime_metrics for r in backend.read()), "the chips' own metrics are read as before"
+
+
+def test_host_counters_and_error_gauges_parse_counter_and_gauge_measures() -> None:
+    counters = response("megascale.grpc_tcp_packets_sent.cumulative.count",
+                        'attribute { value { int_attr: 0 } } counter { as_int: 7 }',
+                        'attribute { value { int_attr: 1 } } gauge { as_double: 2.5 }')
+    assert [e.value for e in parse_response(counters, "megascale.grpc_tcp_packets_sent.cumulative.count")] == [7, 2.5]
+    with pytest.raises(MalformedMetric, match="measure is distribution"):
+        parse_response(response("slice.error.detected.gauge", "distribution { count: 1 }"),
+                       "slice.error.detected.gauge")

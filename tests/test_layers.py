@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("plumbing", {"schema", "yamlfile", "statefile", "catalog", "logsetup", "sdnotify", "httpd"}),
     ("config, the store, the state directory, the web config, the receiver types",
      {"config", "store", "statedir", "webconfig", "notifiers"}),
+    ("pod attribution: cgroups and the kubelet's PodResources API", {"pods"}),
     ("the pipeline's frame: the collector protocol, the guard, the sampler", {"collectors", "sampler"}),
     ("sources", {"devices", "kernel_log", "canary"}),
     ("analysis", {"analysis"}),

@@ -6,6 +6,8 @@ import random
 
 import pytest
 
+from tpuwatch.alerting.rules import CompiledRule, default_rules_text, parse_rules
+from tpuwatch.alerting.tracker import Tracker
 from tpuwatch.analysis.drift import DriftDetector
 from tpuwatch.analysis.trend import TrendAnalyzer, drift_series, memory_series
 from tpuwatch.catalog import CATALOG
@@ -60,7 +62,7 @@ def test_series_extracted_from_a_cycle() -> None:
     assert memory == {
         (("device", "0"), ("memory", "hbm")): (5 * GIB, 16 * GIB),
         (("memory", "host"),): (24 * GIB, 64 * GIB),
-        (("memory", "process"), ("pid", "42")): (3 * GIB, 64 * GIB),
+        (("command", "python3"), ("memory", "process"), ("pid", "42")): (3 * GIB, 64 * GIB),
     }
     drift = drift_series(_cycle(5 * GIB))
     assert drift == {(("device", "0"), ("series", "canary_latency")): 0.004,
@@ -99,3 +101,28 @@ def test_analyzer_reports_drift_and_forgets_vanished_series() -> None:
     [shift] = [s.value for s in out if s.name == "tpuwatch_drift_shift"]
     assert shift == pytest.approx(0.002, rel=0.2)
     assert analyzer.observe([], 10.0 * 100 + 61) == []
+
+
+def test_a_leaking_process_is_named_by_command_and_pod_in_the_series_and_the_alert() -> None:
+    analyzer = TrendAnalyzer(TrendConfig())
+    rng = random.Random(3)
+    who = {"pid": "4101", "command": "python3", "namespace": "ml", "pod": "trainer-0", "container": "jax"}
+    out: list[Sample] = []
+    for k in range(6 * 360):  # the process's device memory grows 1 GiB/h from 3 h on; the chip's stays put
+        t = 1_767_225_600.0 + 10.0 * k
+        leak = max(0.0, t - 1_767_225_600.0 - 3 * 3600) * GIB / 3600
+        cycle = [sample("tpuwatch_device_memory_total_bytes", 80 * GIB, device="0"),
+                 sample("tpuwatch_process_device_memory_used_bytes", 20 * GIB + leak + rng.gauss(0, 0.01 * GIB),
+                        device="0", **who),
+                 sample("tpuwatch_process_device_memory_used_bytes", 10 * GIB + rng.gauss(0, 0.01 * GIB),
+                        device="0", pid="4102", command="python3", namespace="", pod="", container="")]
+        out = analyzer.observe(cycle, t)
+    suspected = {dict(s.labels)["pid"]: (dict(s.labels), s.value) for s in out
+                 if s.name == "tpuwatch_memory_leak_suspected"}
+    assert suspected["4101"] == ({"memory": "process_hbm", "device": "0", **who}, 1)
+    assert suspected["4102"] == ({"memory": "process_hbm", "device": "0", "pid": "4102", "command": "python3"}, 0)
+    rules = [CompiledRule(r) for r in parse_rules(default_rules_text(), "built-in")
+             if r.alert == "AcceleratorMemoryLeak"]
+    fired = [c for r in rules for c in r.evaluate(out, Tracker(), 1e9, {"host": "h"})]
+    assert [c.annotations["summary"] for c in fired] == [
+        "Memory leak suspected: process 4101 python3 trainer-0 on device 0"]

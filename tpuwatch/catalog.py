@@ -45,10 +45,13 @@ _SPECS = [
     MetricSpec("tpuwatch_host_cpu_utilization_ratio", "gauge",
                "Host CPU busy fraction since the previous sample, 0-1."),
     MetricSpec("tpuwatch_device_holder_info", "gauge",
-               "A process holding an accelerator device file open; value is always 1.",
-               ("device_file", "pid", "command")),
+               "A process holding an accelerator device file open, the chip the file is (\"\" if unknown) and "
+               "the Kubernetes pod it runs in (\"\" outside one or where unknown); value is always 1.",
+               ("device_file", "device", "pid", "command", "namespace", "pod", "container", "pod_uid",
+                "container_id")),
     MetricSpec("tpuwatch_holder_process_resident_memory_bytes", "gauge",
-               "Resident memory of a process that holds an accelerator device file.", ("pid", "command")),
+               "Resident memory of a process that holds an accelerator device file.",
+               ("pid", "command", "namespace", "pod", "container")),
     # --- device backends (tpu, nvidia) ---
     MetricSpec("tpuwatch_device_driver_status", "gauge",
                "TPU v2-v4 accel driver status from sysfs: 1 for the current one (ALIVE, LAMED, DEAD, DRIVER_EXITING).",
@@ -84,6 +87,29 @@ _SPECS = [
     MetricSpec("tpuwatch_device_pcie_replays_total", "counter", "PCIe link replays (retransmissions).", ("device",)),
     MetricSpec("tpuwatch_device_throttle_active", "gauge",
                "1 while a clock throttle reason the GPU supports is active.", ("device", "reason")),
+    MetricSpec("tpuwatch_device_processes", "gauge",
+               "Processes using the chip (NVML's running processes; a TPU's device-file holders).", ("device",)),
+    MetricSpec("tpuwatch_process_device_memory_used_bytes", "gauge",
+               "Device memory a process uses on the chip, where the hardware reports it per process (NVML; a "
+               "TPU process whose runtime answers for the chip).",
+               ("device", "pid", "command", "namespace", "pod", "container")),
+    MetricSpec("tpuwatch_devices_expected", "gauge",
+               "Accelerator chips this host should have (devices.expected), by where the number comes from "
+               "(config, accelerator_type, simulator, pci).", ("source",)),
+    MetricSpec("tpuwatch_devices_missing", "gauge",
+               "Expected chips the backend does not report: 1 per PCI function on the bus that no chip answers "
+               "for, and the count of those known by number only (pci \"\"); 0 when none is missing.", ("pci",)),
+    MetricSpec("tpuwatch_device_nvlink_up", "gauge",
+               "1 while the NVLink is active, 0 once a link seen active is down.", ("device", "link")),
+    MetricSpec("tpuwatch_device_nvlink_errors_total", "counter",
+               "NVLink errors since the driver loaded by kind (replay, recovery, crc_flit, crc_data, ecc_data).",
+               ("device", "link", "kind")),
+    MetricSpec("tpuwatch_dcn_tcp_packets_total", "counter",
+               "TCP packets of the TPU runtime's megascale (DCN) transport by kind (sent, retransmitted), summed "
+               "over the runtimes answering (libtpu runtime).", ("kind",)),
+    MetricSpec("tpuwatch_interconnect_error_detected", "gauge",
+               "1 while the TPU runtime reports an interconnect error: source megascale (kind: its error_type, "
+               "e.g. HANG_DETECTED) or slice (kind: its type) (libtpu runtime).", ("source", "kind")),
     # --- kernel log ---
     MetricSpec("tpuwatch_kernel_events_total", "counter",
                "Kernel log lines matched by a rule, by rule, severity and device (\"\" when unattributed).",
@@ -97,6 +123,9 @@ _SPECS = [
     MetricSpec("tpuwatch_kernel_log_position_save_failures_total", "counter",
                "Failed saves of the kernel log read position (full or read-only disk); retried every cycle.",
                ("source",)),
+    MetricSpec("tpuwatch_previous_boot_crash", "gauge",
+               "1 when the boot before this one ended in a crash, by kind (panic, oops, mce, hardware_error) and "
+               "where it was found (pstore, journal).", ("kind", "source")),
     # --- canary ---
     MetricSpec("tpuwatch_canary_healthy", "gauge",
                "1 if the chip's last canary run passed, 0 if it computed wrong numbers or errored.", ("device",)),
@@ -116,13 +145,15 @@ _SPECS = [
                "Unix time of the chip's last passing canary run.", ("device",)),
     # --- trend analysis ---
     MetricSpec("tpuwatch_memory_leak_suspected", "gauge",
-               "1 if the memory series (hbm per device, host, process per pid) is growing like a leak.",
-               ("memory", "device", "pid")),
+               "1 if the memory series (hbm per device, host, process per pid, process_hbm per device and pid) "
+               "is growing like a leak.",
+               ("memory", "device", "pid", "command", "namespace", "pod", "container")),
     MetricSpec("tpuwatch_memory_growth_bytes_per_second", "gauge",
-               "Robust growth rate of a series suspected of leaking (absent otherwise).", ("memory", "device", "pid")),
+               "Robust growth rate of a series suspected of leaking (absent otherwise).",
+               ("memory", "device", "pid", "command", "namespace", "pod", "container")),
     MetricSpec("tpuwatch_memory_exhaustion_eta_seconds", "gauge",
                "Projected time until a leaking series reaches its capacity (absent otherwise).",
-               ("memory", "device", "pid")),
+               ("memory", "device", "pid", "command", "namespace", "pod", "container")),
     MetricSpec("tpuwatch_drift_suspected", "gauge",
                "1 if the signal (canary_latency, canary_error, temperature per utilization band) shifted.",
                ("series", "device", "band")),

@@ -77,11 +77,26 @@ class NvidiaConfig:
     call_timeout: Annotated[float, Duration(minimum=0.05, maximum=60.0)] = 2.0
 
 
+class ExpectedDevices(Check):
+    """``devices.expected``: a chip count (``8``), ``auto`` or ``off``; kept as text."""
+
+    parses = True
+
+    def convert(self, value: Any) -> str:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError("expected a chip count like 8, auto or off")
+        text = str(value).strip()
+        if text in ("auto", "off") or (text.isdigit() and 1 <= int(text) <= 1024):
+            return text
+        raise ValueError(f"expected a chip count from 1 to 1024, auto or off; got {short(value)}")
+
+
 @dataclass(frozen=True)
 class DevicesConfig:
-    """Which device backend samples the accelerators."""
+    """Which device backend samples the accelerators, and how many chips the host should have."""
 
     backend: Literal["auto", "tpu", "nvidia", "sim", "none"] = "auto"
+    expected: Annotated[str, ExpectedDevices()] = "auto"
     sim: SimConfig = field(default_factory=SimConfig)
     tpu: TpuConfig = field(default_factory=TpuConfig)
     nvidia: NvidiaConfig = field(default_factory=NvidiaConfig)
@@ -95,6 +110,8 @@ class KernelLogConfig:
     path: AbsolutePath | None = None
     rules_dirs: list[AbsolutePath] = field(default_factory=lambda: ["/etc/tpuwatch/rules.d"])
     storm_window: Annotated[float, Duration(minimum=1.0, maximum=86400.0)] = 60.0
+    previous_boot: bool = True
+    pstore_archive: AbsolutePath | None = "/var/lib/systemd/pstore"
     lookback: Annotated[float, Duration(maximum=366 * 86400.0)] = 300.0
 
     def validate(self, path: str) -> None:
@@ -130,6 +147,9 @@ class HostConfig:
         default_factory=lambda: ["accel[0-9]*", "vfio/[0-9]*", "nvidia[0-9]*"]
     )
     holder_scan_interval: Annotated[float, Duration(minimum=1.0)] = 60.0
+    # The kubelet's PodResources socket (pod names of chip holders); null: name pods by UID from the cgroup only.
+    pod_resources_socket: AbsolutePath | None = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    max_processes_per_device: Annotated[int, Range(1, 1024)] = 16
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuwatch import __version__, statefile
 from tpuwatch.collectors import GuardedCollector
-from tpuwatch.devices import DeviceReading
+from tpuwatch.devices import DeviceCollector, DeviceReading
 from tpuwatch.kernel_log.collector import event_problems
 from tpuwatch.statedir import StateDir, holder, probe
 
@@ -47,6 +47,11 @@ def device_problems(readings: Iterable[DeviceReading]) -> list[str]:
             if ratio >= MEMORY_FULL_RATIO:
                 problems.append(f"{where}: memory {ratio:.0%} full")
     return problems
+
+
+def missing_problems(devices: DeviceCollector | None) -> list[str]:
+    """The sentence naming the expected chips the backend does not report (devices.expected), if any."""
+    return [devices.missing_problem] if devices is not None and devices.missing_problem else []
 
 
 def collector_problems(guards: Iterable[GuardedCollector]) -> list[str]:
@@ -101,7 +106,8 @@ def status_line(parts: Parts) -> str:
     """systemd's STATUS=: chips up and how many problems."""
     devices = parts.device_readings()
     up = sum(1 for r in devices if r.up)
-    problems = device_problems(devices) + collector_problems(parts.sampler.guards)
+    problems = (device_problems(devices) + missing_problems(parts.sources.devices)
+                + collector_problems(parts.sampler.guards))
     state = f"{len(problems)} problem(s)" if problems else "healthy"
     return f"{up}/{len(devices)} devices up, {state}"
 
@@ -140,8 +146,13 @@ def health_report(parts: Parts, state: StateDir, reload_ok: bool, started_at: fl
             "error": guard.status.last_error,
             **({"degraded": guard.status.degraded} if guard.status.degraded else {}),
         }
-    problems = device_problems(parts.device_readings())
+    problems = device_problems(parts.device_readings()) + missing_problems(parts.sources.devices)
     checks["devices"] = {"status": "problems" if problems else "ok", "problems": problems}
+    previous_boot = parts.sources.previous_boot
+    if previous_boot is not None:
+        crashed = previous_boot.recent_events()
+        checks["previous_boot"] = {"status": "crashed" if crashed else "ok",
+                                   "events": [e.to_json() for e in crashed]}
     kernel_log = parts.sources.kernel_log
     if kernel_log is not None:
         events = kernel_log.recent_events()

@@ -15,6 +15,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import psutil
@@ -24,8 +25,12 @@ from tpuwatch.collectors import Collector
 from tpuwatch.collectors.host import HostCollector
 from tpuwatch.config import Config
 from tpuwatch.devices import DeviceCollector, DeviceReading, select_backend
-from tpuwatch.kernel_log.collector import KernelLogCollector, device_lookup
+from tpuwatch.devices.expected import expect
+from tpuwatch.kernel_log.collector import BUDGET_SHARE, KernelLogCollector, device_lookup
 from tpuwatch.kernel_log.collector import build_collector as build_kernel_log
+from tpuwatch.kernel_log.lastboot import PreviousBootCollector
+from tpuwatch.kernel_log.sources import read_boot_id
+from tpuwatch.pods import PodLookup
 from tpuwatch.samples import Sample
 
 log = logging.getLogger(__name__)
@@ -36,16 +41,32 @@ Factory = Callable[[Config, dict[str, Collector], bool], tuple[Collector | None,
 
 def _host(config: Config, built: dict[str, Collector], persist: bool) -> tuple[Collector | None, str]:
     psutil.PROCFS_PATH = config.paths.procfs
+    pods = PodLookup(config.paths.procfs, config.host.pod_resources_socket)
+
+    def chips() -> dict[str, tuple[str, tuple[tuple[str, str], ...]]]:  # the devices source is built after this one
+        devices = built.get("devices")
+        readings = devices.last_readings if isinstance(devices, DeviceCollector) else []
+        return {f: (r.device, r.plugin_ids) for r in readings for f in r.device_files}
+
     collector = HostCollector(config.paths.procfs, config.paths.dev, config.host.device_files,
-                              config.host.holder_scan_interval)
-    note = f"host: memory, CPU and device holders from {config.paths.procfs}"
+                              config.host.holder_scan_interval, pods=pods, chips=chips)
+    socket = config.host.pod_resources_socket
+    note = (f"host: memory, CPU and device holders from {config.paths.procfs}, pods from their cgroups"
+            + (f" and the kubelet's PodResources at {socket}" if socket else ""))
     log.info("%s", note)
     return collector, note
 
 
 def _devices(config: Config, built: dict[str, Collector], persist: bool) -> tuple[Collector | None, str]:
     backend, why = select_backend(config)
-    return (DeviceCollector(backend) if backend is not None else None), f"device backend: {why}"
+    if backend is None:
+        return None, f"device backend: {why}"
+    host = built.get("host")
+    expected = expect(config, backend.name)
+    collector = DeviceCollector(backend, expected, host.pods if isinstance(host, HostCollector) else None,
+                                config.host.max_processes_per_device)
+    return collector, f"device backend: {why}" + (f"; expecting {expected.count} chip(s): {expected.why}"
+                                                  if expected else "; no chip count expected")
 
 
 def _kernel_log(config: Config, built: dict[str, Collector], persist: bool) -> tuple[Collector | None, str]:
@@ -54,10 +75,30 @@ def _kernel_log(config: Config, built: dict[str, Collector], persist: bool) -> t
     return build_kernel_log(config, device_lookup(readings), persist)
 
 
+def _previous_boot(config: Config, built: dict[str, Collector], persist: bool) -> tuple[Collector | None, str]:
+    settings = config.kernel_log
+    if not settings.previous_boot:
+        return None, "previous boot: kernel_log.previous_boot is off"
+    try:
+        boot_id = read_boot_id(config.paths.procfs)
+    except OSError as exc:
+        return None, f"previous boot: not looked at (cannot read this boot's id: {exc.strerror})"
+    journal = settings.path if settings.source == "journal" else None
+    state = Path(config.state_dir, "kernel_log", "previous_boot.json") if persist else None
+    pstore = Path(config.paths.sysfs, "fs", "pstore")
+    archive = Path(settings.pstore_archive) if settings.pstore_archive else None
+    collector = PreviousBootCollector(pstore, archive, journal, boot_id, state,
+                                      journal_enabled=settings.source in ("auto", "journal"),
+                                      wait=config.collector_deadline * BUDGET_SHARE)
+    return collector, f"previous boot: looking for its crash in {pstore}" + (f", {archive}" if archive else "") + (
+        " and the journal" if settings.source in ("auto", "journal") else "")
+
+
 SOURCES: dict[str, Factory] = {
     "host": _host,
     "devices": _devices,
     "kernel_log": _kernel_log,
+    "previous_boot": _previous_boot,
 }
 
 
@@ -79,6 +120,12 @@ class Sources:
         """The kernel log collector, if a source is read."""
         found = self.collectors.get("kernel_log")
         return found if isinstance(found, KernelLogCollector) else None
+
+    @property
+    def previous_boot(self) -> PreviousBootCollector | None:
+        """The previous boot's crash check, if on."""
+        found = self.collectors.get("previous_boot")
+        return found if isinstance(found, PreviousBootCollector) else None
 
     def device_readings(self) -> list[DeviceReading]:
         """The device backend's latest readings (none without a backend)."""

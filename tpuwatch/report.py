@@ -7,7 +7,13 @@ from typing import Any
 
 from tpuwatch.config import Config
 from tpuwatch.devices.base import sources_line
-from tpuwatch.health import collector_problems, collector_warnings, device_problems, state_dir_warnings
+from tpuwatch.health import (
+    collector_problems,
+    collector_warnings,
+    device_problems,
+    missing_problems,
+    state_dir_warnings,
+)
 from tpuwatch.hw.units import GIB
 from tpuwatch.kernel_log.collector import event_problems
 from tpuwatch.registry import build_sources
@@ -24,7 +30,9 @@ def check_once(config: Config) -> dict[str, Any]:
     devices, kernel_log = sources.devices, sources.kernel_log
     readings = sources.device_readings()
     events = kernel_log.recent_events() if kernel_log else []
-    problems = device_problems(readings) + event_problems(events) + collector_problems(sampler.guards)
+    crashed = sources.previous_boot.recent_events() if sources.previous_boot else []
+    problems = (device_problems(readings) + missing_problems(devices) + event_problems(events)
+                + collector_problems(sampler.guards))
     if devices is not None and devices.degraded:
         problems.append(f"device backend {devices.backend.name}: {devices.degraded}")
     current = store.current()
@@ -43,9 +51,10 @@ def check_once(config: Config) -> dict[str, Any]:
              "samples": g.status.samples, "error": g.status.last_error}
             for g in sampler.guards
         ],
-        "kernel_events": [e.to_json() for e in events],
+        "kernel_events": [e.to_json() for e in [*crashed, *events]],
         "problems": problems,
-        "warnings": collector_warnings(sampler.guards) + state_dir_warnings(config.state_dir),
+        "warnings": ([f"{e.message.splitlines()[0]}: {' | '.join(e.message.splitlines()[1:3])}" for e in crashed]
+                     + collector_warnings(sampler.guards) + state_dir_warnings(config.state_dir)),
     }
 
 
@@ -81,8 +90,9 @@ def render_check(result: dict[str, Any]) -> str:
         lines.append(f"host: {_fmt(host.get('memory_available_bytes'), scale=GIB)} of "
                      f"{_fmt(host['memory_total_bytes'], scale=GIB)} GiB memory available")
     for h in result["holders"]:
-        lines.append(f"holder: pid {h['pid']} ({h['command']}) {_fmt(h['resident_memory_bytes'], scale=GIB, digits=2)}"
-                     " GiB resident")
+        pod = f" in pod {h['namespace']}/{h['pod']}" if h.get("pod") else ""
+        lines.append(f"holder: pid {h['pid']} ({h['command']}){pod} "
+                     f"{_fmt(h['resident_memory_bytes'], scale=GIB, digits=2)} GiB resident")
     if result["kernel_events"]:
         lines.append(f"kernel log: {len(result['kernel_events'])} event(s) this boot, "
                      f"{sum(e['severity'] == 'critical' for e in result['kernel_events'])} critical")

@@ -6,7 +6,10 @@ which the alert rules read (``AcceleratorMemoryLeak``, ``AcceleratorDrift``, ...
 
 * memory: HBM in use per chip against its capacity; host memory in use
   (total - available) against the total; resident memory of each process
-  holding a chip against host memory;
+  holding a chip against host memory; device memory of each process on a
+  chip against the chip's capacity (``process_hbm``).  Process series carry
+  the process's command and, under Kubernetes, its namespace, pod and
+  container, so that a leak names who leaks;
 * drift: canary latency and canary error per chip (fed only when a new canary
   result arrives, i.e. when the value changes), and chip temperature per
   utilization band of 0.2, labelled like ``band="0.6-0.8"`` ("temperature at comparable utilization").
@@ -41,8 +44,18 @@ class _Tracked:
     last_value: float | None = None
 
 
+PROCESS_LABELS = ("command", "namespace", "pod", "container")
+
+
+def _process_labels(labels: Labels, memory: str, *keep: str) -> Labels:
+    given = dict(labels)
+    named = [(name, given.get(name, "")) for name in (*keep, *PROCESS_LABELS)]
+    return tuple(sorted([("memory", memory), *((k, v) for k, v in named if v)]))
+
+
 def memory_series(samples: list[Sample]) -> dict[Labels, tuple[float, float | None]]:
-    """(used, capacity) per memory series, keyed by the trend labels (memory, device, pid)."""
+    """(used, capacity) per memory series, keyed by the trend labels (memory, device, pid; a process's
+    command, namespace, pod and container where known)."""
     by_name: dict[str, dict[Labels, float]] = {}
     for s in samples:
         by_name.setdefault(s.name, {})[s.labels] = s.value
@@ -56,7 +69,10 @@ def memory_series(samples: list[Sample]) -> dict[Labels, tuple[float, float | No
     if host_total is not None and host_available is not None:
         out[(("memory", "host"),)] = (host_total - host_available, host_total)
     for labels, rss in by_name.get("tpuwatch_holder_process_resident_memory_bytes", {}).items():
-        out[(("memory", "process"), ("pid", dict(labels).get("pid", "")))] = (rss, host_total)
+        out[_process_labels(labels, "process", "pid")] = (rss, host_total)
+    capacity = {dict(labels).get("device"): total for labels, total in totals.items()}
+    for labels, used in by_name.get("tpuwatch_process_device_memory_used_bytes", {}).items():
+        out[_process_labels(labels, "process_hbm", "device", "pid")] = (used, capacity.get(dict(labels).get("device")))
     return out
 
 

@@ -1,4 +1,9 @@
-"""Host memory and CPU (psutil) and the processes that hold accelerator device files."""
+"""Host memory and CPU (psutil) and the processes that hold accelerator device files.
+
+Each holder is named by chip where the device backend knows which chip a device file is (``chips``:
+device file -> (chip, device-plugin ids)) and by Kubernetes pod through ``pods`` (its cgroup; the
+kubelet's PodResources answer for the chips it holds).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,11 @@ from collections.abc import Callable
 import psutil
 
 from tpuwatch.hw.procfs import Holder, read_text, scan_holders
+from tpuwatch.pods import PodLookup, PodRef
 from tpuwatch.samples import Sample, sample
+
+# device file -> (chip, the (resource, id) pairs a device plugin names the chip by)
+ChipFiles = dict[str, tuple[str, tuple[tuple[str, str], ...]]]
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
@@ -25,7 +34,8 @@ class HostCollector:
     name = "host"
 
     def __init__(self, procfs: str, dev_root: str, device_files: list[str], holder_scan_interval: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, pods: PodLookup | None = None,
+                 chips: Callable[[], ChipFiles] = dict) -> None:
         self._procfs = procfs
         self._dev_root = dev_root
         self._patterns = device_files
@@ -34,6 +44,18 @@ class HostCollector:
         self._next_scan = 0.0
         self._holders: dict[int, Holder] = {}
         self._last_cpu: tuple[float, float] | None = None
+        self.pods = pods
+        self._chips = chips
+
+    @property
+    def degraded(self) -> str | None:
+        """Why holders cannot be named by pod though the kubelet's socket is there, or None."""
+        return self.pods.degraded if self.pods is not None else None
+
+    def close(self) -> None:
+        """Close the channel to the kubelet, if one is open."""
+        if self.pods is not None:
+            self.pods.close()
 
     def collect(self) -> list[Sample]:
         """One reading of host memory, CPU and holders."""
@@ -62,6 +84,9 @@ class HostCollector:
         if now >= self._next_scan:
             self._holders = scan_holders(self._procfs, self._dev_root, self._patterns)
             self._next_scan = now + self._scan_interval
+        if self.pods is not None:
+            self.pods.refresh()
+        chips = self._chips() if self._holders else {}
         out = []
         for pid, holder in list(self._holders.items()):
             statm = read_text(os.path.join(self._procfs, str(pid), "statm"))
@@ -69,9 +94,12 @@ class HostCollector:
                 del self._holders[pid]
                 self._next_scan = now  # a holder exited: look again next cycle
                 continue
-            labels = {"pid": str(pid), "command": holder.command}
+            files = sorted(holder.device_files)
+            ids = [i for f in files for i in chips.get(f, ("", ()))[1]]
+            where = self.pods.pod_of(pid, ids) if self.pods is not None else PodRef()
+            labels = {"pid": str(pid), "command": holder.command, **where.labels()}
             out.append(sample("tpuwatch_holder_process_resident_memory_bytes", parse_statm_rss(statm), **labels))
-            out.extend(sample("tpuwatch_device_holder_info", 1, device_file=f, **labels)
-                       for f in sorted(holder.device_files))
+            out.extend(sample("tpuwatch_device_holder_info", 1, device_file=f, device=chips.get(f, ("", ()))[0],
+                              pod_uid=where.pod_uid, container_id=where.container_id, **labels) for f in files)
         return out
 

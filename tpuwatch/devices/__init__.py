@@ -6,7 +6,8 @@ import logging
 from collections.abc import Callable
 
 from tpuwatch.config import Config
-from tpuwatch.devices.base import DeviceBackend, DeviceCollector, DeviceReading
+from tpuwatch.devices.base import DeviceBackend, DeviceReading
+from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.devices.nvidia import NvidiaBackend
 from tpuwatch.devices.sim import SimBackend
 from tpuwatch.devices.tpu import TpuBackend

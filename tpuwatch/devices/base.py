@@ -1,16 +1,11 @@
-"""The device backend interface and the collector that turns its readings into samples."""
+"""The device backend interface, what a backend reads from a chip, and the samples of a reading."""
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from tpuwatch.samples import Sample, sample
-
-log = logging.getLogger(__name__)
-
-MAX_REMEMBERED_DEVICES = 1024
 
 
 @dataclass(frozen=True)
@@ -26,6 +21,24 @@ def summary_samples(name: str, summary: Summary, **labels: str) -> list[Sample]:
     """NAME{quantile=...} for each quantile, then NAME_count and NAME_sum."""
     out = [sample(name, value, quantile=f"{q:g}", **labels) for q, value in summary.quantiles]
     return [*out, sample(f"{name}_count", summary.count, **labels), sample(f"{name}_sum", summary.total, **labels)]
+
+
+@dataclass(frozen=True)
+class ProcessUse:
+    """A process using a chip, with the device memory it holds where the hardware reports it per process."""
+
+    pid: int
+    command: str
+    device_memory_bytes: float | None = None
+
+
+@dataclass(frozen=True)
+class LinkReading:
+    """One chip-to-chip link (NVLink): whether it is active, and its error counters by kind."""
+
+    link: int
+    up: bool
+    errors: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -72,6 +85,14 @@ class DeviceReading:
     throttle_reasons: dict[str, bool] | None = None
     # Processes holding the chip's device files, as "PID (command)"; None when not looked at.
     owners: tuple[str, ...] | None = None
+    # The chip's device files (relative to paths.dev) and the (resource, device id) pairs a Kubernetes device
+    # plugin names it by, for pod attribution.
+    device_files: tuple[str, ...] = ()
+    plugin_ids: tuple[tuple[str, str], ...] = ()
+    # Processes using the chip (NVML's running processes, the TPU's device-file holders); None: not looked at.
+    processes: tuple[ProcessUse, ...] | None = None
+    # NVLinks that are active or were seen active since tpuwatch started; None: the chip has none it reports.
+    links: tuple[LinkReading, ...] | None = None
     # What was read from where, e.g. {"memory": "libtpu:localhost:8431", "status": "sysfs:/sys/..."}.
     sources: dict[str, str] = field(default_factory=dict)
 
@@ -138,7 +159,8 @@ _SIMULATED = {"memory_used_bytes", "memory_total_bytes", "utilization_ratio", "t
 HARDWARE_ONLY_FAMILIES = frozenset(
     {metric for attribute, metric in _GAUGES if attribute not in _SIMULATED}
     | {metric for attribute, metric, _, _ in _LABELLED if attribute not in _SIMULATED}
-    | {"tpuwatch_device_driver_status", "tpuwatch_device_throttle_active", HLO_EXECUTION, MEGASCALE}
+    | {"tpuwatch_device_driver_status", "tpuwatch_device_throttle_active", HLO_EXECUTION, MEGASCALE,
+       "tpuwatch_device_nvlink_up", "tpuwatch_device_nvlink_errors_total"}
 )
 
 
@@ -168,52 +190,8 @@ def reading_samples(reading: DeviceReading, backend: str) -> list[Sample]:
         out += summary_samples(HLO_EXECUTION, reading.hlo_execution_seconds, device=device)
     for metric, buffer_size, latency in reading.megascale or ():
         out += summary_samples(MEGASCALE, latency, device=device, metric=metric, buffer_size=buffer_size)
+    for link in reading.links or ():
+        out.append(sample("tpuwatch_device_nvlink_up", 1 if link.up else 0, device=device, link=str(link.link)))
+        out += [sample("tpuwatch_device_nvlink_errors_total", count, device=device, link=str(link.link), kind=kind)
+                for kind, count in sorted(link.errors.items())]
     return out
-
-
-class DeviceCollector:
-    """Collects a backend's chips; a chip seen before and now missing is reported down."""
-
-    name = "devices"
-
-    def __init__(self, backend: DeviceBackend) -> None:
-        self.backend = backend
-        self.last_readings: list[DeviceReading] = []
-        self._known: dict[str, DeviceReading] = {}
-
-    @property
-    def degraded(self) -> str | None:
-        """Why the backend cannot read everything it could (an extra not installed), or None."""
-        return getattr(self.backend, "missing", None)
-
-    def close(self) -> None:
-        """Release what the backend holds (channels), if anything."""
-        close = getattr(self.backend, "close", None)
-        if close is not None:
-            close()
-
-    def collect(self) -> list[Sample]:
-        """Read every chip; remember identities so a vanished chip stays visible as down."""
-        readings = {r.device: r for r in self.backend.read()}
-        for device, previous in self._known.items():
-            if device not in readings:
-                readings[device] = DeviceReading(device=device, chip=previous.chip, pci=previous.pci, up=False)
-        for device, reading in readings.items():
-            known = self._known.get(device)
-            if known is None and len(self._known) < MAX_REMEMBERED_DEVICES:
-                log.info("device %s found: %s, pci %s", device, reading.chip, reading.pci or "unknown")
-            if not reading.up and (known is None or known.up):
-                log.error("device %s (%s, pci %s) is down: %s", device, reading.chip, reading.pci or "unknown",
-                          reading.problem or "lost")
-            elif reading.up and known is not None and not known.up:
-                log.warning("device %s (%s, pci %s) is back", device, reading.chip, reading.pci or "unknown")
-            if device in self._known or len(self._known) < MAX_REMEMBERED_DEVICES:
-                self._known[device] = reading
-        self.last_readings = sorted(readings.values(), key=lambda r: _device_order(r.device))
-        out = [s for r in self.last_readings for s in reading_samples(r, self.backend.name)]
-        host_samples = getattr(self.backend, "host_samples", None)  # readings the backend ties to no chip
-        return out + list(host_samples()) if host_samples is not None else out
-
-
-def _device_order(device: str) -> tuple[int, str]:
-    return (int(device), "") if device.isdigit() else (1 << 30, device)

@@ -6,6 +6,13 @@ a GPU whose call does not return in ``devices.nvidia.call_timeout`` is reported
 down as unresponsive, and the other GPUs are read as usual.  A GPU that
 answers NVML_ERROR_GPU_IS_LOST is reported down.  Values a GPU does not
 support (NVML_ERROR_NOT_SUPPORTED, e.g. ECC on consumer boards) are absent.
+
+Per GPU also: the processes running on it with the device memory each holds (compute and graphics
+running processes, v3: a process's memory is absent where NVML answers NVML_VALUE_NOT_AVAILABLE), its
+UUID and minor number (the names the device plugin and /dev give it), and its NVLinks: each link's state
+and error counters (replay, recovery, CRC flit, CRC data, ECC data).  Which links a GPU has is learnt on
+its first read (links 0 to NVML_NVLINK_MAX_LINKS - 1 that answer); a link is exported once it has been
+seen active, so unused ports are not reported down.
 """
 
 from __future__ import annotations
@@ -18,8 +25,9 @@ from types import ModuleType
 from typing import Any
 
 from tpuwatch.config import Config
-from tpuwatch.devices.base import DeviceReading
+from tpuwatch.devices.base import DeviceReading, LinkReading, ProcessUse
 from tpuwatch.hw.deadline import CallTimeout, Lanes
+from tpuwatch.hw.procfs import read_text
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +50,13 @@ THROTTLE_REASONS = {
 SUPPORTED_REASONS = ("nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetSupportedClocksThrottleReasons")
 CURRENT_REASONS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
 NVML_FEATURE_ENABLED = 1
+RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's resource; its device ids are the GPUs' UUIDs (or indices)
+RUNNING_PROCESSES = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
+# nvmlNvLinkErrorCounter_t (pynvml.py NVML_NVLINK_ERROR_DL_*) -> the ``kind`` label.
+NVLINK_ERRORS = {"NVML_NVLINK_ERROR_DL_REPLAY": "replay", "NVML_NVLINK_ERROR_DL_RECOVERY": "recovery",
+                 "NVML_NVLINK_ERROR_DL_CRC_FLIT": "crc_flit", "NVML_NVLINK_ERROR_DL_CRC_DATA": "crc_data",
+                 "NVML_NVLINK_ERROR_DL_ECC_DATA": "ecc_data"}
+MAX_NVLINKS = 64  # bounds the probe should a library report more links than any GPU has
 
 
 def throttle_reasons(supported: int, active: int) -> dict[str, bool]:
@@ -77,6 +92,9 @@ class NvidiaBackend:
         self._identity: dict[int, tuple[str, str | None]] = {}  # index -> (name, PCI address) once read
         self._in_call: dict[int, str] = {}  # index -> the NVML function a GPU's lane is in
         self._logged: set[tuple[int, str, str]] = set()
+        self._procfs = config.paths.procfs
+        self._links: dict[int, tuple[int, ...]] = {}  # index -> the links its first read found
+        self._seen_up: set[tuple[int, int]] = set()  # (index, link) seen active
 
     def read(self) -> list[DeviceReading]:
         """One reading per GPU; a GPU that is lost or does not answer in time is reported down."""
@@ -200,7 +218,68 @@ class NvidiaBackend:
         active = self._first(nvml, index, CURRENT_REASONS, handle)
         if supported is not None and active is not None:
             fields["throttle_reasons"] = throttle_reasons(supported, active)
+        fields.update(self._identity_fields(nvml, index, handle))
+        fields["processes"] = self._processes(nvml, index, handle)
+        fields["links"] = self._read_links(nvml, index, handle)
         self._in_call.pop(index, None)
         sources = {"presence": "nvml"}
-        sources.update({key: "nvml" for key, value in fields.items() if value is not None})
+        sources.update({key: "nvml" for key, value in fields.items() if value is not None and value != ()})
         return DeviceReading(device=str(index), chip=name, pci=pci, sources=sources, **fields)
+
+    def _identity_fields(self, nvml: Any, index: int, handle: Any) -> dict[str, Any]:
+        """The GPU's device file (/dev/nvidiaMINOR) and the ids the device plugin names it by."""
+        uuid = self._optional(nvml, index, "nvmlDeviceGetUUID", handle)
+        minor = self._optional(nvml, index, "nvmlDeviceGetMinorNumber", handle)
+        ids = ((RESOURCE, _text(uuid)),) if uuid else ()
+        return {"device_files": (f"nvidia{minor}",) if minor is not None else (),
+                "plugin_ids": (*ids, (RESOURCE, str(index)))}
+
+    def _processes(self, nvml: Any, index: int, handle: Any) -> tuple[ProcessUse, ...] | None:
+        """Compute and graphics processes on the GPU, a pid in both lists once (its larger memory figure)."""
+        found: dict[int, float | None] = {}
+        answered = False
+        for function in RUNNING_PROCESSES:
+            listed = self._optional(nvml, index, function, handle)
+            answered = answered or listed is not None
+            for process in listed or ():
+                used = None if process.usedGpuMemory is None else float(process.usedGpuMemory)
+                previous = found.get(process.pid)
+                found[process.pid] = used if previous is None else max(previous, used or 0.0)
+        if not answered:
+            return None
+        return tuple(ProcessUse(pid, self._command(pid), used) for pid, used in sorted(found.items()))
+
+    def _command(self, pid: int) -> str:
+        return read_text(f"{self._procfs}/{pid}/comm").strip()[:64] or "?"
+
+    def _read_links(self, nvml: Any, index: int, handle: Any) -> tuple[LinkReading, ...] | None:
+        """State and error counters of the GPU's links that are, or were, active."""
+        if not hasattr(nvml, "nvmlDeviceGetNvLinkState"):
+            return None
+        if index not in self._links:  # the first read learns which links exist; absent ones answer an error
+            count = min(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)), MAX_NVLINKS)
+            self._links[index] = tuple(link for link in range(count) if self._quiet(
+                nvml, index, "nvmlDeviceGetNvLinkState", handle, link) is not None)
+        links = []
+        for link in self._links[index]:
+            state = self._quiet(nvml, index, "nvmlDeviceGetNvLinkState", handle, link)
+            up = state == NVML_FEATURE_ENABLED
+            if up:
+                self._seen_up.add((index, link))
+            if (index, link) not in self._seen_up:
+                continue
+            errors = {kind: self._quiet(nvml, index, "nvmlDeviceGetNvLinkErrorCounter", handle, link,
+                                        getattr(nvml, constant))
+                      for constant, kind in NVLINK_ERRORS.items() if hasattr(nvml, constant)}
+            links.append(LinkReading(link, up, {k: float(v) for k, v in errors.items() if v is not None}))
+        return tuple(links) if self._links[index] else None
+
+    def _quiet(self, nvml: Any, index: int, function: str, *args: Any) -> Any:
+        """An NVML call whose failure (a link the GPU lacks, a counter it does not keep) is simply no value."""
+        self._in_call[index] = function
+        try:
+            return getattr(nvml, function)(*args)
+        except nvml.NVMLError as exc:
+            if exc.value == nvml.NVML_ERROR_GPU_IS_LOST:
+                raise GpuLost(f"{function}: {exc}") from None
+            return None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tpuwatch.devices.base import Summary
@@ -68,7 +68,16 @@ MEGASCALE_METRICS = {
         ("grpc_tcp_min_rtt", "grpc_tcp_min_rtt"),
     )
 }
-KNOWN_METRICS = (*(spec.name for spec in RUNTIME_METRICS), *MEGASCALE_METRICS)
+# DCN health the runtime reports for the host (the names the GKE TPU device plugin reads, ai-on-gke/
+# tpu-device-plugin pkg/metrics/metrics.go): the megascale gRPC transport's TCP packet counters, and error
+# gauges that are non-zero while a megascale hang (``error_type`` HANG_DETECTED) or a slice error (``type``)
+# is detected.  No ICI (chip-to-chip) metric name is published.
+HOST_COUNTERS = {"megascale.grpc_tcp_packets_sent.cumulative.count": "sent",
+                 "megascale.grpc_tcp_packets_retransmitted.cumulative.count": "retransmitted"}
+ERROR_GAUGES = {"megascale.error.detected.gauge": ("megascale", "error_type"),
+                "slice.error.detected.gauge": ("slice", "type")}
+MAX_ERROR_KINDS = 16  # per error gauge and address
+KNOWN_METRICS = (*(spec.name for spec in RUNTIME_METRICS), *MEGASCALE_METRICS, *HOST_COUNTERS, *ERROR_GAUGES)
 
 
 @dataclass(frozen=True)
@@ -91,12 +100,15 @@ class Entry:
     value: float | None = None  # gauges
     distribution: Distribution | None = None
     buffer_size: str = ""      # megascale entries
+    kind: str = ""             # error gauges: the error's type attribute
 
 
 def parse_response(response: Any, name: str) -> list[Entry]:
     """The entries of one MetricResponse for metric ``name``; MalformedMetric if it is not libtpu's shape."""
     if response.metric.name and response.metric.name != name:
         raise MalformedMetric(f"answer is for {response.metric.name!r}")
+    if name in HOST_COUNTERS or name in ERROR_GAUGES:
+        return _host_entries(response, name)
     megascale = name in MEGASCALE_METRICS
     entries = []
     for metric in response.metric.metrics:
@@ -112,6 +124,22 @@ def parse_response(response: Any, name: str) -> list[Entry]:
     keys = [(e.ordinal, e.buffer_size) for e in entries]
     if not megascale and len(set(keys)) != len(keys):
         raise MalformedMetric("a device ordinal appears twice")
+    return entries
+
+
+def _host_entries(response: Any, name: str) -> list[Entry]:
+    """Entries of a host counter (counter or gauge measure) or an error gauge (its type attribute as kind)."""
+    entries = []
+    for metric in response.metric.metrics:
+        measure = metric.WhichOneof("measure")
+        if measure not in ("counter", "gauge"):
+            raise MalformedMetric(f"measure is {measure or 'missing'}")
+        kind = ""
+        if name in ERROR_GAUGES:
+            key = ERROR_GAUGES[name][1]
+            kind = next((str(a.value.string_attr)[:64] for a in metric.attribute.value.kvlist_attr.attributes
+                         if a.key == key and a.value.WhichOneof("attr") == "string_attr"), "")
+        entries.append(Entry(None, value=_gauge(getattr(metric, measure)), kind=kind))
     return entries
 
 
@@ -230,6 +258,8 @@ class Folded:
     fields: dict[int, dict[str, Any]]
     host_megascale: dict[tuple[str, str], Distribution]  # (metric, buffer size) -> latencies of no chip
     problems: list[tuple[str, str]]  # (metric, problem): answers dropped while folding
+    host_counters: dict[str, float] = field(default_factory=dict)  # kind (sent, retransmitted) -> packets
+    errors: dict[tuple[str, str], float] = field(default_factory=dict)  # (source, kind) -> the gauge's value
 
     @property
     def served(self) -> int:
@@ -261,6 +291,15 @@ def fold(entries: dict[str, list[Entry]], cores_per_chip: int, duty_cycle_per_ch
                 folded.problems.append((spec.name, str(exc)))
                 continue
             folded.fields.setdefault(chip, {})[spec.attribute] = value
+    for name, kind in HOST_COUNTERS.items():
+        values = [e.value for e in entries.get(name, ()) if e.value is not None]
+        if values:
+            folded.host_counters[kind] = sum(values)
+    for name, (source, _) in ERROR_GAUGES.items():
+        for entry in entries.get(name, ()):
+            key = (source, entry.kind)
+            if entry.value is not None and (key in folded.errors or len(folded.errors) < MAX_ERROR_KINDS):
+                folded.errors[key] = max(folded.errors.get(key, 0.0), entry.value)
     for name, short in MEGASCALE_METRICS.items():
         found = entries.get(name, [])
         slot = _slotter([e for e in found if e.ordinal is not None], core_rank, cores_per_chip)

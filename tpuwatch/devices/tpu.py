@@ -5,7 +5,12 @@ What each chip reports, and where it comes from:
 - presence, generation, PCI address, device file: PCI sysfs (vendor 0x1ae0);
 - driver status and reset count (v2-v4, accel/gasket driver): the accel class
   directory; status DEAD marks the chip down;
-- owners: processes holding its device file (/proc/*/fd);
+- owners: processes holding its device file (/proc/*/fd); the HBM a process uses is the chip's HBM in
+  use when the runtime answering for the chip is that process's (it listens on the metrics port and holds
+  the chip), else absent;
+- the ids the GKE TPU device plugin names the chip by (resource ``google.com/tpu``): its device file's
+  name under /dev (``accel0``) or /dev/vfio (``12``), and its PCI slot on generations whose chips span
+  functions (ai-on-gke/tpu-device-plugin ``pkg/tpu/manager.go``);
 - HBM used/total, duty cycle, HBM bandwidth, TensorCore idle time, HLO queue
   and execution time, megascale latencies: libtpu's runtime metric service,
   only while a workload runs; without it the HBM capacity is the published
@@ -25,17 +30,18 @@ from collections.abc import Callable
 from typing import Any
 
 from tpuwatch.config import Config
-from tpuwatch.devices.base import MEGASCALE, DeviceReading, summary_samples
+from tpuwatch.devices.base import MEGASCALE, DeviceReading, ProcessUse, summary_samples
 from tpuwatch.devices.libtpu import AddressAnswer, RuntimeClient
 from tpuwatch.devices.pci import TpuChip, discover_tpus, read_driver_state, read_hwmon
 from tpuwatch.devices.procnet import port_owners
 from tpuwatch.devices.runtime import US, Distribution, Folded, fold, merge, summary
 from tpuwatch.hw.procfs import scan_holders
-from tpuwatch.samples import Sample
+from tpuwatch.samples import Sample, sample
 
 log = logging.getLogger(__name__)
 
 FORCED_RESCAN_S = 10.0  # an answering port whose process is unknown rescans owners at most this often
+RESOURCE = "google.com/tpu"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +51,7 @@ class _Placed:
     fields: dict[str, Any]
     source: str
     matched: str | None
+    pid: int | None = None  # the process whose runtime answered for the chip, when found (it holds the chip)
 
 
 class TpuBackend:
@@ -60,6 +67,7 @@ class TpuBackend:
         self._indices: dict[str, int] = {}  # PCI address -> chip index, kept for the life of the backend
         self._owners: dict[str, list[str]] = {}  # device file -> "PID (command)"
         self._held: dict[int, set[str]] = {}  # PID -> device files it holds
+        self._commands: dict[int, str] = {}  # PID -> command of a holder
         self._port_pids: dict[int, int] = {}  # metrics port -> PID listening on it
         self._owners_at: float | None = None
         self._served: dict[str, int] = {}  # address -> chips it answered for when it last answered
@@ -77,7 +85,8 @@ class TpuBackend:
         self.runtime.close()
 
     def host_samples(self) -> list[Sample]:
-        """Megascale latencies of the last read that the runtime gave for no chip (device "")."""
+        """What the last read's runtime gave for no chip: megascale latencies (device ""), DCN packet counters
+        and interconnect error flags."""
         return self._host_samples
 
     def read(self) -> list[DeviceReading]:
@@ -96,12 +105,14 @@ class TpuBackend:
                     self.runtime.log_problem(answer.address, metric, problem)
         owners = self._scan_owners(chips, unresolved=any(_port(a) not in self._port_pids for a in folded))
         placed = self._place(runtime, folded, {self._indices[c.pci]: set(c.device_files) for c in chips})
-        self._host_samples = _host_megascale(folded.values())
+        self._host_samples = _host_megascale(folded.values()) + _host_interconnect(folded.values())
         readings = []
         for chip in chips:
             index = self._indices[chip.pci]
             reading = self._sysfs_reading(str(index), chip, owners)
             reading = _with_runtime(reading, placed.get(index), _runtime_status(runtime))
+            reading = dataclasses.replace(reading, processes=self._processes(chip, placed.get(index),
+                                                                             reading.memory_used_bytes))
             if reading.memory_total_bytes is None and chip.hbm_bytes is not None:
                 published = f"published capacity of {chip.generation.name}"
                 reading = dataclasses.replace(reading, memory_total_bytes=float(chip.hbm_bytes),
@@ -118,6 +129,7 @@ class TpuBackend:
         last answered, if it does not now).
         """
         targets: dict[str, tuple[list[int], str | None]] = {}
+        pids: dict[str, int] = {}
         for answer in answers:
             found = folded.get(answer.address)
             if found is not None:
@@ -126,9 +138,10 @@ class TpuBackend:
                 pid = self._port_pids.get(port) if port is not None else None
                 held_files = self._held.get(pid, set()) if pid is not None else set()
                 held = [index for index in chips if chips[index] & held_files]
-                if held and found.served <= len(held):
+                if held and pid is not None and found.served <= len(held):
                     targets[answer.address] = (held, f"process {pid} listens on libtpu:{answer.address} and "
                                                      "holds this chip")
+                    pids[answer.address] = pid
         left = [index for index in chips if not any(index in held for held, _ in targets.values())]
         offset = 0
         for answer in answers:
@@ -149,7 +162,8 @@ class TpuBackend:
                                              f"{len(indices)} left for it under sysfs")
                     continue
                 placed.setdefault(indices[slot], _Placed(fields, f"libtpu:{address}",
-                                                         note.format(slot=slot) if note else None))
+                                                         note.format(slot=slot) if note else None,
+                                                         pids.get(address)))
         return placed
 
     def _sysfs_reading(self, device: str, chip: TpuChip, owners: dict[str, list[str]]) -> DeviceReading:
@@ -174,7 +188,15 @@ class TpuBackend:
             reset_count=resets, temperature_celsius=hwmon.temperature_celsius if hwmon else None,
             power_watts=hwmon.power_watts if hwmon else None,
             owners=tuple(o for f in chip.device_files for o in owners.get(f, [])), sources=sources,
+            device_files=chip.device_files, plugin_ids=plugin_ids(chip),
         )
+
+    def _processes(self, chip: TpuChip, placed: _Placed | None, used: float | None) -> tuple[ProcessUse, ...]:
+        """The chip's holders; the one whose runtime answered for the chip uses the chip's HBM in use."""
+        files = set(chip.device_files)
+        return tuple(ProcessUse(pid, self._commands.get(pid, "?"),
+                                used if placed is not None and placed.pid == pid else None)
+                     for pid, held in sorted(self._held.items()) if held & files)
 
     def _scan_owners(self, chips: list[TpuChip], unresolved: bool) -> dict[str, list[str]]:
         """Device file -> "PID (command)" of its holders, and metrics port -> listening holder.
@@ -190,6 +212,7 @@ class TpuBackend:
             holders = scan_holders(self.paths.procfs, self.paths.dev, files) if files else {}
             self._owners = {}
             self._held = {pid: set(holder.device_files) for pid, holder in holders.items()}
+            self._commands = {pid: holder.command for pid, holder in holders.items()}
             for pid, holder in sorted(holders.items()):
                 for device_file in holder.device_files:
                     self._owners.setdefault(device_file, []).append(f"{pid} ({holder.command})")
@@ -197,6 +220,15 @@ class TpuBackend:
             self._port_pids = port_owners(self.paths.procfs, ports, holders) if holders and ports else {}
             self._owners_at = now
         return self._owners
+
+
+def plugin_ids(chip: TpuChip) -> tuple[tuple[str, str], ...]:
+    """The device plugin's ids for a chip: its device files' names (``accel0``, the vfio group ``12``) and,
+    for chips of several PCI functions, the PCI slot (domain:bus:device)."""
+    ids = [f.rsplit("/", 1)[-1] for f in chip.device_files]
+    if len(chip.functions) > 1:
+        ids.append(chip.pci.rsplit(".", 1)[0])
+    return tuple((RESOURCE, i) for i in ids)
 
 
 def _port(address: str) -> int | None:
@@ -222,6 +254,21 @@ def _host_megascale(folded: Any) -> list[Sample]:
             latency = summary(dists[0], US)
         out += summary_samples(MEGASCALE, latency, device="", metric=metric, buffer_size=buffer_size)
     return out
+
+
+def _host_interconnect(folded: Any) -> list[Sample]:
+    """DCN TCP packets summed over the addresses, and each interconnect error flag (1 while any address reports
+    it non-zero)."""
+    counters: dict[str, float] = {}
+    errors: dict[tuple[str, str], float] = {}
+    for one in folded:
+        for kind, value in one.host_counters.items():
+            counters[kind] = counters.get(kind, 0.0) + value
+        for key, value in one.errors.items():
+            errors[key] = max(errors.get(key, 0.0), value)
+    out = [sample("tpuwatch_dcn_tcp_packets_total", value, kind=kind) for kind, value in sorted(counters.items())]
+    return out + [sample("tpuwatch_interconnect_error_detected", 1 if value else 0, source=source, kind=kind)
+                  for (source, kind), value in sorted(errors.items())]
 
 
 def _with_runtime(reading: DeviceReading, placed: _Placed | None, status: str) -> DeviceReading:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 MAX_HOLDERS = 256
+MAX_CGROUP_BYTES = 64 * 1024  # /proc/PID/cgroup: one short line per hierarchy
 
 
 def pids(procfs: str) -> list[int]:
@@ -39,6 +40,15 @@ def read_text(path: str) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             return handle.read()
+    except OSError:
+        return ""
+
+
+def read_cgroup(procfs: str, pid: int) -> str:
+    """The text of /proc/PID/cgroup (at most MAX_CGROUP_BYTES); "" when it cannot be read."""
+    try:
+        with open(os.path.join(procfs, str(pid), "cgroup"), encoding="utf-8", errors="replace") as handle:
+            return handle.read(MAX_CGROUP_BYTES)
     except OSError:
         return ""
 

@@ -1,0 +1,92 @@
+"""The devices collector: a backend's readings as samples, chips that vanished kept as down, the processes
+using each chip named by pod, and the chips the host should have but does not report."""
+
+from __future__ import annotations
+
+import logging
+
+from tpuwatch.devices.base import DeviceBackend, DeviceReading, reading_samples
+from tpuwatch.devices.expected import Expectation, missing_problem, missing_samples
+from tpuwatch.devices.processes import DEFAULT_CAP, process_samples
+from tpuwatch.pods import PodLookup
+from tpuwatch.samples import Sample
+
+log = logging.getLogger(__name__)
+
+MAX_REMEMBERED_DEVICES = 1024
+
+
+class DeviceCollector:
+    """Collects a backend's chips; a chip seen before and now missing is reported down.
+
+    With ``expected`` it also exports how many chips the host should have and which are missing
+    (``missing_problem`` says so in one sentence); with ``pods`` the processes using each chip are named
+    by pod, at most ``max_processes`` per chip.
+    """
+
+    name = "devices"
+
+    def __init__(self, backend: DeviceBackend, expected: Expectation | None = None, pods: PodLookup | None = None,
+                 max_processes: int = DEFAULT_CAP) -> None:
+        self.backend = backend
+        self.expected = expected
+        self.pods = pods
+        self.max_processes = max_processes
+        self.last_readings: list[DeviceReading] = []
+        self.missing_problem: str | None = None
+        self._known: dict[str, DeviceReading] = {}
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the backend cannot read everything it could (an extra not installed), or None."""
+        return getattr(self.backend, "missing", None)
+
+    def close(self) -> None:
+        """Release what the backend holds (channels), if anything."""
+        close = getattr(self.backend, "close", None)
+        if close is not None:
+            close()
+
+    def collect(self) -> list[Sample]:
+        """Read every chip; remember identities so a vanished chip stays visible as down."""
+        if self.pods is not None:
+            self.pods.refresh()
+        readings = {r.device: r for r in self.backend.read()}
+        for device, previous in self._known.items():
+            if device not in readings:
+                readings[device] = DeviceReading(device=device, chip=previous.chip, pci=previous.pci, up=False,
+                                                 device_files=previous.device_files,
+                                                 plugin_ids=previous.plugin_ids)
+        for device, reading in readings.items():
+            known = self._known.get(device)
+            if known is None and len(self._known) < MAX_REMEMBERED_DEVICES:
+                log.info("device %s found: %s, pci %s", device, reading.chip, reading.pci or "unknown")
+            if not reading.up and (known is None or known.up):
+                log.error("device %s (%s, pci %s) is down: %s", device, reading.chip, reading.pci or "unknown",
+                          reading.problem or "lost")
+            elif reading.up and known is not None and not known.up:
+                log.warning("device %s (%s, pci %s) is back", device, reading.chip, reading.pci or "unknown")
+            if device in self._known or len(self._known) < MAX_REMEMBERED_DEVICES:
+                self._known[device] = reading
+        self.last_readings = sorted(readings.values(), key=lambda r: _device_order(r.device))
+        out = [s for r in self.last_readings for s in reading_samples(r, self.backend.name)]
+        out += [s for r in self.last_readings for s in process_samples(r, self.pods, self.max_processes)]
+        out += self._expected_samples()
+        host_samples = getattr(self.backend, "host_samples", None)  # readings the backend ties to no chip
+        return out + list(host_samples()) if host_samples is not None else out
+
+    def _expected_samples(self) -> list[Sample]:
+        if self.expected is None:
+            return []
+        problem = missing_problem(self.expected, self.last_readings)
+        if problem != self.missing_problem:
+            if problem is not None:
+                log.error("%s", problem)
+            else:
+                log.warning("every expected accelerator is reported again (%s)", self.expected.why)
+            self.missing_problem = problem
+        return missing_samples(self.expected, self.last_readings)
+
+
+def _device_order(device: str) -> tuple[int, str]:
+    return (int(device), "") if device.isdigit() else (1 << 30, device)
