@@ -261,6 +261,22 @@ DEFAULT_CASES = [
      "AcceleratorMemoryFull", "warning"),
     ("collector failing", [], [("tpuwatch_collector_success", 0, {"collector": "devices"})],
      "TpuwatchCollectorFailing", "warning"),
+    ("chips missing", [], [("tpuwatch_devices_missing", 1, {"pci": "0000:13:00.0"})], "AcceleratorsMissing",
+     "critical"),
+    ("NVLink down", [], [("tpuwatch_device_nvlink_up", 0, {"device": "0", "link": "2"})], "AcceleratorLinkDown",
+     "critical"),
+    ("NVLink CRC errors rising", [("tpuwatch_device_nvlink_errors_total", 0, {"device": "0", "link": "2",
+                                                                             "kind": "crc_flit"})],
+     [("tpuwatch_device_nvlink_errors_total", 150, {"device": "0", "link": "2", "kind": "crc_flit"})],
+     "AcceleratorLinkErrorsRising", "warning"),
+    ("NVLink recovery", [("tpuwatch_device_nvlink_errors_total", 0, {"device": "0", "link": "1", "kind": "recovery"})],
+     [("tpuwatch_device_nvlink_errors_total", 1, {"device": "0", "link": "1", "kind": "recovery"})],
+     "AcceleratorLinkErrorsRising", "warning"),
+    ("megascale hang", [], [("tpuwatch_interconnect_error_detected", 1, {"source": "megascale",
+                                                                       "kind": "HANG_DETECTED"})],
+     "AcceleratorInterconnectError", "critical"),
+    ("process leak", [], [("tpuwatch_memory_leak_suspected", 1, {"memory": "process_hbm", "device": "0",
+                                                                "pid": "4242"})], "AcceleratorMemoryLeak", "warning"),
 ]
 
 
