@@ -40,7 +40,9 @@ from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
 from tpuwatch.statedir import StateDir, is_simulated, namespaced, probe_every
 from tpuwatch.store import SeriesStore
-from tpuwatch.web import Endpoint, JsonRoute
+from tpuwatch.views.page import StatusPage
+from tpuwatch.views.sources import StatusSources
+from tpuwatch.web import Endpoint, Route
 from tpuwatch.webconfig import load_web_config
 
 log = logging.getLogger(__name__)
@@ -60,13 +62,20 @@ def _build_sampler(config: Config, store: SeriesStore, canary: CanaryCollector |
     return Sampler([*collectors, *([canary] if canary else [])], store, config.collector_deadline, derived)
 
 
-def _trend(config: Config) -> TrendAnalyzer:
-    """The trend analyzer; with simulated chips, already fed with their simulated history."""
+def _trend(config: Config, store: SeriesStore | None = None) -> TrendAnalyzer:
+    """The trend analyzer; with simulated chips, already fed with their simulated history, which also goes into
+    ``store``'s history as far back as it keeps (the status page plots what the detectors judged)."""
     trend = TrendAnalyzer(config.trend)
     if is_simulated(config):
         now = time.time()
+        kept = config.store.points_per_series * config.interval
         for offset, readings in sim.history(config.devices.sim, SIM_HISTORY_S, SIM_HISTORY_STEP_S):
-            trend.observe([s for r in readings for s in reading_samples(r, sim.SimBackend.name)], now + offset)
+            samples = [s for r in readings for s in reading_samples(r, sim.SimBackend.name)]
+            trend.observe(samples, now + offset)
+            if store is not None and -offset <= kept:
+                store.replace("devices", samples, now + offset)
+        if store is not None:
+            store.forget("devices")  # the past is history only: current readings are the first cycle's
     return trend
 
 
@@ -134,7 +143,7 @@ class Daemon:
         self.started_at = time.time()
         self.store = SeriesStore(config.store.points_per_series, config.store.max_series)
         self.canary = _canary(config, self._current_store)
-        self.trend = _trend(config)
+        self.trend = _trend(config, self.store)
         # Simulated chips neither read nor write the learned state of the host's real ones.
         self.trend_state = None if is_simulated(config) else TrendStateFile(config.state_dir)
         if self.trend_state is not None:
@@ -159,6 +168,14 @@ class Daemon:
         self._scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
         self.registry = build_registry(lambda: self.store.current(), self.self_samples,
                                        lambda: self.endpoint.samples())
+        self.status_page = StatusPage(StatusSources(
+            current=lambda: self.store.current(), history=lambda name, labels: self.store.history(name, labels),
+            readings=self._device_readings, window=lambda: self.config.store.points_per_series * self.config.interval,
+            health=self.health, leak=lambda labels, since: self.trend.leak_view(labels, since),
+            canary=lambda: self.canary.results() if self.canary else [],
+            kernel_events=lambda: kernel_log.recent_events() if (kernel_log := self._kernel_log()) else [],
+            alerts=self.alerting.active_alerts, interval=lambda: self.config.interval),
+            cycle=lambda: self.sampler.last_cycle_end)
         self.endpoint = Endpoint(config.listen, self.registry, self._routes(), load_web_config(config.web_config))
 
     # --- lifecycle -------------------------------------------------------
@@ -377,9 +394,9 @@ class Daemon:
         state = f"{len(problems)} problem(s)" if problems else "healthy"
         return f"{up}/{len(devices)} devices up, {state}"
 
-    def _routes(self) -> dict[str, JsonRoute]:
+    def _routes(self) -> dict[str, Route]:
         return {"/healthz": self._health_route, "/api/alerts": lambda: (200, self.alerting.api_payload()),
-                "/api/kubernetes": self._kubernetes_route}
+                "/api/kubernetes": self._kubernetes_route, **self.status_page.routes()}
 
     def _kubernetes_route(self) -> tuple[int, dict[str, Any]]:
         if self.kubernetes is None:
