@@ -93,7 +93,7 @@ def bars(runs: Sequence[tuple[str, float | None, str]], slots: int) -> str:
         x = LEFT + k * width
         parts.append(f'<rect class="run c-{escape(status)}" x="{x + 1:.1f}" y="{52 - height:.1f}" '
                      f'width="{max(1.0, width - 2):.1f}" height="{height:.1f}"><title>{escape(tip)}</title></rect>')
-    scale = f"{longest:.2f} s" if longest else ""
+    scale = "" if not longest else f"{longest:.2f} s" if longest >= 1 else f"{longest * 1000:.0f} ms"
     return (f'<svg class="runs" viewBox="0 0 {WIDTH} 60" role="img" aria-label="canary runs" '
             f'data-runs="{len(runs)}"><title>canary runs, oldest left; height: latency</title>'
             f'<text class="axis" x="{LEFT - 3}" y="14" text-anchor="end">{scale}</text>'

@@ -13,6 +13,7 @@ import argparse
 import curses
 import locale
 import logging
+import os
 import signal
 import socket
 import sys
@@ -161,6 +162,8 @@ def run(args: argparse.Namespace, config: Config) -> int:
     locale.setlocale(locale.LC_ALL, "")
     logging.disable(logging.CRITICAL)  # a log line would scribble over the screen; the view shows what failed
     signal.signal(signal.SIGTERM, _quit)
+    for name in ("LINES", "COLUMNS"):  # ncurses prefers these to the terminal's own size, also after a resize
+        os.environ.pop(name, None)
     try:
         curses.wrapper(_screen, feed, every, unicode)
     except KeyboardInterrupt:
@@ -226,7 +229,8 @@ def _draw(screen: Any, latest: _Latest, every: float, unicode: bool) -> None:
     if value is None:
         rows = [[(f"tpuwatch top: {error or 'reading...'}", "")]]
     else:
-        rows = text.frame(value[0], f"{value[1]} · q quits", every, unicode, error)
+        rows = text.frame(value[0], value[1], every, unicode, error)
+        rows[0].append((" · q quits", "dim"))
     for y, row in enumerate(rows[:height]):
         x = 0
         for chunk, style in row:

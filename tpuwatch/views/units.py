@@ -24,9 +24,11 @@ def number(value: float | None, digits: int = 1, unit: str = "") -> str:
 
 
 def duration(seconds: float | None) -> str:
-    """A span as its two largest units: "45s", "12m 5s", "3h 10m", "2d 4h"; "-" when absent."""
+    """A span as its two largest units: "200ms", "45s", "12m 5s", "3h 10m", "2d 4h"; "-" when absent."""
     if seconds is None:
         return "-"
+    if 0 < seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
     left = max(0, round(seconds))
     parts: list[str] = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
