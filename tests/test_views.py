@@ -49,7 +49,7 @@ def test_a_healthy_host_is_ok_with_an_hour_of_every_series(healthy: SimHost) -> 
     for chip in doc["chips"]:
         for points in chip["series"].values():
             times = [t for t, _ in points]
-            assert 200 <= len(points) <= 240  # 360 points in 120 buckets: at most two each
+            assert 150 <= len(points) <= 180  # 360 points in 90 buckets: at most two each
             assert times == sorted(times) and T0 - 3600 <= times[0] < T0 - 3500 and times[-1] >= T0 - 30
         assert chip["leak"]["suspected"] is False and chip["leak"]["forecast"] is None
         assert len(chip["leak"]["floor"]) == 60  # one floor per minute of the hour
@@ -159,9 +159,9 @@ def test_decimate_keeps_each_buckets_extremes_in_time_order() -> None:
     points[500] = (500.0, 9.0)  # a spike
     points[501] = (501.0, -3.0)  # and a dip
     out = decimate(points, 100.0, 999.0, 10)
-    assert len(out) <= 20 and [500.0, 9.0] in out and [501.0, -3.0] in out
+    assert len(out) <= 20 and (500.0, 9.0) in out and (501.0, -3.0) in out
     assert [t for t, _ in out] == sorted(t for t, _ in out) and out[0][0] >= 100.0
-    assert decimate([], 0.0, 1.0, 10) == [] and decimate([(5.0, 1.0)], 0.0, 10.0, 10) == [[5.0, 1.0]]
+    assert decimate([], 0.0, 1.0, 10) == [] and decimate([(5.0, 1.0)], 0.0, 10.0, 10) == [(5.0, 1.0)]
 
 
 def test_leak_view_reads_without_changing_the_detector() -> None:

@@ -29,7 +29,7 @@ SERIES = {"memory_used_bytes": "tpuwatch_device_memory_used_bytes",
 MAX_KERNEL_EVENTS = 20
 MAX_ALERTS = 100
 MAX_CANARY_RUNS = 24
-MAX_BUCKETS, MIN_BUCKETS, BUCKET_BUDGET = 120, 30, 960  # per series; the budget is shared by every chip
+MAX_BUCKETS, MIN_BUCKETS, BUCKET_BUDGET = 90, 30, 720  # per series; the budget is shared by every chip
 _HOST_MEMORY = (("memory", "host"),)
 
 
