@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["daemon", "devices", "kernel_log", "storm", "trend", "analyze", "config", "state", "canary", "alerting", "flood", "fleet"]
+SCRIPTS = ["daemon", "devices", "kernel_log", "storm", "trend", "analyze", "config", "state", "canary", "alerting", "flood", "status", "fleet"]
 
 
 def main() -> int:

@@ -49,8 +49,8 @@ def test_a_healthy_host_is_ok_with_an_hour_of_every_series(healthy: SimHost) -> 
     for chip in doc["chips"]:
         for points in chip["series"].values():
             times = [t for t, _ in points]
-            assert 150 <= len(points) <= 180  # 360 points in 90 buckets: at most two each
-            assert times == sorted(times) and T0 - 3600 <= times[0] < T0 - 3500 and times[-1] >= T0 - 30
+            assert 100 <= len(points) <= 120  # 360 points in 60 buckets: at most two each
+            assert times == sorted(times) and T0 - 3600 <= times[0] < T0 - 3500 and times[-1] >= T0 - 60
         assert chip["leak"]["suspected"] is False and chip["leak"]["forecast"] is None
         assert len(chip["leak"]["floor"]) == 60  # one floor per minute of the hour
         assert chip["reading"]["memory_total_bytes"] == 16 * GIB and chip["holders"] is None

@@ -29,7 +29,7 @@ SERIES = {"memory_used_bytes": "tpuwatch_device_memory_used_bytes",
 MAX_KERNEL_EVENTS = 20
 MAX_ALERTS = 100
 MAX_CANARY_RUNS = 24
-MAX_BUCKETS, MIN_BUCKETS, BUCKET_BUDGET = 90, 30, 720  # per series; the budget is shared by every chip
+MAX_BUCKETS, MIN_BUCKETS, BUCKET_BUDGET = 60, 20, 480  # per series; the budget is shared by every chip
 _HOST_MEMORY = (("memory", "host"),)
 
 
@@ -128,7 +128,7 @@ def _leak(view: LeakView, now: float) -> dict[str, Any]:
     return {"suspected": state.firing, "severity": state.severity, "slope_bytes_per_second": state.slope,
             "eta_seconds": state.eta, "confidence": state.confidence, "since": state.since,
             "capacity_bytes": view.capacity, "high_bytes": view.high, "floor_window_seconds": view.floor_window,
-            "floor": [[round(t, 3), v] for t, v in view.floor], "forecast": forecast}
+            "floor": list(view.floor), "forecast": forecast}
 
 
 def _host(current: list[Sample], leak: LeakView | None) -> dict[str, Any]:

@@ -39,14 +39,27 @@ _STATIC = {"/status.js": ("status.js", "text/javascript; charset=utf-8"),
            "/status.css": ("status.css", "text/css; charset=utf-8")}
 
 
-def _json(payload: dict[str, Any]) -> bytes:
-    return (json.dumps(payload, separators=(",", ":"), allow_nan=False) + "\n").encode()
+def _dumps(payload: Any) -> str:
+    return json.dumps(payload, separators=(",", ":"), allow_nan=False)
+
+
+def status_body(doc: dict[str, Any]) -> bytes:
+    """``/api/status``: compact JSON."""
+    return (_dumps(api_status(doc)) + "\n").encode()
+
+
+def series_body(doc: dict[str, Any]) -> bytes:
+    """``/api/series``: compact JSON, encoded a chip at a time (the encoder holds a fragment per number it
+    writes until it joins them: whole, the points of every chip would be held at once)."""
+    series = api_series(doc)
+    chips = ",".join(_dumps(chip) for chip in series.pop("chips"))
+    return (_dumps(series)[:-1] + f',"chips":[{chips}]}}\n').encode()
 
 
 _BODIES: dict[str, tuple[Callable[[dict[str, Any]], bytes], str]] = {
     "/": (lambda doc: render_page(doc).encode(), "text/html; charset=utf-8"),
-    "/api/status": (lambda doc: _json(api_status(doc)), _JSON),
-    "/api/series": (lambda doc: _json(api_series(doc)), _JSON),
+    "/api/status": (status_body, _JSON),
+    "/api/series": (series_body, _JSON),
 }
 
 
