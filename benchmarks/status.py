@@ -18,9 +18,10 @@ Usage::
    ``/`` with gzip, less the daemon's idle CPU over as long (benchmarks/daemon.py's figure 2 method): the
    answer is the cycle's cached page.  The anchor, same run: node_exporter's CPU per /metrics scrape.
 4. RSS with and without the page served: two identical daemons (8 chips, interval 2 s, so that the page is
-   rebuilt often), both scraped every 15 s; one also serves ``/``, ``/api/status`` and ``/api/series`` every
-   second for ``--soak`` seconds (a browser tab refreshing and a script polling).  VmRSS of both at the end,
-   and of the served one before serving began.
+   rebuilt often), both scraped every 15 s and read every second for ``--soak`` seconds: one ``/``,
+   ``/api/status`` and ``/api/series`` (a browser tab refreshing and a script polling), the other
+   ``/healthz`` and ``/api/alerts`` (the routes it had before, so that both run the endpoint's route
+   workers).  VmRSS of both at the end, and of the served one before serving began.
 
 ``--quick`` is a smoke run (20 renders, 20 requests, 30 s soak): do not quote it.  Only the section between
 ``<!-- status:begin -->`` and ``<!-- status:end -->`` of the output file is rewritten.
@@ -78,6 +79,7 @@ SERVED_INTERVAL_S = 2.0
 SCRAPE_EVERY_S = 15.0
 READ_EVERY_S = 1.0
 PAGE_ROUTES = ("/", "/api/status", "/api/series")
+OTHER_ROUTES = ("/healthz", "/api/alerts")
 
 
 @dataclass
@@ -180,21 +182,21 @@ def measure_requests(workdir: Path, node_exporter: str, count: int, results: Sta
 
 
 class Reader(threading.Thread):
-    """A browser tab and a script: the page and both JSON routes every second."""
+    """Reads ``routes`` of a daemon every second; counts what the page routes answered."""
 
-    def __init__(self, base: str, results: StatusResults) -> None:
+    def __init__(self, base: str, routes: tuple[str, ...], results: StatusResults) -> None:
         super().__init__(name="reader", daemon=True)
-        self.base, self.results = base, results
+        self.base, self.routes, self.results = base, routes, results
         self.stopped = threading.Event()
 
     def run(self) -> None:
         with requests.Session() as session:
             while not self.stopped.wait(READ_EVERY_S):
-                for route in PAGE_ROUTES:
+                for route in self.routes:
                     try:
                         session.get(self.base + route, headers={"Accept-Encoding": "gzip"},
                                     timeout=10).raise_for_status()
-                        self.results.served_requests += 1
+                        self.results.served_requests += route in PAGE_ROUTES
                     except requests.RequestException:
                         self.results.served_failed += 1
 
@@ -202,17 +204,18 @@ class Reader(threading.Thread):
 def measure_rss(workdir: Path, soak: float, results: StatusResults) -> None:
     """Figure 4: two identical daemons, one serving the page, both scraped."""
     children: list[Child] = []
-    reader: Reader | None = None
+    readers: list[Reader] = []
     try:
         served, served_base = start_daemon("served", workdir, SERVED_INTERVAL_S)
-        plain, _ = start_daemon("not-served", workdir, SERVED_INTERVAL_S)
+        plain, plain_base = start_daemon("not-served", workdir, SERVED_INTERVAL_S)
         children += [served, plain]
         for child in children:
             wait_ready(child)
         time.sleep(3 * SERVED_INTERVAL_S)
         results.rss_kib["served, before"] = rss_kib(served.pid)
-        reader = Reader(served_base, results)
-        reader.start()
+        readers = [Reader(served_base, PAGE_ROUTES, results), Reader(plain_base, OTHER_ROUTES, results)]
+        for reader in readers:
+            reader.start()
         progress(f"figure 4: {soak:g} s, the page and its JSON every {READ_EVERY_S:g} s from one daemon")
         end = time.monotonic() + soak
         next_scrape = time.monotonic()
@@ -229,7 +232,7 @@ def measure_rss(workdir: Path, soak: float, results: StatusResults) -> None:
         results.rss_kib["not served"] = rss_kib(plain.pid)
         progress(f"figure 4: RSS served {results.rss_kib['served']} KiB, not served {results.rss_kib['not served']} KiB")
     finally:
-        if reader is not None:
+        for reader in readers:
             reader.stopped.set()
         stop_children(children)
 
@@ -267,8 +270,9 @@ def report(results: StatusResults, args: argparse.Namespace, facts: dict[str, st
                      f"{r.page_bytes / 1000:.0f} kB | {r.page_gzip_bytes / 1000:.0f} kB | {r.status_bytes / 1000:.0f} kB"
                      f" | {r.series_bytes / 1000:.0f} kB |")
     lines += [
-        "", f"Figure 4: {results.served_requests} requests served ({results.served_failed} failed) to the served "
-        f"daemon over {args.soak:g} s, sampling every {SERVED_INTERVAL_S:g} s (the page rebuilt each cycle); its RSS "
+        "", f"Figure 4: {results.served_requests} page and JSON requests served to the served daemon over "
+        f"{args.soak:g} s ({results.served_failed} requests failed in all), sampling every {SERVED_INTERVAL_S:g} s (the "
+        "page rebuilt each cycle); the other daemon read on /healthz and /api/alerts as often; the served one's RSS "
         f"before serving began: {rss['served, before'] / 1024:.1f} MiB. The plots draw at most two points per "
         "bucket, 60 buckets a series for up to 8 chips, fewer beyond (at least 20), so the page grows with the "
         "chips, not with the history kept.", "",
