@@ -35,7 +35,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("alerting", {"alerting"}),
     ("actions", {"kubernetes"}),
     ("what a config builds: the registry of sources, the assembly of parts", {"registry", "assembly"}),
-    ("views of the store", {"exporter", "web", "health", "report"}),
+    ("views of the store", {"exporter", "web", "health", "report", "views"}),
     ("the lifecycle and the commands", {"daemon", "cli", "clidoc", "__main__"}),
 ]
 RANK = {part: rank for rank, (_, parts) in enumerate(LAYERS) for part in parts}

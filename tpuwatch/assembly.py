@@ -97,15 +97,21 @@ def _trend_key(config: Config) -> tuple[Any, ...]:
     return config.trend, config.devices.sim if is_simulated(config) else None
 
 
-def _trend(config: Config, previous: Parts | None) -> TrendAnalyzer:
-    """The trend analyzer: the previous one if its settings held; with simulated chips, fed their past."""
+def _trend(config: Config, previous: Parts | None, store: SeriesStore) -> TrendAnalyzer:
+    """The trend analyzer: the previous one if its settings held; with simulated chips, fed their past, which
+    also goes into ``store``'s history as far back as it keeps (the status page plots what the detectors saw)."""
     if previous is not None and _trend_key(previous.config) == _trend_key(config):
         return previous.trend
     trend = TrendAnalyzer(config.trend)
     now = time.time()
     if is_simulated(config):
+        kept = config.store.points_per_series * config.interval
         for offset, readings in sim.history(config.devices.sim, SIM_HISTORY_S, SIM_HISTORY_STEP_S):
-            trend.observe([s for r in readings for s in reading_samples(r, sim.SimBackend.name)], now + offset)
+            samples = [s for r in readings for s in reading_samples(r, sim.SimBackend.name)]
+            trend.observe(samples, now + offset)
+            if -offset <= kept:
+                store.replace("devices", samples, now + offset)
+        store.forget("devices")  # the past is history only: current readings are the first cycle's
     elif previous is not None:  # real chips keep what their detectors learned
         try:
             trend.restore(previous.trend.snapshot(now), now)
@@ -179,7 +185,7 @@ def assemble(config: Config, previous: Parts | None, daemon_samples: SampleSourc
     web = load_web_config(config.web_config)
     kept_store = _same(previous, config, lambda c: c.store)
     store = kept_store.store if kept_store else SeriesStore(config.store.points_per_series, config.store.max_series)
-    trend = _trend(config, previous)
+    trend = _trend(config, previous, store)
     trend_state = _trend_state(config, previous, trend)
     kept_sources = _same(previous, config, _sources_key)
     sources = kept_sources.sources if kept_sources else build_sources(config)

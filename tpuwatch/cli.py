@@ -57,6 +57,9 @@ COMMANDS: dict[str, Command] = {
                           {0: "every receiver accepted it", 1: "a receiver did not",
                            2: "no such receiver, none configured, a secret unreadable, no outbox, or " + USAGE_EXIT},
                           "tpuwatch.alerting.testalert"),
+    "top": Command("Show the chips live in the terminal: from the running daemon, else read from the hardware.",
+                   {0: "quit (q or Ctrl-C), or with --once every chip ok", 1: "with --once: a chip is not ok",
+                    2: USAGE_EXIT}, "tpuwatch.views.top"),
     "alerts": Command("List the running daemon's pending and firing alerts.",
                       {0: "listed", 1: "the daemon cannot be asked", 2: USAGE_EXIT}, "tpuwatch.alerting.listing"),
     "ack": Command("Tell the daemon chips were repaired: their current alerts stop holding node conditions and "

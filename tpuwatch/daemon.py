@@ -32,7 +32,9 @@ from tpuwatch.registry import ACTIONS
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
 from tpuwatch.statedir import StateDir, is_simulated, namespaced, probe_every
-from tpuwatch.web import Endpoint, JsonRoute
+from tpuwatch.views.page import StatusPage
+from tpuwatch.views.sources import StatusSources
+from tpuwatch.web import Endpoint, Route
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +81,7 @@ class Daemon:
         self._scheduler = BackgroundScheduler(timezone="UTC")
         self._scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
         self.registry = build_registry(lambda: self.parts.store.current())
+        self.status_page = StatusPage(self._status_sources(), cycle=lambda: self.parts.sampler.last_cycle_end)
         self.endpoint = Endpoint(config.listen, self.registry, self._routes(), self.parts.web)
 
     @property
@@ -250,9 +253,28 @@ class Daemon:
 
     # --- what the endpoint serves ------------------------------------------
 
-    def _routes(self) -> dict[str, JsonRoute]:
-        routes: dict[str, JsonRoute] = {"/healthz": self._health_route,
-                                        "/api/alerts": lambda: (200, self.parts.alerting.api_payload())}
+    def _status_sources(self) -> StatusSources:
+        """What the status page reads, always of the running parts."""
+        parts = lambda: self.parts  # noqa: E731 - a reload replaces the parts: read them at each call
+
+        def kernel_events() -> list[Any]:
+            kernel_log = parts().sources.kernel_log
+            return kernel_log.recent_events() if kernel_log is not None else []
+
+        return StatusSources(
+            current=lambda: parts().store.current(), history=lambda name, labels: parts().store.history(name, labels),
+            readings=lambda: parts().device_readings(),
+            window=lambda: parts().config.store.points_per_series * parts().config.interval,
+            health=lambda: health.health_report(parts(), self.state, self.reload_ok, self.started_at),
+            leak=lambda labels, since: parts().trend.leak_view(labels, since),
+            canary=lambda: canary.results() if (canary := parts().canary) is not None else [],
+            kernel_events=kernel_events, alerts=lambda: parts().alerting.active_alerts(),
+            interval=lambda: parts().config.interval)
+
+    def _routes(self) -> dict[str, Route]:
+        routes: dict[str, Route] = {"/healthz": self._health_route,
+                                    "/api/alerts": lambda: (200, self.parts.alerting.api_payload()),
+                                    **self.status_page.routes()}
         for name in ACTIONS:
             routes[f"/api/{name}"] = functools.partial(self._action_route, name)
         return routes

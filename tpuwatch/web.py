@@ -1,5 +1,5 @@
-"""The HTTP endpoint: /metrics, JSON routes (/healthz, /api/alerts) and a landing page, with optional TLS
-and basic auth on every route.
+"""The HTTP endpoint: /metrics, JSON routes (/healthz, /api/alerts), pages (the status page) and a landing
+page where no page is given, with optional TLS and basic auth on every route.
 
 Connections are handled by tpuwatch.httpd (one event loop, bounded workers,
 deadlines and caps on everything), so no number of idle, slow or hostile
@@ -14,7 +14,8 @@ import json
 import socket
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -30,6 +31,16 @@ from tpuwatch.webconfig import WebConfig
 
 # A JSON endpoint: returns the HTTP status and the body.
 JsonRoute = Callable[[], tuple[int, Any]]
+
+
+@dataclass(frozen=True)
+class Page:
+    """A route that makes its whole response from the request (HTML, scripts, styles: their own headers)."""
+
+    answer: Callable[[Request], Response]
+
+
+Route = JsonRoute | Page
 
 _LANDING = b"""<!doctype html><html><head><title>tpuwatch</title></head><body>
 <h1>tpuwatch</h1><p><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a>
@@ -55,7 +66,7 @@ class _Routes:
 
     lanes: tuple[str, ...] = ("metrics", "routes", "unverified")
 
-    def __init__(self, exposition: Exposition, routes: dict[str, JsonRoute], web: Callable[[], WebConfig]) -> None:
+    def __init__(self, exposition: Exposition, routes: Mapping[str, Route], web: Callable[[], WebConfig]) -> None:
         self._exposition = exposition
         self._routes = routes
         self._web = web
@@ -89,8 +100,11 @@ class _Routes:
             compressed = accepts_gzip(request.headers.get("accept-encoding", ""))
             body, content_type = self._exposition.body(request.headers.get("accept", ""), compressed)
             return Response(200, body, content_type, (("Content-Encoding", "gzip"),) if compressed else ())
-        if path in self._routes:
-            code, payload = self._routes[path]()
+        route = self._routes.get(path)
+        if isinstance(route, Page):
+            return route.answer(request)
+        if route is not None:
+            code, payload = route()
             return Response(code, (json.dumps(payload, indent=2) + "\n").encode(), "application/json")
         if path == "/":
             return Response(200, _LANDING, "text/html; charset=utf-8")
@@ -100,7 +114,7 @@ class _Routes:
 class Endpoint:
     """A running HTTP endpoint in a background thread."""
 
-    def __init__(self, listen: str, registry: CollectorRegistry, routes: dict[str, JsonRoute],
+    def __init__(self, listen: str, registry: CollectorRegistry, routes: Mapping[str, Route],
                  web: WebConfig, limits: Limits | None = None) -> None:
         host, port = parse_listen_address(listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET

@@ -124,6 +124,21 @@ class LeakState:
     since: float | None = None
 
 
+@dataclass(frozen=True)
+class LeakView:
+    """What a status page draws of one series: its recent floor, the high, the capacity and the verdict.
+
+    ``floor`` holds (bucket end, floor) over the shortest floor window (``floor_window`` seconds), oldest first;
+    ``high`` is the value exhaustion is projected from (None before the first bucket closes).
+    """
+
+    floor: tuple[tuple[float, float], ...]
+    floor_window: float
+    high: float | None
+    capacity: float | None
+    state: LeakState
+
+
 @lru_cache(maxsize=16)
 def _pairs(n: int) -> tuple[np.ndarray, np.ndarray]:
     import numpy as np
@@ -418,6 +433,14 @@ class LeakDetector:
         first = snapshot["first_alert_at"]
         detector.first_alert_at = None if first is None else float(first)
         return detector
+
+    def view(self, since: float) -> LeakView:
+        """The floor since ``since`` (at most the kept history), the high, the capacity and the state; read-only."""
+        times = self._floor_times
+        start = bisect_left(times, since)
+        floors = self._floors[0]
+        return LeakView(tuple(zip(times[start:], floors[start:])), self.params.floor_windows[0],
+                        None if math.isnan(self._high) else self._high, self._capacity, self.state)
 
     def slope(self) -> float:
         """Theil-Sen slope of the floor over the longest scale the history covers (0.0 with too little)."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuwatch.analysis.drift import DriftDetector
-from tpuwatch.analysis.leak import LeakDetector, LeakParams
+from tpuwatch.analysis.leak import LeakDetector, LeakParams, LeakView
 from tpuwatch.config import TrendConfig
 from tpuwatch.samples import Labels, Sample, sample
 
@@ -171,6 +171,12 @@ class TrendAnalyzer:
             tracked = table[labels] = _Tracked(factory(), timestamp)
         tracked.last_seen = timestamp
         return tracked
+
+    def leak_view(self, labels: Labels, since: float) -> LeakView | None:
+        """The leak detector's view of one memory series (labels as in ``memory_series``), or None if untracked."""
+        with self._lock:
+            tracked = self._leaks.get(labels)
+            return tracked.detector.view(since) if tracked is not None else None
 
     def samples(self) -> list[Sample]:
         """Current trend metrics; growth and exhaustion time only where a leak is suspected."""

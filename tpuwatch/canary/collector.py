@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -19,6 +19,8 @@ from tpuwatch.config import Config
 from tpuwatch.samples import Sample, sample
 
 log = logging.getLogger(__name__)
+
+KEPT_RESULTS = 100
 
 RESULTS = ("pass", "fail", "skipped", "error")
 
@@ -44,6 +46,7 @@ class CanaryCollector:
         self.config = config
         self.known_devices = known_devices  # replaced when the device backend is rebuilt on reload
         self._lock = threading.Lock()
+        self._results: deque[CanaryResult] = deque(maxlen=KEPT_RESULTS)  # for the status page's history
         self._runs: Counter[str] = Counter()
         self._chip_runs: dict[str, Counter[str]] = {}
         self._chips: dict[str, _ChipState] = {}
@@ -62,8 +65,9 @@ class CanaryCollector:
         return result
 
     def record(self, result: CanaryResult) -> None:
-        """Keep what ``result`` found: run counters and each chip's latest outcome."""
+        """Keep what ``result`` found: run counters, each chip's latest outcome, the bounded run history."""
         with self._lock:
+            self._results.append(result)
             self._runs[result.status] += 1
             for outcome in result.devices:
                 self._chip_runs.setdefault(outcome.device, Counter())[outcome.status] += 1
@@ -72,6 +76,11 @@ class CanaryCollector:
                 before = self._chips.get(outcome.device)
                 success = result.finished_at if outcome.status == "pass" else (before.last_success if before else None)
                 self._chips[outcome.device] = _ChipState(outcome, result.stack or "", result.chip or "", success)
+
+    def results(self) -> list[CanaryResult]:
+        """The last KEPT_RESULTS runs, oldest first (the status page's canary history)."""
+        with self._lock:
+            return list(self._results)
 
     def collect(self) -> list[Sample]:
         """Run counters and each chip's latest outcome; before the first run only counters at 0, if chips are known."""

@@ -1,0 +1,132 @@
+"""``tpuwatch top``'s view as lines of styled text, pure: the status document in, rows of (text, style) out.
+
+Styles are "ok", "warning", "critical" (the verdict colours), "bold", "dim" and "" (plain).  The chip table
+comes first, widest columns last, so that a narrow terminal cuts the least useful ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpuwatch.views.units import clock, duration, gib, number, percent
+
+Row = list[tuple[str, str]]
+SPARK_WIDTH = 16
+_BLOCKS = "▁▂▃▄▅▆▇█"
+_ASCII = "_.-=+*#@"
+_HEADER = ("DEV", "CHIP", "UP", "HEALTH", "MEM GiB", "MEMORY", "UTIL", "UTILIZATION", "TEMP C", "POWER W",
+           "ECC CE/UE", "PCI", "HELD BY")
+MAX_REASONS = 3
+MAX_LISTED = 5
+
+
+def sparkline(points: list[list[float]], start: float, end: float, lo: float, hi: float, unicode: bool,
+              width: int = SPARK_WIDTH) -> str:
+    """The mean of each of ``width`` spans of [start, end] as a block from ``lo`` to ``hi``; a space where no point
+    was read."""
+    sums, counts = [0.0] * width, [0] * width
+    span = (end - start) / width if end > start else 1.0
+    for t, value in points:
+        if start <= t <= end:
+            k = min(width - 1, int((t - start) / span))
+            sums[k] += value
+            counts[k] += 1
+    glyphs = _BLOCKS if unicode else _ASCII
+    scale = (hi - lo) or 1.0
+    return "".join(" " if not n else glyphs[min(len(glyphs) - 1, max(0, int((total / n - lo) / scale * len(glyphs))))]
+                   for total, n in zip(sums, counts))
+
+
+def frame(doc: dict[str, Any], where: str, every: float, unicode: bool, error: str | None) -> list[Row]:
+    """Every row of the view of ``doc``; ``where`` says where it came from, ``error`` why it is stale."""
+    counts = doc["counts"]
+    firing = sum(a.get("state") == "firing" for a in doc["alerts"])
+    pending = sum(a.get("state") == "pending" for a in doc["alerts"])
+    monitor = doc["monitor"]["status"]
+    rows: list[Row] = [
+        [(f"tpuwatch top · {doc['host']} · {where} · every {duration(every)} · {clock(doc['generated_at'])}", "bold")],
+        [(f"{counts['chips']} chip(s): ", ""), *_counts(counts),
+         (f" · alerts: {firing} firing, {pending} pending", "critical" if firing else ""),
+         *([(f" · monitor {monitor}", "" if monitor == "healthy" else "warning")] if monitor else [])],
+    ]
+    if error:
+        rows.append([(f"not updated: {error}", "warning")])
+    host = doc["host_resources"]
+    total, available = host["memory_total_bytes"], host["memory_available_bytes"]
+    used = total - available if total is not None and available is not None else None
+    rows.append([(f"host memory {gib(used)}/{gib(total)} GiB in use · CPU {percent(host['cpu_utilization_ratio'])}"
+                  + (" · host memory leak suspected" if host["memory_leak_suspected"] else ""), "")])
+    rows.append([])
+    rows += _table(doc, unicode)
+    rows += _listing("ALERTS", [(_alert(a), "critical" if a.get("labels", {}).get("severity") == "critical"
+                                 and a.get("state") == "firing" else "warning" if a.get("state") == "firing" else "")
+                                for a in doc["alerts"]])
+    rows += _listing("KERNEL EVENTS", [(f"{clock(e.get('time'))} {e['severity']} {e['rule']} chip "
+                                        f"{e.get('device') or '-'}: {e['message']}",
+                                        "critical" if e["severity"] == "critical" else "")
+                                       for e in doc["kernel_events"]])
+    return rows
+
+
+def _counts(counts: dict[str, int]) -> Row:
+    out: Row = []
+    for level in ("critical", "warning", "ok"):
+        out += [(f"{counts[level]} {level}", level if counts[level] else ""), (" · ", "")]
+    return out[:-1]
+
+
+def _table(doc: dict[str, Any], unicode: bool) -> list[Row]:
+    now, start = doc["generated_at"], doc["generated_at"] - doc["window_seconds"]
+    span = f"({duration(doc['window_seconds'])})"
+    header = [*_HEADER[:5], f"MEMORY {span}", _HEADER[6], f"UTILIZATION {span}", *_HEADER[8:]]
+    table: list[tuple[list[str], str, list[str]]] = []
+    for chip in doc["chips"]:
+        r, verdict = chip["reading"], chip["verdict"]
+        status = verdict["status"]
+        ecc = ("-" if r["ecc_corrected_total"] is None and r["ecc_uncorrected_total"] is None else
+               f"{number(r['ecc_corrected_total'], 0)}/{number(r['ecc_uncorrected_total'], 0)}")
+        series = chip.get("series", {})
+        capacity = r["memory_total_bytes"] or max((v for _, v in series.get("memory_used_bytes", [])), default=1.0)
+        shown = "ok" if status == "ok" else status.upper()
+        cells = [chip["device"], chip["chip"], "yes" if chip["up"] else "NO", shown,
+                 f"{gib(r['memory_used_bytes'])}/{gib(r['memory_total_bytes'])}",
+                 sparkline(series.get("memory_used_bytes", []), start, now, 0.0, capacity, unicode),
+                 percent(r["utilization_ratio"]),
+                 sparkline(series.get("utilization_ratio", []), start, now, 0.0, 1.0, unicode),
+                 number(r["temperature_celsius"]), number(r["power_watts"], 0), ecc, chip["pci"] or "-",
+                 "-" if chip["holders"] is None else ", ".join(chip["holders"]) or "none"]
+        reasons = [reason["text"] for reason in verdict["reasons"]]
+        table.append((cells, status, reasons[:MAX_REASONS] + ([f"and {len(reasons) - MAX_REASONS} more"]
+                                                                if len(reasons) > MAX_REASONS else [])))
+    if not table:
+        return [[("no accelerator found", "dim")]]
+    widths = [max(len(header[i]), *(len(cells[i]) for cells, _, _ in table)) for i in range(len(header))]
+    rows: list[Row] = [[("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), "bold")]]
+    for cells, status, reasons in table:
+        before = "  ".join(c.ljust(w) for c, w in zip(cells[:3], widths)) + "  "
+        after = "  " + "  ".join(c.ljust(w) for c, w in zip(cells[4:], widths[4:]))
+        rows.append([(before, ""), (cells[3].ljust(widths[3]), status), (after.rstrip(), "")])
+        rows += [[(f"      └ {reason}", status)] for reason in reasons if status != "ok"]
+    return rows
+
+
+def _alert(a: dict[str, Any]) -> str:
+    labels = a.get("labels", {})
+    chip = f" chip {labels['device']}" if labels.get("device") else ""
+    return (f"{a.get('state')} {labels.get('severity', '')} {labels.get('alertname', '')}{chip}: "
+            f"{a.get('annotations', {}).get('summary', '')}")
+
+
+def _listing(title: str, items: list[tuple[str, str]]) -> list[Row]:
+    if not items:
+        return []
+    rows: list[Row] = [[], [(title, "bold")]]
+    rows += [[(item, style)] for item, style in items[:MAX_LISTED]]
+    if len(items) > MAX_LISTED:
+        rows.append([(f"and {len(items) - MAX_LISTED} more", "dim")])
+    return rows
+
+
+def plain(rows: list[Row]) -> str:
+    """The rows as plain text, no colour or escape codes."""
+    return "\n".join("".join(chunk for chunk, _ in row).rstrip() for row in rows)
