@@ -79,7 +79,7 @@ def test_top_draws_the_chips_live_and_quits_on_q_restoring_the_terminal(
     terminal = start_terminal(daemon.config_path)
     try:
         shown = terminal.wait_for(f"from the daemon at {daemon.url} · every 1s")
-        shown = terminal.wait_for("└ 1 uncorrectable ECC error(s)")
+        shown = terminal.wait_for("└ 1 uncorrectable ECC error(s) since the driver loaded")
         lines = {line.split()[0]: line for line in shown.splitlines() if re.match(r"^\d +v5e ", line)}
         assert set(lines) == {"0", "1", "2", "3"} and lines["1"].split()[3] == "CRITICAL"
         assert all(lines[d].split()[3] != "CRITICAL" for d in "023")
@@ -127,7 +127,7 @@ def test_without_a_daemon_top_reads_the_hardware_and_says_so(tmp_path: Path) -> 
            "(ConnectionError)" in lines[0]
     assert result.returncode == 1 and "\x1b" not in result.stdout and result.stderr == ""
     assert any(re.match(r"^1 +v5e +yes +CRITICAL ", line) for line in lines), result.stdout
-    assert "      └ 1 uncorrectable ECC error(s)" in lines
+    assert "      └ 1 uncorrectable ECC error(s) since the driver loaded" in lines
 
 
 def test_without_a_terminal_top_prints_plain_text_each_interval(start_daemon: Callable[..., DaemonProcess]) -> None:
