@@ -126,3 +126,34 @@ def test_a_leaking_process_is_named_by_command_and_pod_in_the_series_and_the_ale
     fired = [c for r in rules for c in r.evaluate(out, Tracker(), 1e9, {"host": "h"})]
     assert [c.annotations["summary"] for c in fired] == [
         "Memory leak suspected: process 4101 python3 trainer-0 on device 0"]
+
+
+def _temperature_drifts(trend: TrendAnalyzer) -> set[str]:
+    return {dict(s.labels)["device"] for s in trend.samples()
+            if s.name == "tpuwatch_drift_suspected" and dict(s.labels)["series"] == "temperature" and s.value}
+
+
+def test_healthy_chips_sampled_every_second_show_no_temperature_drift_and_a_hotter_chip_does() -> None:
+    # Simulated chips whose load cycles every two minutes, read every second for two hours: temperature moves
+    # with the load inside each utilization band, and that is no drift.  Then chip 3 runs 6 C hotter at the
+    # same load (a failing fan): that is.
+    from tpuwatch.config import SimConfig
+    from tpuwatch.devices.base import reading_samples
+    from tpuwatch.devices.sim import SimBackend
+
+    clock = [0.0]
+    backend = SimBackend(SimConfig(count=4, fault_after=10 ** 9), clock=lambda: clock[0])
+    trend = TrendAnalyzer(TrendConfig())
+
+    def run(seconds: int, hotter: float = 0.0) -> None:
+        for _ in range(seconds):
+            clock[0] += 1.0
+            samples = [s._replace(value=s.value + hotter) if hotter and s.name == "tpuwatch_device_temperature_celsius"
+                       and dict(s.labels)["device"] == "3" else s
+                       for r in backend.read() for s in reading_samples(r, "sim")]
+            trend.observe(samples, 1_767_225_600 + clock[0])
+
+    run(2 * 3600)
+    assert _temperature_drifts(trend) == set()
+    run(3600, hotter=6.0)
+    assert _temperature_drifts(trend) == {"3"}

@@ -35,6 +35,7 @@ CLOCK_TOLERANCE_S = 60.0
 DRIFT_SIGNALS = {"canary_latency": "tpuwatch_canary_duration_seconds",
                  "canary_error": "tpuwatch_canary_max_abs_error"}
 UTILIZATION_BANDS = 5
+TEMPERATURE_BUCKET_S = 60.0  # temperature drift is judged on per-minute means
 
 
 @dataclass
@@ -42,6 +43,9 @@ class _Tracked:
     detector: Any
     last_seen: float
     last_value: float | None = None
+    minute: int | None = None  # temperature: the minute being averaged, its sum and count
+    total: float = 0.0
+    count: int = 0
 
 
 PROCESS_LABELS = ("command", "namespace", "pod", "container")
@@ -116,12 +120,30 @@ class TrendAnalyzer:
                 tracked.detector.update(timestamp, used, capacity)
         for labels, value in drift_series(samples).items():
             tracked = self._track(self._drifts, labels, timestamp, DriftDetector)
-            if tracked is not None and (tracked.last_value != value or dict(labels)["series"] == "temperature"):
+            if tracked is None:
+                continue
+            if dict(labels)["series"] == "temperature":
+                self._temperature(tracked, value, timestamp)
+            elif tracked.last_value != value:
                 tracked.last_value = value
                 tracked.detector.update(value)
         for table in (self._leaks, self._drifts):
             for labels in [k for k, t in table.items() if timestamp - t.last_seen > self.forget_after]:
                 del table[labels]
+
+    @staticmethod
+    def _temperature(tracked: _Tracked, value: float, timestamp: float) -> None:
+        """Feed the drift detector one mean per minute: its warm-up then spans half an hour whatever the sampling
+        interval, and the minute's mean evens out the load moving within the band (samples seconds apart follow
+        each other, and a baseline learned in 30 of them drifts as the load cycles)."""
+        minute = int(timestamp // TEMPERATURE_BUCKET_S)
+        if tracked.minute is not None and minute != tracked.minute and tracked.count:
+            tracked.last_value = tracked.total / tracked.count
+            tracked.detector.update(tracked.last_value)
+            tracked.total, tracked.count = 0.0, 0
+        tracked.minute = minute
+        tracked.total += value
+        tracked.count += 1
 
     def snapshot(self, now: float) -> dict[str, Any]:
         """Every detector's learned state as JSON data, for ``restore()`` after a restart."""
