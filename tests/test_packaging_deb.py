@@ -123,7 +123,8 @@ def test_ships_every_file_of_the_package_and_no_bytecode(unpacked: Path) -> None
     def tree(root: Path) -> set[str]:
         return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
-    assert tree(unpacked / PYLIB / "tpuwatch") == tree(REPO / "tpuwatch")
+    # Developer scripts (regenerating the generated stubs) stay in the source, as the wheel leaves them too.
+    assert tree(unpacked / PYLIB / "tpuwatch") == {p for p in tree(REPO / "tpuwatch") if not p.endswith(".sh")}
     assert not list((unpacked / PYLIB).rglob("*.pyc"))
 
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, choose_encoder, generate_latest
+from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample as ExpositionSample
 
@@ -18,6 +18,10 @@ from tpuwatch.catalog import CATALOG, SUMMARY_SUFFIXES, MetricSpec
 from tpuwatch.samples import Sample
 
 log = logging.getLogger(__name__)
+
+# generate_latest's format, named here: Debian 12's prometheus_client (0.16) has no name for it, and newer ones
+# made CONTENT_TYPE_LATEST the 1.0.0 format.
+TEXT_FORMAT = "text/plain; version=0.0.4; charset=utf-8"
 
 GZIP_LEVEL = 6
 MAX_CACHED_VARIANTS = 8  # (format, gzip) pairs kept per rendition; the Accept header picks among few formats
@@ -106,7 +110,7 @@ def _encoder(accept: str) -> tuple[Callable[[Collector], bytes], str]:
     try:
         return choose_encoder(accept)
     except (TypeError, ValueError):  # prometheus_client fails on some malformed version parameters
-        return generate_latest, CONTENT_TYPE_PLAIN_0_0_4
+        return generate_latest, TEXT_FORMAT
 
 
 class Exposition:
@@ -124,7 +128,7 @@ class Exposition:
         try:
             rendition = _Rendition(list(self._registry.collect()))
             for compressed in (False, True):
-                self._encode(rendition, generate_latest, CONTENT_TYPE_PLAIN_0_0_4, compressed)
+                self._encode(rendition, generate_latest, TEXT_FORMAT, compressed)
         except Exception as exc:  # noqa: BLE001 - scrapes keep the last good rendition
             log.error("rendering /metrics failed, serving the previous rendition: %s", exc)
             return
