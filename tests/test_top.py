@@ -144,8 +144,9 @@ def test_without_a_terminal_top_prints_plain_text_each_interval(start_daemon: Ca
         seen.append(line)
         frames += line.startswith("tpuwatch top · ")
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=10) == 0
-    assert "\x1b" not in "".join(seen) and f"from the daemon at {daemon.url}" in seen[0]
+    rest, errors = proc.communicate(timeout=10)  # read on: a full pipe would block its last frame and its exit
+    assert proc.returncode == 0, errors
+    assert "\x1b" not in "".join(seen) + rest and f"from the daemon at {daemon.url}" in seen[0]
 
 
 def test_top_asks_a_daemon_with_basic_auth_with_the_password_file(start_daemon: Callable[..., DaemonProcess],

@@ -157,3 +157,26 @@ def test_healthy_chips_sampled_every_second_show_no_temperature_drift_and_a_hott
     assert _temperature_drifts(trend) == set()
     run(3600, hotter=6.0)
     assert _temperature_drifts(trend) == {"3"}
+
+
+@pytest.mark.parametrize("second", range(0, 60, 10))
+def test_the_drills_chips_show_no_temperature_drift_from_their_past_into_a_daemon_started_at_any_second(
+        second: int) -> None:
+    # What a --simulate daemon does: its detectors learn the simulated chips' past (the status page's history),
+    # then read the chips every 200 ms.  Whatever second of the minute it starts at, no healthy chip drifts.
+    from tpuwatch.assembly import SIM_HISTORY_S, SIM_HISTORY_STEP_S
+    from tpuwatch.config import SimConfig
+    from tpuwatch.devices import sim
+    from tpuwatch.devices.base import reading_samples
+
+    config, start, clock = SimConfig(count=8, fault_after=10 ** 9), 1_767_225_600 + second + 0.37, [0.0]
+    trend = TrendAnalyzer(TrendConfig())
+    for offset, readings in sim.history(config, SIM_HISTORY_S, SIM_HISTORY_STEP_S):
+        trend.observe([s for r in readings for s in reading_samples(r, "sim")], start + offset)
+    backend = sim.SimBackend(config, clock=lambda: clock[0])
+    drifted: set[str] = set()
+    while clock[0] < 180:
+        clock[0] += 0.2
+        trend.observe([s for r in backend.read() for s in reading_samples(r, "sim")], start + clock[0])
+        drifted |= _temperature_drifts(trend)
+    assert drifted == set()

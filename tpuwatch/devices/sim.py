@@ -26,7 +26,10 @@ from tpuwatch.config import SimConfig
 from tpuwatch.devices.base import DeviceReading
 from tpuwatch.hw.chips import CHIPS
 
-SAWTOOTH_PERIOD_S = 120.0
+# The load cycle: not a multiple or divisor of a minute (nor of the 10 s history step), so that per-minute means
+# (temperature drift) see every phase of it, as a real load's would; with 120 s, every other minute saw the same half
+# cycle, the learned spread was near zero and healthy chips drifted.
+SAWTOOTH_PERIOD_S = 137.0
 LEAK_FRACTION_PER_S = 0.15 / 3600  # of capacity: 15 % per hour
 LEAK_LEAD_S = 3600.0  # the leak began this long before fault_after
 OVERHEAT_C_PER_S = 0.5
