@@ -17,7 +17,8 @@ import requests
 from tpuwatch.alerting.rules import CompiledRule, default_rules_text, parse_rules
 from tpuwatch.alerting.tracker import Tracker
 from tpuwatch.config import Config, DevicesConfig, NvidiaConfig, Paths, SimConfig
-from tpuwatch.devices import DeviceCollector, DeviceReading
+from tpuwatch.devices import DeviceReading
+from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.devices.expected import Expectation, chips_from_environment, expect, missing, missing_samples
 from tpuwatch.devices.nvidia import NvidiaBackend
 from tpuwatch.devices.sim import SimBackend

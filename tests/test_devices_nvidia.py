@@ -20,8 +20,9 @@ from fakekubelet import Kubelet, serve
 
 from tpuwatch.collectors import GuardedCollector
 from tpuwatch.config import Config, DevicesConfig, NvidiaConfig, Paths
-from tpuwatch.devices import DeviceCollector, select_backend
+from tpuwatch.devices import select_backend
 from tpuwatch.devices.base import DeviceReading, ProcessUse
+from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.devices.nvidia import NvidiaBackend, pci_bus_id, throttle_reasons
 from tpuwatch.health import collector_problems, device_problems
 from tpuwatch.pods import PodLookup

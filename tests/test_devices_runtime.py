@@ -16,7 +16,7 @@ from google.protobuf import text_format
 from test_devices_tpu import make_config, make_host
 from tpu_info.proto import tpu_metric_service_pb2 as pb2
 
-from tpuwatch.devices import DeviceCollector
+from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.devices.procnet import listening_inodes
 from tpuwatch.devices.runtime import Distribution, MalformedMetric, fold, merge, parse_response, quantile, summary
 from tpuwatch.devices.tpu import TpuBackend

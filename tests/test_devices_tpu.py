@@ -18,7 +18,8 @@ import pytest
 from fakelibtpu import Runtime, fixture, serving
 
 from tpuwatch.config import Config, DevicesConfig, HostConfig, Paths, TpuConfig
-from tpuwatch.devices import DeviceCollector, select_backend
+from tpuwatch.devices import select_backend
+from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.devices.pci import discover_tpus, read_hwmon
 from tpuwatch.devices.tpu import TpuBackend
 from tpuwatch.health import device_problems

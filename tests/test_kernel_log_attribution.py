@@ -20,10 +20,11 @@ from tpuwatch.kernel_log.attribution import (
     Attribution,
     SysfsResolver,
     device_key,
+    device_lookup,
     kernel_device_key,
     prefix_device,
 )
-from tpuwatch.kernel_log.collector import build_collector, device_lookup
+from tpuwatch.kernel_log.collector import build_collector
 from tpuwatch.kernel_log.events import make_event
 from tpuwatch.kernel_log.records import Record
 from tpuwatch.kernel_log.rules import load_rules

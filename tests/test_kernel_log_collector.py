@@ -15,13 +15,13 @@ from tpuwatch.catalog import CATALOG
 from tpuwatch.collectors.guard import GuardedCollector
 from tpuwatch.config import parse
 from tpuwatch.devices import DeviceReading
+from tpuwatch.kernel_log.attribution import device_lookup
 from tpuwatch.kernel_log.collector import (
     BATCH_RECORDS,
     BUDGET_SHARE,
     MAX_RECENT_EVENTS,
     KernelLogCollector,
     build_collector,
-    device_lookup,
     event_problems,
 )
 from tpuwatch.kernel_log.events import KernelEvent, StormFilter

@@ -18,7 +18,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from tpuwatch.kernel_log.collector import KernelLogCollector, device_lookup
+from tpuwatch.kernel_log.attribution import device_lookup
+from tpuwatch.kernel_log.collector import KernelLogCollector
 from tpuwatch.kernel_log.filesource import FileSource
 from tpuwatch.kernel_log.position import Position
 from tpuwatch.kernel_log.records import MAX_MESSAGE_CHARS, Record

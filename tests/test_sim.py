@@ -9,8 +9,8 @@ import pytest
 
 from tpuwatch.analysis.trend import TrendAnalyzer
 from tpuwatch.config import SimChip, SimConfig, TrendConfig
-from tpuwatch.devices import DeviceCollector
 from tpuwatch.devices.base import reading_samples
+from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.devices.sim import SimBackend, history
 from tpuwatch.health import device_problems
 from tpuwatch.hw.chips import CHIPS, SIMULATED

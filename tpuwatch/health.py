@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from tpuwatch import __version__, statefile
 from tpuwatch.collectors import GuardedCollector
-from tpuwatch.devices import DeviceCollector, DeviceReading
+from tpuwatch.devices import DeviceReading
+from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.kernel_log.collector import event_problems
 from tpuwatch.statedir import StateDir, holder, probe
 

@@ -24,9 +24,11 @@ from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.collectors import Collector
 from tpuwatch.collectors.host import HostCollector
 from tpuwatch.config import Config
-from tpuwatch.devices import DeviceCollector, DeviceReading, select_backend
+from tpuwatch.devices import DeviceReading, select_backend
+from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.devices.expected import expect
-from tpuwatch.kernel_log.collector import BUDGET_SHARE, KernelLogCollector, device_lookup
+from tpuwatch.kernel_log.attribution import device_lookup
+from tpuwatch.kernel_log.collector import BUDGET_SHARE, KernelLogCollector
 from tpuwatch.kernel_log.collector import build_collector as build_kernel_log
 from tpuwatch.kernel_log.lastboot import PreviousBootCollector
 from tpuwatch.kernel_log.sources import read_boot_id

@@ -7,22 +7,35 @@ from collections.abc import Callable
 
 from tpuwatch.config import Config
 from tpuwatch.devices.base import DeviceBackend, DeviceReading
-from tpuwatch.devices.collector import DeviceCollector
-from tpuwatch.devices.nvidia import NvidiaBackend
-from tpuwatch.devices.sim import SimBackend
-from tpuwatch.devices.tpu import TpuBackend
 from tpuwatch.hw.chips import accelerators
 from tpuwatch.hw.pci import VENDOR_GOOGLE, VENDOR_NVIDIA, pci_root, scan_pci
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BACKENDS", "DeviceBackend", "DeviceCollector", "DeviceReading", "select_backend"]
+__all__ = ["BACKENDS", "DeviceBackend", "DeviceReading", "select_backend"]
 
-BACKENDS: dict[str, Callable[[Config], DeviceBackend]] = {
-    "tpu": TpuBackend,
-    "nvidia": NvidiaBackend,
-    "sim": lambda config: SimBackend(config.devices.sim),
-}
+
+def _tpu(config: Config) -> DeviceBackend:
+    from tpuwatch.devices.tpu import TpuBackend
+
+    return TpuBackend(config)
+
+
+def _nvidia(config: Config) -> DeviceBackend:
+    from tpuwatch.devices.nvidia import NvidiaBackend
+
+    return NvidiaBackend(config)
+
+
+def _sim(config: Config) -> DeviceBackend:
+    from tpuwatch.devices.sim import SimBackend
+
+    return SimBackend(config.devices.sim)
+
+
+# A backend's module is imported when it is chosen: a command that needs none (logscan on a host without
+# accelerators) does not pay for the others' imports.
+BACKENDS: dict[str, Callable[[Config], DeviceBackend]] = {"tpu": _tpu, "nvidia": _nvidia, "sim": _sim}
 
 
 def select_backend(config: Config) -> tuple[DeviceBackend | None, str]:

@@ -19,10 +19,15 @@ import os
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from tpuwatch.kernel_log.records import Record
+from tpuwatch.kernel_log.records import Record, normalise_pci
 from tpuwatch.kernel_log.rule import normalise
+
+if TYPE_CHECKING:
+    from tpuwatch.devices.base import DeviceReading
 
 CACHE_SIZE = 1024
 CACHE_SECONDS = 300.0
@@ -186,3 +191,18 @@ class Attribution:
 def as_attribution(lookup: Attribution | Callable[[str], str | int | None]) -> Attribution:
     """``lookup`` itself if it is an Attribution, else one over it that decodes without sysfs."""
     return lookup if isinstance(lookup, Attribution) else Attribution(lookup)
+
+
+def device_lookup(readings: Callable[[], Iterable[DeviceReading]]) -> Callable[[str], str | None]:
+    """A PCI-address -> chip-index lookup over the device backend's latest readings.
+
+    ``readings`` is called on every lookup, e.g. ``lambda: device_collector.last_readings``.
+    """
+    cached = lru_cache(maxsize=256)(normalise_pci)  # the backend's addresses, asked again on every event
+
+    def lookup(pci: str) -> str | None:
+        for reading in readings():
+            if reading.pci and cached(reading.pci) == pci:
+                return reading.device
+        return None
+    return lookup

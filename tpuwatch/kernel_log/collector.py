@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpuwatch.config import Config
-from tpuwatch.devices.base import DeviceReading
 from tpuwatch.kernel_log.events import KernelEvent, StormFilter, make_event
 from tpuwatch.kernel_log.filesource import FileSource
-from tpuwatch.kernel_log.records import SKIP_REASONS, Record, normalise_pci
+from tpuwatch.kernel_log.records import SKIP_REASONS, Record
 from tpuwatch.kernel_log.rules import RuleSet, load_rules
 from tpuwatch.kernel_log.sources import (
     JournalSource,
@@ -221,23 +220,6 @@ def event_problems(events: Iterable[KernelEvent]) -> list[str]:
     return [f"kernel: {e.rule} on device {e.device or '?'} (pci {e.pci or 'unknown'})"
             f"{' x' + str(e.count) if e.count != 1 else ''}: {e.message}"
             for e in events if e.severity == "critical"]
-
-
-def device_lookup(readings: Callable[[], Iterable[DeviceReading]]) -> Callable[[str], str | None]:
-    """A PCI-address -> chip-index lookup over the device backend's latest readings.
-
-    ``readings`` is called on every lookup, e.g. ``lambda: device_collector.last_readings``.
-    """
-    from functools import lru_cache
-
-    normalise = lru_cache(maxsize=256)(normalise_pci)  # the backend's addresses, asked again on every event
-
-    def lookup(pci: str) -> str | None:
-        for reading in readings():
-            if reading.pci and normalise(reading.pci) == pci:
-                return reading.device
-        return None
-    return lookup
 
 
 # Opens a source: (config, kernel_log.path when this source is the one named, the position file, the lookback).

@@ -15,8 +15,7 @@ from typing import TextIO
 
 from tpuwatch.config import Config
 from tpuwatch.devices import select_backend
-from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver
-from tpuwatch.kernel_log.collector import device_lookup
+from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver, device_lookup
 from tpuwatch.kernel_log.events import KernelEvent
 from tpuwatch.kernel_log.rules import SEVERITIES, load_rules
 from tpuwatch.kernel_log.scan import ScanStats, scan

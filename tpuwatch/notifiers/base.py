@@ -19,12 +19,9 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import http.client
 import json
 import os
-import urllib.error
 import urllib.parse
-import urllib.request
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -130,16 +127,6 @@ def read_secret(path: str, what: str) -> str:
         raise ConfigError(what, f"cannot read {full}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A receiver that redirects is answered as it is: a 3xx is a rejection, never followed."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-# The standard library, not requests, on the daemon's delivery path: requests and its
-# dependencies would add about 15 MB to the resident memory of a daemon that must stay small.
-_OPENER = urllib.request.build_opener(_NoRedirects())
 _BODY_PREFIX = 4096
 _TAIL_DROP = 512
 
@@ -190,18 +177,14 @@ class Notifier:
             headers["Authorization"] = self._authorization
         if self._secret is not None:
             headers[SIGNATURE_HEADER] = "sha256=" + hmac.new(self._secret, data, hashlib.sha256).hexdigest()
+        from tpuwatch.notifiers import transport  # the HTTP stack loads with the first delivery, not the config
+
         try:
-            request = urllib.request.Request(url, data=data, headers=headers, method="POST")
-            with _OPENER.open(request, timeout=self._timeout) as response:
-                status, reason, raw = response.status, response.reason, response.read(_BODY_PREFIX)
-                location = None
-        except urllib.error.HTTPError as exc:
-            status, reason, raw, location = exc.code, exc.reason, exc.read(_BODY_PREFIX), exc.headers.get("Location")
-        except (TimeoutError, urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as exc:
-            reason_of = getattr(exc, "reason", exc)
-            if isinstance(exc, TimeoutError) or isinstance(reason_of, TimeoutError):
-                return Answer(False, True, f"no answer within {self._timeout:g}s")
-            return Answer(False, True, redact(f"connection failed: {reason_of}")[:300])
+            status, reason, raw, location = transport.post(url, data, headers, self._timeout, _BODY_PREFIX)
+        except TimeoutError:
+            return Answer(False, True, f"no answer within {self._timeout:g}s")
+        except transport.Unreachable as exc:
+            return Answer(False, True, redact(f"connection failed: {exc}")[:300])
         detail = f"HTTP {status} {reason or ''}".rstrip()
         if location is not None and 300 <= status < 400:
             detail += f" to {redact(location)[:300]} (redirects are not followed)"
