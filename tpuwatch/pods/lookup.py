@@ -93,7 +93,7 @@ class PodLookup:
     def refresh(self) -> None:
         """Take a finished List answer; start the next call when due (never waits)."""
         client = self._client
-        if client is None or client.missing is not None:
+        if client is None:
             return
         with self._lock:
             if self._pending is not None and self._pending.done():
@@ -103,7 +103,8 @@ class PodLookup:
             if self._pending is None and now >= self._next:
                 self._next = now + self.refresh_every
                 if os.path.exists(client.socket):
-                    self._pending = client.start()
+                    if client.missing is None:
+                        self._pending = client.start()
                 elif self._by_device:
                     log.info("kubelet PodResources socket %s is gone: pods are named by UID only", client.socket)
                     self._by_device = {}
@@ -134,5 +135,5 @@ class PodLookup:
 
     def close(self) -> None:
         """Close the channel to the kubelet."""
-        if self._client is not None and self._client.missing is None:
+        if self._client is not None:
             self._client.close()

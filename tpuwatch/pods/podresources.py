@@ -61,31 +61,46 @@ class PodResourcesClient:
         self.timeout = timeout
         self._channel: Any = None
         self._stub: Any = None
-        try:
-            import grpc
+        self._modules: tuple[Any, Any, Any] | None = None
+        self._missing: str | None = None
 
-            from tpuwatch.pods.proto import api_pb2, api_pb2_grpc
-        except ImportError as exc:
-            self.missing: str | None = (f"pod names cannot be read from the kubelet: {exc.name} is not installed "
-                                        "(pip install 'tpuwatch[tpu]'); pods are named by UID from /proc/PID/cgroup")
-            return
-        self.missing = None
-        self._grpc, self._pb2, self._pb2_grpc = grpc, api_pb2, api_pb2_grpc
+    @property
+    def missing(self) -> str | None:
+        """Why no call can be made (grpc or protobuf is not installed), or None.
+
+        The first ask imports them: the lookup asks once the kubelet's socket is there, so that a host without
+        one does not carry grpc (about 10 MiB of the daemon's memory).
+        """
+        if self._modules is None and self._missing is None:
+            try:
+                import grpc
+
+                from tpuwatch.pods.proto import api_pb2, api_pb2_grpc
+            except ImportError as exc:
+                self._missing = (f"pod names cannot be read from the kubelet: {exc.name} is not installed "
+                                 "(pip install 'tpuwatch[tpu]'); pods are named by UID from /proc/PID/cgroup")
+            else:
+                self._modules = (grpc, api_pb2, api_pb2_grpc)
+        return self._missing
 
     def start(self) -> Any:
-        """A future of the List call, answered or failed within ``timeout``."""
+        """A future of the List call, answered or failed within ``timeout`` (only once ``missing`` is None)."""
+        assert self._modules is not None, "start() before missing said the modules are there"
+        grpc, pb2, pb2_grpc = self._modules
         if self._stub is None:
-            self._channel = self._grpc.insecure_channel(f"unix://{self.socket}", options=_CHANNEL_OPTIONS)
-            self._stub = self._pb2_grpc.PodResourcesListerStub(self._channel)
-        return self._stub.List.future(self._pb2.ListPodResourcesRequest(), timeout=self.timeout)
+            self._channel = grpc.insecure_channel(f"unix://{self.socket}", options=_CHANNEL_OPTIONS)
+            self._stub = pb2_grpc.PodResourcesListerStub(self._channel)
+        return self._stub.List.future(pb2.ListPodResourcesRequest(), timeout=self.timeout)
 
     def result(self, future: Any) -> list[Allocation]:
         """The allocations of a finished call; PodResourcesError naming the status if it failed."""
+        assert self._modules is not None
+        grpc = self._modules[0]
         try:
             return allocations(future.result(timeout=0))
-        except self._grpc.RpcError as exc:
+        except grpc.RpcError as exc:
             raise PodResourcesError(f"{exc.code().name}: {str(exc.details())[:200]}") from None
-        except self._grpc.FutureTimeoutError:
+        except grpc.FutureTimeoutError:
             raise PodResourcesError("the call has not finished") from None
 
     def close(self) -> None:
