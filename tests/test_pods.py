@@ -195,3 +195,15 @@ def test_the_host_collector_names_each_holder_by_chip_and_pod(tmp_path: Path, ku
     assert dict(rss.labels) == {"pid": "41", "command": "python3", "namespace": "ml", "pod": "trainer-1",
                                 "container": "jax"}
     collector.close()
+
+
+def test_without_the_kubelets_socket_grpc_is_never_imported(tmp_path: Path) -> None:
+    # grpc costs the daemon about 10 MiB: a host without a kubelet must not carry it.
+    code = ("import sys\nfrom tpuwatch.pods import PodLookup\n"
+            f"lookup = PodLookup('/proc', {str(tmp_path / 'kubelet.sock')!r})\n"
+            "lookup.refresh(); lookup.pod_of(1); assert lookup.degraded is None; lookup.close()\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google')))")
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
+    assert out.stdout == "[]\n", out.stderr
