@@ -4,6 +4,7 @@ PodResources server on a unix socket built from the kubelet's proto."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -203,7 +204,5 @@ def test_without_the_kubelets_socket_grpc_is_never_imported(tmp_path: Path) -> N
             f"lookup = PodLookup('/proc', {str(tmp_path / 'kubelet.sock')!r})\n"
             "lookup.refresh(); lookup.pod_of(1); assert lookup.degraded is None; lookup.close()\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google')))")
-    import subprocess
-
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
     assert out.stdout == "[]\n", out.stderr
