@@ -133,8 +133,10 @@ def test_without_a_daemon_top_reads_the_hardware_and_says_so(tmp_path: Path) -> 
 def test_without_a_terminal_top_prints_plain_text_each_interval(start_daemon: Callable[..., DaemonProcess]) -> None:
     daemon = start_daemon(SIM_FAST)
     daemon.wait_ready()
+    # Started with SIGINT ignored, as a shell starts a background job (and CI runs the suite): Ctrl-C still quits.
     proc = subprocess.Popen([sys.executable, "-m", "tpuwatch", "top", "--config", str(daemon.config_path),
-                             "--interval", "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--interval", "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert proc.stdout is not None
     frames = 0
     seen = []

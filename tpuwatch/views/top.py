@@ -153,11 +153,13 @@ def run(args: argparse.Namespace, config: Config) -> int:
         document, where = feed.fetch()
         print(text.plain(text.frame(document, where, every, unicode, None)))
         return 0 if document["status"] == "ok" else 1
+    # Ctrl-C and SIGTERM quit, also where the shell started us with SIGINT ignored (a background job).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _quit)
     if not sys.stdout.isatty() or not sys.stdin.isatty():
         return _plain_loop(feed, every, unicode)
     locale.setlocale(locale.LC_ALL, "")
     logging.disable(logging.CRITICAL)  # a log line would scribble over the screen; the view shows what failed
-    signal.signal(signal.SIGTERM, _quit)
     for name in ("LINES", "COLUMNS"):  # ncurses prefers these to the terminal's own size, also after a resize
         os.environ.pop(name, None)
     try:
