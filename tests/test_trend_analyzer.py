@@ -134,7 +134,7 @@ def _temperature_drifts(trend: TrendAnalyzer) -> set[str]:
 
 
 def test_healthy_chips_sampled_every_second_show_no_temperature_drift_and_a_hotter_chip_does() -> None:
-    # Simulated chips whose load cycles every two minutes, read every second for two hours: temperature moves
+    # Simulated chips whose load cycles every 137 s, read every second for two hours: temperature moves
     # with the load inside each utilization band, and that is no drift.  Then chip 3 runs 6 C hotter at the
     # same load (a failing fan): that is.
     from tpuwatch.config import SimConfig
@@ -180,3 +180,26 @@ def test_the_drills_chips_show_no_temperature_drift_from_their_past_into_a_daemo
         trend.observe([s for r in backend.read() for s in reading_samples(r, "sim")], start + clock[0])
         drifted |= _temperature_drifts(trend)
     assert drifted == set()
+
+
+def test_the_part_of_a_minute_a_restarted_daemon_begins_in_is_not_judged() -> None:
+    # A load in step with the clock: every whole minute averages 60.0 C (30 s at 58, 30 s at 62), so the learned
+    # spread is tiny.  A daemon restarted at :30 reads only the hot half of its first minute: 62 C, which is no
+    # drift; the whole minutes after it are judged as before, and a chip really 3 C hotter still is one.
+    def cycle(second: float, hotter: float = 0.0) -> list[Sample]:
+        celsius = (58.0 if second % 60 < 30 else 62.0) + hotter
+        return [sample("tpuwatch_device_utilization_ratio", 0.9, device="0"),
+                sample("tpuwatch_device_temperature_celsius", celsius, device="0")]
+
+    start = 1_767_225_600.0
+    before = TrendAnalyzer(TrendConfig())
+    for second in range(0, 45 * 60, 5):
+        before.observe(cycle(second), start + second)
+    restarted = TrendAnalyzer(TrendConfig())
+    restarted.restore(before.snapshot(start + 45 * 60), start + 45 * 60)
+    for second in range(45 * 60 + 30, 60 * 60, 5):
+        restarted.observe(cycle(second), start + second)
+    assert _temperature_drifts(restarted) == set()
+    for second in range(60 * 60, 70 * 60, 5):
+        restarted.observe(cycle(second, hotter=3.0), start + second)
+    assert _temperature_drifts(restarted) == {"0"}

@@ -46,6 +46,7 @@ class _Tracked:
     minute: int | None = None  # temperature: the minute being averaged, its sum and count
     total: float = 0.0
     count: int = 0
+    partial: bool = False  # the minute began before the first reading: its mean is not judged
 
 
 PROCESS_LABELS = ("command", "namespace", "pod", "container")
@@ -135,12 +136,17 @@ class TrendAnalyzer:
     def _temperature(tracked: _Tracked, value: float, timestamp: float) -> None:
         """Feed the drift detector one mean per minute: its warm-up then spans half an hour whatever the sampling
         interval, and the minute's mean evens out the load moving within the band (samples seconds apart follow
-        each other, and a baseline learned in 30 of them drifts as the load cycles)."""
+        each other, and a baseline learned in 30 of them drifts as the load cycles).  The minute a series is first
+        seen in (a start, a restart carrying learned state) is not judged: a part of a minute can sit apart from
+        whole minutes that a load in step with the clock makes alike."""
         minute = int(timestamp // TEMPERATURE_BUCKET_S)
-        if tracked.minute is not None and minute != tracked.minute and tracked.count:
-            tracked.last_value = tracked.total / tracked.count
-            tracked.detector.update(tracked.last_value)
-            tracked.total, tracked.count = 0.0, 0
+        if tracked.minute is None:
+            tracked.partial = True
+        elif minute != tracked.minute and tracked.count:
+            if not tracked.partial:
+                tracked.last_value = tracked.total / tracked.count
+                tracked.detector.update(tracked.last_value)
+            tracked.total, tracked.count, tracked.partial = 0.0, 0, False
         tracked.minute = minute
         tracked.total += value
         tracked.count += 1
