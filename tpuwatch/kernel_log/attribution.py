@@ -20,10 +20,9 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from tpuwatch.kernel_log.records import Record, normalise_pci
+from tpuwatch.kernel_log.records import Record
 from tpuwatch.kernel_log.rule import normalise
 
 if TYPE_CHECKING:
@@ -198,11 +197,9 @@ def device_lookup(readings: Callable[[], Iterable[DeviceReading]]) -> Callable[[
 
     ``readings`` is called on every lookup, e.g. ``lambda: device_collector.last_readings``.
     """
-    cached = lru_cache(maxsize=256)(normalise_pci)  # the backend's addresses, asked again on every event
-
     def lookup(pci: str) -> str | None:
         for reading in readings():
-            if reading.pci and cached(reading.pci) == pci:
+            if reading.pci and normalise(reading.pci) == pci:  # normalise caches: the same few addresses
                 return reading.device
         return None
     return lookup
