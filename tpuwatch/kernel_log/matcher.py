@@ -178,6 +178,9 @@ class StreamMatcher:
                 fault.last = index
                 if held.match.pci is None and line.pci is not None:
                     held.match = replace(held.match, pci=line.pci)
+                if RANK[line.severity] > fault.rank:  # a worse line of the same fault: the one event is that bad
+                    held.match = replace(held.match, severity=line.severity)
+                    fault.rank = RANK[line.severity]
                 absorbed.append((fault.key, max(fault.rank, RANK[line.severity])))
                 taken.add(held.rule)
                 continue

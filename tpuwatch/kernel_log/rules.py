@@ -30,7 +30,8 @@ A rule file is ``rules: [...]`` where each rule has:
 - ``hold`` (0-64 records, default 0): the event waits until a record arrives
   that is not one of its follow lines (at most ``hold`` records, or the end of
   the read), so that fields such as ``pci`` can come from the follow lines
-  (a CPER record's ``device_id:``); ``superseded_by: [rule, ...]`` drops the
+  (a CPER record's ``device_id:``), and a follow line more severe than the waiting event raises its
+  severity; ``superseded_by: [rule, ...]`` drops the
   waiting event when one of those rules matches meanwhile (it reports the fault).
 - ``enabled`` (default true), ``description``.
 
