@@ -184,3 +184,15 @@ def test_a_database_too_large_for_memory_is_merged_into_not_replaced(tmpfs: Call
     alerts, bodies = contents(db)
     assert alerts == {fp("1"), fp("2")} and len(bodies) == MEMORY_MAX_BYTES // len(big) + 4
     assert bodies[-1] == '{"device": "2"}'
+
+
+def test_the_write_ahead_log_stays_near_a_mebibyte_however_much_is_written(tmp_path: Path) -> None:
+    """SQLite's default lets the -wal file grow to 4 MiB and stay that size; tpuwatch checkpoints every 256 pages
+    and truncates the log to 1 MiB after."""
+    db = open_db(str(tmp_path), 64 * MAX)
+    wal = tmp_path / f"{DB_NAME}-wal"
+    largest = 0
+    for i in range(1500):  # about 6 MiB of pages written, one transaction each
+        db.save_alerts([firing(str(i % 50))])
+        largest = max(largest, wal.stat().st_size if wal.exists() else 0)
+    assert 0 < largest <= 1.25 * MAX
