@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -107,3 +109,12 @@ def test_basic_auth_checker(tmp_path: Path) -> None:
     assert not web.authorized("Basic " + base64.b64encode(b"ops:wrong").decode())
     assert not web.authorized("Basic !!!notbase64")
     assert not web.authorized(None)
+
+
+def test_an_endpoint_without_users_never_loads_bcrypt(tmp_path: Path) -> None:
+    # Every host pays for what the daemon imports; bcrypt is for endpoints with basic_auth_users only.
+    code = ("import sys\nfrom tpuwatch.webconfig import load_web_config\n"
+            f"web = load_web_config({str(web_config(tmp_path / 'web.yml'))!r})\n"
+            "assert web.authorized(None)\nprint('bcrypt' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
+    assert out.stdout == "False\n", out.stderr

@@ -16,8 +16,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
-import bcrypt
-
 from tpuwatch import yamlfile
 from tpuwatch.schema import ConfigError, FilePath, build, join_key
 
@@ -99,6 +97,8 @@ class WebConfig:
         if hashed is not None and token in self._verified:
             self._verified.move_to_end(token)
             return True
+        import bcrypt  # on the first password: an endpoint without basic_auth_users never loads it
+
         ok = bcrypt.checkpw(password.encode(), hashed or _DUMMY_HASH) and hashed is not None
         if ok:
             self._verified[token] = None
