@@ -114,6 +114,8 @@ def test_config_is_valid_and_reads_the_host_through_read_only_mounts(values_file
     assert mounts[config.paths.procfs] == ("/proc", True)
     assert mounts[config.paths.dev] == ("/dev", True)  # /dev/kmsg is read as paths.dev + /kmsg
     assert mounts[config.state_dir] == ("/var/lib/tpuwatch", False)
+    assert config.host.pod_resources_socket is not None  # the chips' pods and containers come from the kubelet
+    assert mounts[os.path.dirname(config.host.pod_resources_socket)] == ("/var/lib/kubelet/pod-resources", True)
     config_mount = next(m for m in _container(docs)["volumeMounts"] if m["name"] == "config")
     assert _container(docs)["args"] == ["run", "--config", f"{config_mount['mountPath']}/config.yaml"]
 
