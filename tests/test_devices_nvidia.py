@@ -23,6 +23,7 @@ from tpuwatch.config import Config, DevicesConfig, NvidiaConfig, Paths
 from tpuwatch.devices import select_backend
 from tpuwatch.devices.base import DeviceReading, ProcessUse
 from tpuwatch.devices.collector import DeviceCollector
+from tpuwatch.devices.links import LinkMemory
 from tpuwatch.devices.nvidia import NvidiaBackend, pci_bus_id, throttle_reasons
 from tpuwatch.health import collector_problems, device_problems
 from tpuwatch.pods import PodLookup
@@ -279,25 +280,43 @@ def test_running_processes_device_files_and_plugin_ids_come_from_nvml(nvml: Fake
     assert lost.processes is None and lost.links is None
 
 
+def _links_down(samples: list[Any]) -> list[dict[str, str]]:
+    return [dict(s.labels) for s in samples if s.name == "tpuwatch_device_nvlink_up" and s.value == 0]
+
+
 def test_nvlinks_report_state_and_counters_and_only_links_seen_active(nvml: FakeNvml) -> None:
     backend = NvidiaBackend(config())
     first, second, _, fourth = backend.read()
     assert first.links is not None and [link.link for link in first.links] == list(range(18))
     assert first.links[3].errors == {"replay": 4.0, "recovery": 1.0, "crc_flit": 12.0, "crc_data": 0.0,
                                      "ecc_data": 0.0}
-    assert second.links is not None and [link.link for link in second.links] == [0, *range(2, 18)], \
-        "link 1 was never active: an unused port, not a link down"
+    assert second.links is not None and (second.links[1].link, second.links[1].up) == (1, False)
     assert fourth.links is None, "no NVLink at all"
+    collector = DeviceCollector(backend)
+    exported = {(dict(s.labels)["device"], dict(s.labels)["link"]) for s in collector.collect()
+                if s.name == "tpuwatch_device_nvlink_up"}
+    assert ("1", "0") in exported and ("1", "1") not in exported, \
+        "link 1 was never active: an unused port, not a link down"
     nvml.change(1, nvlinks=[0, 0] + [1] * 16)
-    again = backend.read()[1]
-    assert again.links is not None and (again.links[0].link, again.links[0].up) == (0, False)
-    samples = DeviceCollector(backend).collect()
-    down = [dict(s.labels) for s in samples if s.name == "tpuwatch_device_nvlink_up" and s.value == 0]
-    assert down == [{"device": "1", "link": "0"}]
+    samples = collector.collect()
+    assert _links_down(samples) == [{"device": "1", "link": "0"}]
     errors = {(dict(s.labels)["link"], dict(s.labels)["kind"]): s.value for s in samples
               if s.name == "tpuwatch_device_nvlink_errors_total" and dict(s.labels)["device"] == "0"}
     assert errors[("3", "crc_flit")] == 12
 
+
+def test_a_link_down_stays_down_when_tpuwatch_restarts_in_the_same_boot(nvml: FakeNvml, tmp_path: Path) -> None:
+    # Before, the links seen active lived in memory only: a restart (an upgrade) made a down link an unused
+    # port again, its series vanished and AcceleratorLinkDown resolved while the link was still down.
+    state = tmp_path / "devices" / "links.json"
+    DeviceCollector(NvidiaBackend(config()), links=LinkMemory(state, "boot-1")).collect()
+    nvml.change(1, nvlinks=[0, 0] + [1] * 16)
+    restarted = DeviceCollector(NvidiaBackend(config()), links=LinkMemory(state, "boot-1"))
+    assert _links_down(restarted.collect()) == [{"device": "1", "link": "0"}]
+    rebooted = DeviceCollector(NvidiaBackend(config()), links=LinkMemory(state, "boot-2"))
+    assert _links_down(rebooted.collect()) == [], "after a reboot the links train afresh"
+    state.write_text('{"boot_id": "boot-2", "links": {"0000:2a:00.0": [0, 1]}}')  # not of the saved shape
+    assert _links_down(DeviceCollector(NvidiaBackend(config()), links=LinkMemory(state, "boot-2")).collect()) == []
 
 def test_gpu_processes_are_named_by_pod_and_capped(nvml: FakeNvml, tmp_path: Path) -> None:
     uuid = "GPU-0b1c7f3e-5a2d-4e6f-9b0c-1d2e3f4a5b6c"

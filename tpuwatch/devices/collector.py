@@ -7,6 +7,7 @@ import logging
 
 from tpuwatch.devices.base import DeviceBackend, DeviceReading, reading_samples
 from tpuwatch.devices.expected import Expectation, missing_problem, missing_samples
+from tpuwatch.devices.links import LinkMemory
 from tpuwatch.devices.processes import DEFAULT_CAP, process_samples
 from tpuwatch.pods import PodLookup
 from tpuwatch.samples import Sample
@@ -21,14 +22,16 @@ class DeviceCollector:
 
     With ``expected`` it also exports how many chips the host should have and which are missing
     (``missing_problem`` says so in one sentence); with ``pods`` the processes using each chip are named
-    by pod, at most ``max_processes`` per chip.
+    by pod, at most ``max_processes`` per chip.  ``links`` decides which chip links are exported (those seen
+    active this boot).
     """
 
     name = "devices"
 
     def __init__(self, backend: DeviceBackend, expected: Expectation | None = None, pods: PodLookup | None = None,
-                 max_processes: int = DEFAULT_CAP) -> None:
+                 max_processes: int = DEFAULT_CAP, links: LinkMemory | None = None) -> None:
         self.backend = backend
+        self.links = links or LinkMemory()
         self.expected = expected
         self.pods = pods
         self.max_processes = max_processes
@@ -51,7 +54,7 @@ class DeviceCollector:
         """Read every chip; remember identities so a vanished chip stays visible as down."""
         if self.pods is not None:
             self.pods.refresh()
-        readings = {r.device: r for r in self.backend.read()}
+        readings = {r.device: self.links.apply(r) for r in self.backend.read()}
         for device, previous in self._known.items():
             if device not in readings:
                 readings[device] = DeviceReading(device=device, chip=previous.chip, pci=previous.pci, up=False,

@@ -10,9 +10,10 @@ support (NVML_ERROR_NOT_SUPPORTED, e.g. ECC on consumer boards) are absent.
 Per GPU also: the processes running on it with the device memory each holds (compute and graphics
 running processes, v3: a process's memory is absent where NVML answers NVML_VALUE_NOT_AVAILABLE), its
 UUID and minor number (the names the device plugin and /dev give it), and its NVLinks: each link's state
-and error counters (replay, recovery, CRC flit, CRC data, ECC data).  Which links a GPU has is learnt on
-its first read (links 0 to NVML_NVLINK_MAX_LINKS - 1 that answer); a link is exported once it has been
-seen active, so unused ports are not reported down.
+and, while it is active, its error counters (replay, recovery, CRC flit, CRC data, ECC data).  Which links
+a GPU has is learnt on its first read (links 0 to NVML_NVLINK_MAX_LINKS - 1 that answer); every one is
+reported, and the devices collector exports a link once it has been seen active this boot
+(``tpuwatch.devices.links``), so unused ports are not reported down.
 """
 
 from __future__ import annotations
@@ -94,7 +95,6 @@ class NvidiaBackend:
         self._logged: set[tuple[int, str, str]] = set()
         self._procfs = config.paths.procfs
         self._links: dict[int, tuple[int, ...]] = {}  # index -> the links its first read found
-        self._seen_up: set[tuple[int, int]] = set()  # (index, link) seen active
 
     def read(self) -> list[DeviceReading]:
         """One reading per GPU; a GPU that is lost or does not answer in time is reported down."""
@@ -253,7 +253,7 @@ class NvidiaBackend:
         return read_text(f"{self._procfs}/{pid}/comm").strip()[:64] or "?"
 
     def _read_links(self, nvml: Any, index: int, handle: Any) -> tuple[LinkReading, ...] | None:
-        """State and error counters of the GPU's links that are, or were, active."""
+        """State and error counters of every link the GPU has (the collector keeps those seen active)."""
         if not hasattr(nvml, "nvmlDeviceGetNvLinkState"):
             return None
         if index not in self._links:  # the first read learns which links exist; absent ones answer an error
@@ -262,15 +262,10 @@ class NvidiaBackend:
                 nvml, index, "nvmlDeviceGetNvLinkState", handle, link) is not None)
         links = []
         for link in self._links[index]:
-            state = self._quiet(nvml, index, "nvmlDeviceGetNvLinkState", handle, link)
-            up = state == NVML_FEATURE_ENABLED
-            if up:
-                self._seen_up.add((index, link))
-            if (index, link) not in self._seen_up:
-                continue
+            up = self._quiet(nvml, index, "nvmlDeviceGetNvLinkState", handle, link) == NVML_FEATURE_ENABLED
             errors = {kind: self._quiet(nvml, index, "nvmlDeviceGetNvLinkErrorCounter", handle, link,
                                         getattr(nvml, constant))
-                      for constant, kind in NVLINK_ERRORS.items() if hasattr(nvml, constant)}
+                      for constant, kind in NVLINK_ERRORS.items() if up and hasattr(nvml, constant)}
             links.append(LinkReading(link, up, {k: float(v) for k, v in errors.items() if v is not None}))
         return tuple(links) if self._links[index] else None
 
