@@ -23,8 +23,8 @@ from tpuwatch.config import Config, DevicesConfig, NvidiaConfig, Paths
 from tpuwatch.devices import select_backend
 from tpuwatch.devices.base import DeviceReading, ProcessUse
 from tpuwatch.devices.collector import DeviceCollector
-from tpuwatch.devices.links import LinkMemory
 from tpuwatch.devices.nvidia import NvidiaBackend, pci_bus_id, throttle_reasons
+from tpuwatch.devices.seen import SeenThisBoot
 from tpuwatch.health import collector_problems, device_problems
 from tpuwatch.pods import PodLookup
 
@@ -308,15 +308,37 @@ def test_nvlinks_report_state_and_counters_and_only_links_seen_active(nvml: Fake
 def test_a_link_down_stays_down_when_tpuwatch_restarts_in_the_same_boot(nvml: FakeNvml, tmp_path: Path) -> None:
     # Before, the links seen active lived in memory only: a restart (an upgrade) made a down link an unused
     # port again, its series vanished and AcceleratorLinkDown resolved while the link was still down.
-    state = tmp_path / "devices" / "links.json"
-    DeviceCollector(NvidiaBackend(config()), links=LinkMemory(state, "boot-1")).collect()
+    state = tmp_path / "devices" / "seen.json"
+    DeviceCollector(NvidiaBackend(config()), seen=SeenThisBoot("nvidia", state, "boot-1")).collect()
     nvml.change(1, nvlinks=[0, 0] + [1] * 16)
-    restarted = DeviceCollector(NvidiaBackend(config()), links=LinkMemory(state, "boot-1"))
+    restarted = DeviceCollector(NvidiaBackend(config()), seen=SeenThisBoot("nvidia", state, "boot-1"))
     assert _links_down(restarted.collect()) == [{"device": "1", "link": "0"}]
-    rebooted = DeviceCollector(NvidiaBackend(config()), links=LinkMemory(state, "boot-2"))
+    rebooted = DeviceCollector(NvidiaBackend(config()), seen=SeenThisBoot("nvidia", state, "boot-2"))
     assert _links_down(rebooted.collect()) == [], "after a reboot the links train afresh"
-    state.write_text('{"boot_id": "boot-2", "links": {"0000:2a:00.0": [0, 1]}}')  # not of the saved shape
-    assert _links_down(DeviceCollector(NvidiaBackend(config()), links=LinkMemory(state, "boot-2")).collect()) == []
+    state.write_text('{"boot_id": "boot-2", "backend": "nvidia", "links": {"0000:2a:00.0": [0, 1]}}')  # bad shape
+    unfit = DeviceCollector(NvidiaBackend(config()), seen=SeenThisBoot("nvidia", state, "boot-2"))
+    assert _links_down(unfit.collect()) == []
+
+
+def test_a_gpu_gone_from_the_bus_stays_down_when_tpuwatch_restarts_in_the_same_boot(nvml: FakeNvml,
+                                                                                       tmp_path: Path) -> None:
+    state = tmp_path / "devices" / "seen.json"
+    DeviceCollector(NvidiaBackend(config()), seen=SeenThisBoot("nvidia", state, "boot-1")).collect()
+    data = json.loads(nvml.state.read_text())
+    data["gpus"].pop()  # the last GPU is no longer enumerated (removed after it fell off the bus)
+    nvml.state.write_text(json.dumps(data))
+    gone = str(len(data["gpus"]))
+
+    saved = state.read_bytes()
+
+    def up(backend: str, boot: str) -> dict[str, float]:
+        state.write_bytes(saved)
+        collector = DeviceCollector(NvidiaBackend(config()), seen=SeenThisBoot(backend, state, boot))
+        return {dict(s.labels)["device"]: s.value for s in collector.collect() if s.name == "tpuwatch_device_up"}
+
+    assert up("nvidia", "boot-1")[gone] == 0
+    assert gone not in up("nvidia", "boot-2"), "after a reboot only what is there counts"
+    assert gone not in up("sim", "boot-1"), "another backend's chips are not these"
 
 def test_gpu_processes_are_named_by_pod_and_capped(nvml: FakeNvml, tmp_path: Path) -> None:
     uuid = "GPU-0b1c7f3e-5a2d-4e6f-9b0c-1d2e3f4a5b6c"

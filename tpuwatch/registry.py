@@ -27,7 +27,7 @@ from tpuwatch.config import Config
 from tpuwatch.devices import DeviceReading, select_backend
 from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.devices.expected import expect
-from tpuwatch.devices.links import LinkMemory
+from tpuwatch.devices.seen import SeenThisBoot
 from tpuwatch.kernel_log.attribution import device_lookup
 from tpuwatch.kernel_log.collector import BUDGET_SHARE, KernelLogCollector
 from tpuwatch.kernel_log.collector import build_collector as build_kernel_log
@@ -67,20 +67,20 @@ def _devices(config: Config, built: dict[str, Collector], persist: bool) -> tupl
     host = built.get("host")
     expected = expect(config, backend.name)
     collector = DeviceCollector(backend, expected, host.pods if isinstance(host, HostCollector) else None,
-                                config.host.max_processes_per_device, _link_memory(config, persist))
+                                config.host.max_processes_per_device, _seen_this_boot(config, backend.name, persist))
     return collector, f"device backend: {why}" + (f"; expecting {expected.count} chip(s): {expected.why}"
                                                   if expected else "; no chip count expected")
 
 
-def _link_memory(config: Config, persist: bool) -> LinkMemory:
-    """The links seen active this boot, kept under state_dir/devices by the daemon (not by one-shot commands)."""
+def _seen_this_boot(config: Config, backend: str, persist: bool) -> SeenThisBoot:
+    """The chips and links seen this boot, kept under state_dir/devices by the daemon (not by one-shot commands)."""
     if not persist:
-        return LinkMemory()
+        return SeenThisBoot(backend)
     try:
         boot_id = read_boot_id(config.paths.procfs)
     except OSError:
-        return LinkMemory()  # no boot id: remembered in memory only, as a saved one could not be told stale
-    return LinkMemory(Path(config.state_dir, "devices", "links.json"), boot_id)
+        return SeenThisBoot(backend)  # no boot id: remembered in memory only, as a saved one could not be told stale
+    return SeenThisBoot(backend, Path(config.state_dir, "devices", "seen.json"), boot_id)
 
 
 def _kernel_log(config: Config, built: dict[str, Collector], persist: bool) -> tuple[Collector | None, str]:

@@ -7,8 +7,8 @@ import logging
 
 from tpuwatch.devices.base import DeviceBackend, DeviceReading, reading_samples
 from tpuwatch.devices.expected import Expectation, missing_problem, missing_samples
-from tpuwatch.devices.links import LinkMemory
 from tpuwatch.devices.processes import DEFAULT_CAP, process_samples
+from tpuwatch.devices.seen import SeenThisBoot
 from tpuwatch.pods import PodLookup
 from tpuwatch.samples import Sample
 
@@ -22,22 +22,24 @@ class DeviceCollector:
 
     With ``expected`` it also exports how many chips the host should have and which are missing
     (``missing_problem`` says so in one sentence); with ``pods`` the processes using each chip are named
-    by pod, at most ``max_processes`` per chip.  ``links`` decides which chip links are exported (those seen
-    active this boot).
+    by pod, at most ``max_processes`` per chip.  ``seen`` remembers the chips and the links seen active this
+    boot (across restarts of tpuwatch when it keeps them in state_dir): only those links are exported, and a
+    chip it remembers that the backend no longer reports is down.
     """
 
     name = "devices"
 
     def __init__(self, backend: DeviceBackend, expected: Expectation | None = None, pods: PodLookup | None = None,
-                 max_processes: int = DEFAULT_CAP, links: LinkMemory | None = None) -> None:
+                 max_processes: int = DEFAULT_CAP, seen: SeenThisBoot | None = None) -> None:
         self.backend = backend
-        self.links = links or LinkMemory()
+        self.seen = seen or SeenThisBoot(backend.name)
         self.expected = expected
         self.pods = pods
         self.max_processes = max_processes
         self.last_readings: list[DeviceReading] = []
         self.missing_problem: str | None = None
-        self._known: dict[str, DeviceReading] = {}
+        self._known: dict[str, DeviceReading] = {device: DeviceReading(device=device, chip=chip, pci=pci)
+                                                  for device, (chip, pci) in self.seen.chips.items()}
 
     @property
     def degraded(self) -> str | None:
@@ -54,7 +56,7 @@ class DeviceCollector:
         """Read every chip; remember identities so a vanished chip stays visible as down."""
         if self.pods is not None:
             self.pods.refresh()
-        readings = {r.device: self.links.apply(r) for r in self.backend.read()}
+        readings = {r.device: self.seen.note(r) for r in self.backend.read()}
         for device, previous in self._known.items():
             if device not in readings:
                 readings[device] = DeviceReading(device=device, chip=previous.chip, pci=previous.pci, up=False,

@@ -1,0 +1,75 @@
+"""What the devices collector has seen this boot (chips, and their links seen active), kept across restarts.
+
+A chip seen before and now missing is reported down, and a chip-to-chip link
+is exported once it has been seen active (``tpuwatch_device_nvlink_up`` 1,
+later 0: AcceleratorLinkDown; a link never active may be an unused port).
+Both facts are saved under ``state_dir`` with this boot's id and the backend's
+name, so that a chip that vanished or a link that went down stays reported
+down when tpuwatch restarts (an upgrade, a crash), instead of its series
+disappearing and its alert resolving.  After a reboot the memory starts
+empty: chips enumerate and links train afresh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from tpuwatch import statefile
+from tpuwatch.devices.base import DeviceReading
+
+MAX_CHIPS = 1024
+MAX_LINK = 63
+SHAPE = statefile.Fields({
+    "boot_id": statefile.Str(64), "backend": statefile.Str(32),
+    "chips": statefile.MapOf(statefile.Fields({"chip": statefile.Str(128), "pci": statefile.Str(16)}),
+                             max_items=MAX_CHIPS, key_chars=64),
+    "links": statefile.MapOf(statefile.Str(256), max_items=MAX_CHIPS, key_chars=64)})
+
+
+class SeenThisBoot:
+    """Chips and active links seen this boot; saved at ``path`` (with ``boot_id``) whenever something is new."""
+
+    def __init__(self, backend: str, path: Path | None = None, boot_id: str | None = None) -> None:
+        self._backend = backend
+        self._path = path if boot_id else None
+        self._boot_id = boot_id
+        self.chips: dict[str, tuple[str, str | None]] = {}  # device -> (chip, pci)
+        self._links: dict[str, set[int]] = {}  # PCI address (else "device N") -> links seen active
+        state = statefile.load(self._path, "devices seen this boot", SHAPE)
+        if state is None or state.get("boot_id") != boot_id or state.get("backend") != backend:
+            return
+        for device, chip in state.get("chips", {}).items():
+            if "chip" in chip:
+                self.chips[device] = (chip["chip"], chip.get("pci") or None)
+        for key, links in state.get("links", {}).items():
+            numbers = {int(n) for n in links.split(",") if n.isdigit() and int(n) <= MAX_LINK}
+            if numbers:
+                self._links[key] = numbers
+
+    def note(self, reading: DeviceReading) -> DeviceReading:
+        """Remember the chip; the reading with only its links that are active or were seen active this boot."""
+        changed = False
+        if reading.device not in self.chips and len(self.chips) < MAX_CHIPS:
+            self.chips[reading.device] = (reading.chip, reading.pci)
+            changed = True
+        if reading.links is not None:
+            key = reading.pci or f"device {reading.device}"
+            seen = self._links.get(key)
+            if seen is None and len(self._links) < MAX_CHIPS:
+                seen = self._links[key] = set()
+            new = {link.link for link in reading.links if link.up and 0 <= link.link <= MAX_LINK} - (seen or set())
+            if seen is not None and new:
+                seen |= new
+                changed = True
+            reading = dataclasses.replace(reading, links=tuple(
+                link for link in reading.links if link.up or (seen is not None and link.link in seen)))
+        if changed:
+            self._save()
+        return reading
+
+    def _save(self) -> None:
+        statefile.save(self._path, {
+            "boot_id": self._boot_id, "backend": self._backend,
+            "chips": {device: {"chip": chip[:128], "pci": pci or ""} for device, (chip, pci) in self.chips.items()},
+            "links": {key: ",".join(map(str, sorted(links))) for key, links in self._links.items() if links}})
