@@ -323,6 +323,7 @@ def test_a_link_down_stays_down_when_tpuwatch_restarts_in_the_same_boot(nvml: Fa
 def test_a_gpu_gone_from_the_bus_stays_down_when_tpuwatch_restarts_in_the_same_boot(nvml: FakeNvml,
                                                                                        tmp_path: Path) -> None:
     state = tmp_path / "devices" / "seen.json"
+    nvml.change(2, lost=False)
     DeviceCollector(NvidiaBackend(config()), seen=SeenThisBoot("nvidia", state, "boot-1")).collect()
     data = json.loads(nvml.state.read_text())
     data["gpus"].pop()  # the last GPU is no longer enumerated (removed after it fell off the bus)
@@ -337,6 +338,10 @@ def test_a_gpu_gone_from_the_bus_stays_down_when_tpuwatch_restarts_in_the_same_b
         return {dict(s.labels)["device"]: s.value for s in collector.collect() if s.name == "tpuwatch_device_up"}
 
     assert up("nvidia", "boot-1")[gone] == 0
+    data["gpus"].pop(0)  # and the first one: NVML numbers the rest from 0 again
+    nvml.state.write_text(json.dumps(data))
+    assert up("nvidia", "boot-1") == {"0": 1, "1": 1, gone: 0}, \
+        "a chip whose number another has now is forgotten, never reported down under another's number"
     assert gone not in up("nvidia", "boot-2"), "after a reboot only what is there counts"
     assert gone not in up("sim", "boot-1"), "another backend's chips are not these"
 

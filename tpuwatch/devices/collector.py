@@ -40,6 +40,7 @@ class DeviceCollector:
         self.missing_problem: str | None = None
         self._known: dict[str, DeviceReading] = {device: DeviceReading(device=device, chip=chip, pci=pci)
                                                   for device, (chip, pci) in self.seen.chips.items()}
+        self._restored = set(self._known)
 
     @property
     def degraded(self) -> str | None:
@@ -56,7 +57,10 @@ class DeviceCollector:
         """Read every chip; remember identities so a vanished chip stays visible as down."""
         if self.pods is not None:
             self.pods.refresh()
-        readings = {r.device: self.seen.note(r) for r in self.backend.read()}
+        readings = {r.device: r for r in self.backend.read()}
+        if self._restored:  # the first read after a restart: forget remembered chips that were renumbered
+            self._forget_renumbered(readings)
+        readings = {device: self.seen.note(r) for device, r in readings.items()}
         for device, previous in self._known.items():
             if device not in readings:
                 readings[device] = DeviceReading(device=device, chip=previous.chip, pci=previous.pci, up=False,
@@ -79,6 +83,20 @@ class DeviceCollector:
         out += self._expected_samples()
         host_samples = getattr(self.backend, "host_samples", None)  # readings the backend ties to no chip
         return out + list(host_samples()) if host_samples is not None else out
+
+    def _forget_renumbered(self, readings: dict[str, DeviceReading]) -> None:
+        """A chip remembered from before a restart whose address is now read under another number, or whose
+        number another chip now has, cannot be told apart from a renumbering (a backend numbers the chips it
+        finds in order): forgotten, never reported down under a number that is not its own."""
+        numbers = {r.pci: device for device, r in readings.items() if r.pci}
+        for device in self._restored:
+            remembered = self._known[device]
+            now = readings.get(device)
+            moved = remembered.pci is not None and numbers.get(remembered.pci, device) != device
+            if moved or (now is not None and now.pci != remembered.pci):
+                del self._known[device]
+                self.seen.forget(device)
+        self._restored = set()
 
     def _expected_samples(self) -> list[Sample]:
         if self.expected is None:

@@ -50,6 +50,8 @@ class SeenThisBoot:
     def note(self, reading: DeviceReading) -> DeviceReading:
         """Remember the chip; the reading with only its links that are active or were seen active this boot."""
         changed = False
+        if self.chips.get(reading.device, (None, reading.pci))[1] != reading.pci:
+            del self.chips[reading.device]  # another chip has this number now
         if reading.device not in self.chips and len(self.chips) < MAX_CHIPS:
             self.chips[reading.device] = (reading.chip, reading.pci)
             changed = True
@@ -67,6 +69,11 @@ class SeenThisBoot:
         if changed:
             self._save()
         return reading
+
+    def forget(self, device: str) -> None:
+        """Drop a remembered chip (it was renumbered, or its number is another chip's now)."""
+        if self.chips.pop(device, None) is not None:
+            self._save()
 
     def _save(self) -> None:
         statefile.save(self._path, {
