@@ -61,6 +61,7 @@ class DeviceCollector:
         if self._restored:  # the first read after a restart: forget remembered chips that were renumbered
             self._forget_renumbered(readings)
         readings = {device: self.seen.note(r) for device, r in readings.items()}
+        self.seen.save()
         for device, previous in self._known.items():
             if device not in readings:
                 readings[device] = DeviceReading(device=device, chip=previous.chip, pci=previous.pci, up=False,

@@ -28,7 +28,7 @@ SHAPE = statefile.Fields({
 
 
 class SeenThisBoot:
-    """Chips and active links seen this boot; saved at ``path`` (with ``boot_id``) whenever something is new."""
+    """Chips and active links seen this boot; ``save()`` writes them to ``path`` (with ``boot_id``) when new."""
 
     def __init__(self, backend: str, path: Path | None = None, boot_id: str | None = None) -> None:
         self._backend = backend
@@ -36,6 +36,7 @@ class SeenThisBoot:
         self._boot_id = boot_id
         self.chips: dict[str, tuple[str, str | None]] = {}  # device -> (chip, pci)
         self._links: dict[str, set[int]] = {}  # PCI address (else "device N") -> links seen active
+        self._dirty = False
         state = statefile.load(self._path, "devices seen this boot", SHAPE)
         if state is None or state.get("boot_id") != boot_id or state.get("backend") != backend:
             return
@@ -66,16 +67,18 @@ class SeenThisBoot:
                 changed = True
             reading = dataclasses.replace(reading, links=tuple(
                 link for link in reading.links if link.up or (seen is not None and link.link in seen)))
-        if changed:
-            self._save()
+        self._dirty |= changed
         return reading
 
     def forget(self, device: str) -> None:
         """Drop a remembered chip (it was renumbered, or its number is another chip's now)."""
-        if self.chips.pop(device, None) is not None:
-            self._save()
+        self._dirty |= self.chips.pop(device, None) is not None
 
-    def _save(self) -> None:
+    def save(self) -> None:
+        """Write what is new since the last save (one atomic write per read of all chips)."""
+        if not self._dirty:
+            return
+        self._dirty = False
         statefile.save(self._path, {
             "boot_id": self._boot_id, "backend": self._backend,
             "chips": {device: {"chip": chip[:128], "pci": pci or ""} for device, (chip, pci) in self.chips.items()},
