@@ -106,6 +106,28 @@ def test_no_line_stops_the_count_and_the_position_moves_past_it(tmp_path: Path) 
     assert _values(restarted.collect())[CRITICAL_XID] == 1
 
 
+def test_a_fifo_or_a_device_at_the_path_is_refused_and_a_file_there_later_is_followed(tmp_path: Path) -> None:
+    # A FIFO blocked open() until a writer came (the daemon never started, or its collector thread hung for good
+    # when the file was replaced by one); /dev/zero gave endless NULs.
+    log = tmp_path / "kern.log"
+    os.mkfifo(log)
+    started = time.monotonic()
+    source = FileSource(str(log), None)
+    assert time.monotonic() - started < 5
+    assert source.degraded is not None and "FIFO" in source.degraded
+    assert "device" in (FileSource("/dev/zero", None).degraded or "")
+    collector = _collector(source)
+    assert _values(collector.collect())[CRITICAL_XID] == 0
+    log.unlink()
+    log.write_text(XID79 + "\n")
+    assert _values(collector.collect())[CRITICAL_XID] == 1
+    assert source.degraded is None
+    log.unlink()  # and replaced by a FIFO while followed: refused again, the reading goes on
+    os.mkfifo(log)
+    assert _values(collector.collect())[CRITICAL_XID] == 1
+    assert source.degraded is not None and "FIFO" in source.degraded
+
+
 def _garbage_states(tmp_path: Path) -> dict[str, bytes]:
     return {"empty": b"", "list": b"[]", "string": b'"x"', "null": b"null", "binary": b"\xff\xfe\x00",
             "deep": b"[" * 100_000, "huge": b" " * 100_000, "int": b"1" + b"0" * 5000,

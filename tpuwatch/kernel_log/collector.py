@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tpuwatch.config import Config
 from tpuwatch.kernel_log.events import KernelEvent, StormFilter, make_event
-from tpuwatch.kernel_log.filesource import FileSource
+from tpuwatch.kernel_log.filesource import FileSource, open_regular
 from tpuwatch.kernel_log.records import SKIP_REASONS, Record
 from tpuwatch.kernel_log.rules import RuleSet, load_rules
 from tpuwatch.kernel_log.sources import (
@@ -337,10 +337,10 @@ def config_warnings(config: Config) -> list[str]:
         if not Path(str(settings.path)).exists():
             return [f"kernel_log.path: {settings.path} does not exist (yet): it is followed once it appears"]
         try:
-            with open(str(settings.path), "rb"):
-                return []
-        except OSError as exc:
-            return [f"kernel_log.path: cannot read {settings.path}: {exc.strerror}"]
+            open_regular(str(settings.path)).close()
+        except SourceError as exc:
+            return [f"kernel_log.path: {exc}"]
+        return []
     try:
         source, note = open_source(config, persist=False)
     except ConfigError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -40,7 +41,8 @@ class FileSource(Source):
     start); if it was rotated meanwhile, the rest of ``PATH.1`` (when it is
     the saved file) is read first.  Without a saved position it starts at the
     end.  A path that does not exist (yet) is a warning and ``degraded``; the
-    file is followed from its start once it appears.  Lines that are not text
+    file is followed from its start once it appears; so is one that replaces a FIFO, a device or a directory at
+    the path, which are refused (opened without blocking, never read).  Lines that are not text
     or longer than 64 KiB are skipped and counted; NUL bytes before a line
     (left by a crash) are dropped.  kmsg continuation lines (`` DEVICE=...``)
     after a raw kmsg record belong to it.
@@ -67,7 +69,7 @@ class FileSource(Source):
             if state is not None:
                 self._resume(state)
             elif os.path.exists(path):
-                self._start_at_end = True
+                self._start_at_end = os.path.isfile(path)  # a FIFO or device there is refused: no history to skip
                 self._open(path, os.path.getsize(path))
         except SourceError as exc:
             self._problem = str(exc)
@@ -97,10 +99,7 @@ class FileSource(Source):
         return self._problem
 
     def _open(self, path: str, offset: int) -> None:
-        try:
-            handle = open(path, "rb")
-        except OSError as exc:
-            raise SourceError(f"cannot open {path}: {exc.strerror}") from None
+        handle = open_regular(path)
         if self._handle is not None:
             self._handle.close()
         self._handle = handle
@@ -269,6 +268,29 @@ class FileSource(Source):
         """Close the file."""
         if self._handle is not None:
             self._handle.close()
+
+
+def open_regular(path: str) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file; SourceError otherwise.
+
+    Opened without blocking: a FIFO (or a device) at the path would block ``open`` until a writer comes, or
+    give endless data, and stall the collector's thread for good; it is refused instead.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SourceError(f"cannot open {path}: {exc.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
+                else "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise SourceError(f"{path} is {kind}, not a log file (kernel_log.source: file follows a regular file)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _identity_of(path: str) -> tuple[int, int] | None:
