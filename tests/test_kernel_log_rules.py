@@ -106,6 +106,12 @@ def test_kmsg_record_with_continuation_lines() -> None:
     ("kern  :warn  : [Mon Nov 30 04:37:39 2026] hello", "hello", None),
     ("2026-11-30T04:37:39.123456+00:00 host kernel: [    1.5] hello", "hello", None),
     ("plain text", "plain text", None),
+    # Lines some other program logged are not the kernel's, whatever they say (any user can run logger):
+    ("Nov 30 04:37:39 vm job[4242]: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+     "", None),
+    ("2026-11-30T04:37:39.123456+00:00 host logger: Out of memory: Killed process 1 (x)", "", None),
+    ('{"MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 79", "_TRANSPORT": "syslog"}', "", None),
+    ("Nov 30 04:37:39 vm kernel: NVRM: Xid (PCI:0000:3b:00): 79", "NVRM: Xid (PCI:0000:3b:00): 79", None),
 ])
 def test_parse_line_formats(line: str, message: str, device: str | None) -> None:
     assert parse_line(line) == Record(message, device)

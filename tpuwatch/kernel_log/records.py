@@ -41,6 +41,12 @@ _PREFIX_RE = re.compile(
     r"(?:\[ *\d+\.\d+\] |\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\] )?"  # [secs] or -T
 )
 
+# A syslog line some other program wrote ("Nov 30 04:37:39 host job[4242]: ..."): not the kernel's, whatever it
+# says (any local user can log "NVRM: Xid ..."); it becomes an empty record, which no rule matches.
+_OTHER_PROGRAM_RE = re.compile(
+    r"(?:<\d+>)?(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?)"
+    r" \S+ (?!kernel:)[^\s:\[\]]{1,64}(?:\[\d{1,10}\])?: ")
+
 
 @dataclass(frozen=True, slots=True)
 class Record:
@@ -128,6 +134,8 @@ def parse_line(line: str) -> Record:
         return Record(unescape_kmsg(line[kmsg.end():kmsg.end() + 4 * MAX_MESSAGE_CHARS])[:MAX_MESSAGE_CHARS])
     prefix = _PREFIX_RE.match(line)
     start = prefix.end() if prefix else 0
+    if start == 0 and _OTHER_PROGRAM_RE.match(line):
+        return Record("")
     return Record(line[start:start + MAX_MESSAGE_CHARS])
 
 
@@ -138,6 +146,8 @@ def _parse_json(line: str) -> Record | None:
         return None
     if not isinstance(entry, dict):
         return None
+    if entry.get("_TRANSPORT", "kernel") != "kernel":  # an entry some program logged: not the kernel's
+        return Record("")
     message = entry.get("MESSAGE")
     if isinstance(message, list):  # journald's form of a message that is not valid UTF-8
         message = bytes(b & 0xFF for b in message[:4 * MAX_MESSAGE_CHARS] if isinstance(b, int)).decode(
