@@ -106,6 +106,16 @@ def test_no_line_stops_the_count_and_the_position_moves_past_it(tmp_path: Path) 
     assert _values(restarted.collect())[CRITICAL_XID] == 1
 
 
+def test_a_bad_byte_in_a_process_name_does_not_hide_its_xid(tmp_path: Path) -> None:
+    # Anyone sets their process's name, and rsyslog writes it raw: before, one invalid UTF-8 or control byte made
+    # the whole line "not text", skipped, and the job's own critical Xid unseen.
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    collector = _collector(FileSource(str(log), None))
+    _append(log, XID79.replace("name=python3", "name=py\xff\x01thon").encode("latin-1") + b"\n")
+    assert _values(collector.collect())[CRITICAL_XID] == 1
+
+
 def test_a_fifo_or_a_device_at_the_path_is_refused_and_a_file_there_later_is_followed(tmp_path: Path) -> None:
     # A FIFO blocked open() until a writer came (the daemon never started, or its collector thread hung for good
     # when the file was replaced by one); /dev/zero gave endless NULs.

@@ -42,8 +42,8 @@ class FileSource(Source):
     the saved file) is read first.  Without a saved position it starts at the
     end.  A path that does not exist (yet) is a warning and ``degraded``; the
     file is followed from its start once it appears; so is one that replaces a FIFO, a device or a directory at
-    the path, which are refused (opened without blocking, never read).  Lines that are not text
-    or longer than 64 KiB are skipped and counted; NUL bytes before a line
+    the path, which are refused (opened without blocking, never read).  Bad bytes in a line are read as
+    U+FFFD; lines mostly of them (binary junk) or longer than 64 KiB are skipped and counted; NUL bytes before a line
     (left by a crash) are dropped.  kmsg continuation lines (`` DEVICE=...``)
     after a raw kmsg record belong to it.
     """

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 MAX_MESSAGE_CHARS = 2048
 MAX_LINE_BYTES = 64 * 1024
 _JUNK_BYTES = bytes(b for b in range(32) if b not in (9, 10, 13)) + b"\x7f"
+_JUNK_TO_REPLACEMENT = {b: "\ufffd" for b in _JUNK_BYTES}
 
 # Why a record was skipped (the ``reason`` label of tpuwatch_kernel_log_skipped_total).
 SKIP_REASONS = ("not_text", "too_long", "malformed", "error", "backlog")
@@ -164,13 +165,21 @@ def is_text(data: bytes) -> bool:
 
 
 def as_text(line: bytes) -> str | None:
-    """One line as text, or None if it is not: over 64 KiB, invalid UTF-8, or holding control bytes."""
-    if len(line) > MAX_LINE_BYTES or not is_text(line):
+    """One line as text, its invalid UTF-8 and control bytes (other than tab and CR) each written as U+FFFD.
+
+    A few bad bytes never hide a line: a process name is set by whoever runs the process, and syslog daemons
+    write it raw, so one byte in it must not keep an Xid or an OOM kill from matching.  None for a line over
+    64 KiB, or one that is mostly junk (more than a quarter replaced: binary data, not a message).
+    """
+    if len(line) > MAX_LINE_BYTES:
         return None
-    try:
-        return line.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
+    if is_text(line):
+        try:
+            return line.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    text = line.decode("utf-8", "replace").translate(_JUNK_TO_REPLACEMENT)
+    return None if 4 * text.count("\ufffd") > len(text) else text
 
 
 def text_or_reason(line: bytes) -> tuple[str | None, str]:

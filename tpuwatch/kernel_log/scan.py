@@ -8,9 +8,9 @@ print for a message with newlines), so a record is what /dev/kmsg or the
 journal would have given the daemon's collector.  Records go through the same
 ``StreamMatcher`` as the collector's: the ones with a keyword hit are fed,
 with the records before them a message spanning several lines needs; the rest
-are only counted (``skip``).  A line that is not text (invalid UTF-8, control
-bytes) or is longer than 64 KiB is skipped and counted; memory stays bounded
-by the block size.
+are only counted (``skip``).  A line's bad bytes are read as U+FFFD
+(``records.as_text``); a line mostly of them (binary junk) or longer than
+64 KiB is skipped and counted; memory stays bounded by the block size.
 """
 
 from __future__ import annotations
@@ -310,19 +310,15 @@ def _hold_back(buffer: bytes, end: int) -> int:
 
 
 def _clean(block: bytes) -> tuple[str, int]:
-    """The block as text with every bad line blanked (so line numbers hold), and how many were bad."""
+    """The block as text (``as_text`` of each line: bad bytes replaced, a junk or over-long line blanked, so that
+    line numbers hold), and how many lines were blanked."""
     if is_text(block) and not _has_long_line(block):
         try:
             return block.decode("utf-8"), 0
         except UnicodeDecodeError:
             pass
-    lines = block.split(b"\n")
-    bad = 0
-    for index, line in enumerate(lines):
-        if as_text(line) is None:
-            lines[index] = b""
-            bad += 1
-    return b"\n".join(lines).decode("utf-8"), bad
+    lines = [as_text(line) for line in block.split(b"\n")]
+    return "\n".join(line or "" for line in lines), lines.count(None)
 
 
 def _has_long_line(block: bytes) -> bool:

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 KMSG_READ_BYTES = 16384
 _CURSOR_RE = re.compile(r"(?:[a-z]=[0-9a-f]{1,64};){0,16}[a-z]=[0-9a-f]{1,64}")
-_SKIP_WHAT = {"not_text": "a line that is not text (invalid UTF-8 or control bytes)",
+_SKIP_WHAT = {"not_text": "a line that is not text (mostly invalid UTF-8 or control bytes)",
               "too_long": "a line over 64 KiB", "malformed": "a record it cannot parse",
               "error": "a record whose parsing failed", "backlog": "records of a backlog"}
 
