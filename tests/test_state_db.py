@@ -196,3 +196,21 @@ def test_the_write_ahead_log_stays_near_a_mebibyte_however_much_is_written(tmp_p
         db.save_alerts([firing(str(i % 50))])
         largest = max(largest, wal.stat().st_size if wal.exists() else 0)
     assert 0 < largest <= 1.25 * MAX
+
+
+def test_a_database_that_goes_corrupt_while_in_use_is_replaced_and_written_afresh(tmp_path: Path,
+                                                                                  caplog: pytest.LogCaptureFixture
+                                                                                  ) -> None:
+    # Before, every call failed from then on (the alerting stage raised each cycle, alerts stopped, a reload
+    # exited the daemon): only an open moved a corrupt file aside.
+    db = open_db(str(tmp_path), MAX, repair=True)
+    fill(db, "0")
+    db._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    (tmp_path / DB_NAME).write_bytes(b"garbage, not SQLite " * 512)
+    db._conn.execute("PRAGMA shrink_memory")  # the page cache let go, as it does in a long-running daemon
+    with caplog.at_level(logging.ERROR):
+        fill(db, "1")
+    assert db.recovered and db.problem is None
+    assert contents(db) == ({fp("1")}, ['{"device": "1"}'])
+    assert len(moved_aside(tmp_path)) == 1
+    assert sum("went corrupt while in use" in r.getMessage() for r in caplog.records) == 1

@@ -87,6 +87,7 @@ class AlertDB:
         self.problem = memory  # why the state is in memory only, None while it is in the file
         self._lock = threading.Lock()
         self._whole = True  # the memory copy holds all the file did (else the file is merged into, not replaced)
+        self.recovered = False  # set by recover(): the file was replaced while in use, its rows must be written again
         if memory is None:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             self._conn = sqlitefile.connect_file(path, _SCHEMA, max_bytes, verify)
@@ -143,6 +144,36 @@ class AlertDB:
                   self.path, moved)
         return None
 
+    def recover(self, exc: sqlite3.DatabaseError) -> bool:
+        """After ``exc``: if it says the file went bad while in use (overwritten, damaged by something else),
+        move it aside and go on in a fresh one; True if so (``recovered`` is then set until taken).
+
+        What the process holds (alert state, counters) is written afresh by its owner; queued notifications are
+        lost with the file.  A file that cannot be replaced leaves the database in memory.
+        """
+        if not sqlitefile.corrupt(exc):
+            return False
+        with self._lock:
+            if self.problem is not None:
+                return False
+            sqlitefile.close_quietly(self._conn)
+            try:
+                moved = sqlitefile.move_aside(self.path)
+                self._conn = sqlitefile.connect_file(self.path, _SCHEMA, self.max_bytes, verify=False)
+            except (OSError, sqlite3.Error) as err:
+                self._conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+                self._conn.executescript(_SCHEMA)
+                self._whole = True
+                self.problem = f"{self.path} went corrupt ({exc}) and cannot be replaced ({err})"
+                log.error("alerting database %s: kept in memory", self.problem)
+                moved = None
+            if moved is not None:
+                log.error("alerting database %s went corrupt while in use (%s): moved aside as %s; alert state is "
+                          "written afresh from memory, queued notifications are lost", self.path, exc, moved)
+                statefile.LEDGER.discard(Path(self.path), f"corrupt ({exc}), moved aside as {os.path.basename(moved)}")
+            self.recovered = True
+            return True
+
     def close(self) -> None:
         """Close the connection."""
         with self._lock:
@@ -167,6 +198,7 @@ class AlertDB:
 
     # --- alert state -------------------------------------------------------
 
+    @sqlitefile.recovering
     def load_alerts(self) -> list[Alert]:
         """Every stored alert with what each receiver was told about it.
 
@@ -215,6 +247,7 @@ class AlertDB:
             statements += _alert_rows(alert)
         return statements
 
+    @sqlitefile.recovering
     def save_alerts(self, alerts: Iterable[Alert], moved: Iterable[tuple[str, str]] = ()) -> None:
         """Store changed alerts, with what receivers were told moved from old to new ids for ``moved``
         (old, new) pairs; a pending alert that went away is deleted."""
@@ -228,12 +261,14 @@ class AlertDB:
             statements = _deletions(old) + _moved(old, new) + statements
         self._write(statements)
 
+    @sqlitefile.recovering
     def delete_alerts(self, fingerprints: Iterable[str]) -> None:
         """Forget alerts for good."""
         self._write(s for fp in fingerprints for s in _deletions(fp))
 
     # --- counter memory ----------------------------------------------------------
 
+    @sqlitefile.recovering
     def load_counters(self) -> list[Row]:
         """Every counter's saved state."""
         with self._lock:
@@ -241,6 +276,7 @@ class AlertDB:
                                       "born_at FROM counters").fetchall()
         return [Row(*r) for r in rows]
 
+    @sqlitefile.recovering
     def save_counters(self, rows: Iterable[Row], forgotten: Iterable[tuple[str, str]]) -> None:
         """Store changed counters and delete forgotten ones, in one transaction."""
         statements: list[tuple[str, tuple[object, ...]]] = [
@@ -250,6 +286,7 @@ class AlertDB:
         statements += [("DELETE FROM counters WHERE name = ? AND labels = ?", key) for key in forgotten]
         self._write(statements)
 
+    @sqlitefile.recovering
     def forget_receivers(self, keep: set[str]) -> None:
         """Forget what receivers no longer configured were told (their queued messages expire)."""
         marks = ", ".join("?" * len(keep))
@@ -257,6 +294,7 @@ class AlertDB:
 
     # --- outbox ----------------------------------------------------------------
 
+    @sqlitefile.recovering
     def enqueue(self, notifications: list[Notification], now: float) -> None:
         """Queue notifications and record what they tell, in one transaction (all or nothing)."""
         statements: list[tuple[str, tuple[object, ...]]] = []
@@ -271,6 +309,7 @@ class AlertDB:
                            for fp in n.told_resolved]
         self._write(statements)
 
+    @sqlitefile.recovering
     def claim(self, receiver: str, now: float, hold: float) -> tuple[Message | None, float | None]:
         """Claim the receiver's oldest message if it is due: (message, None), else (None, when it is due).
 
@@ -292,6 +331,7 @@ class AlertDB:
             return None, now
         return Message(row[0], row[1], row[2], row[3], row[4], row[5]), None
 
+    @sqlitefile.recovering
     def insert_claimed(self, receiver: str, body: str, now: float, hold: float) -> Message:
         """Queue one message already claimed by the caller (test-alert delivers it itself)."""
         key = uuid.uuid4().hex
@@ -301,17 +341,20 @@ class AlertDB:
                 "VALUES (?, ?, ?, ?, ?, ?)", (receiver, key, body, now, now, now + hold))
         return Message(int(cursor.lastrowid or 0), receiver, key, body, now, 0)
 
+    @sqlitefile.recovering
     def delete(self, message_id: int) -> None:
         """Remove a message (delivered, rejected or expired)."""
         with self._lock:
             self._conn.execute("DELETE FROM outbox WHERE id = ?", (message_id,))
 
+    @sqlitefile.recovering
     def retry_later(self, message_id: int, at: float) -> None:
         """Release a claim after a failed attempt, due again at ``at``."""
         with self._lock:
             self._conn.execute("UPDATE outbox SET attempts = attempts + 1, next_attempt = ?, claimed_until = 0 "
                                "WHERE id = ?", (at, message_id))
 
+    @sqlitefile.recovering
     def expire(self, before: float) -> list[tuple[str, int]]:
         """Delete messages created before ``before``; (receiver, count) of what went."""
         with self._lock:
@@ -321,6 +364,7 @@ class AlertDB:
                 self._conn.execute("DELETE FROM outbox WHERE created < ?", (before,))
         return [(r, int(n)) for r, n in counts]
 
+    @sqlitefile.recovering
     def queue_stats(self) -> dict[str, tuple[int, float]]:
         """receiver -> (queued messages, creation time of the oldest)."""
         with self._lock:

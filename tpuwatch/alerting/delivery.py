@@ -111,9 +111,10 @@ class Delivery:
             try:
                 wait = self.step(name, time.time())
                 failing = False
-            except Exception:  # noqa: BLE001 - a delivery thread must outlive any one message (logged once)
+            except Exception as exc:  # noqa: BLE001 - a delivery thread must outlive any one message (logged once)
                 if not failing:
-                    log.exception("receiver %s: delivery step failed; retrying", name)
+                    log.error("receiver %s: delivery step failed, retrying: %s: %s", name, type(exc).__name__, exc)
+                    log.debug("receiver %s: delivery step failed", name, exc_info=True)
                 failing, wait = True, IDLE_POLL_S
             if wait > 0:
                 event.wait(min(wait, IDLE_POLL_S))

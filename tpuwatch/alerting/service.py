@@ -196,6 +196,8 @@ class Alerting:
         """Persist alert state and counter memory; a failure is logged once per streak, the state kept in memory
         and written whole at the next success."""
         alerts = changes.saved
+        if self.db.recovered:  # the file was replaced while in use: everything held is written to the new one
+            self.db.recovered, self._unsaved = False, True
         if self._unsaved:
             saved = {id(a) for a in alerts}
             alerts = [*alerts, *(a for a in self.book.alerts.values() if id(a) not in saved)]
@@ -262,12 +264,16 @@ class Alerting:
         self.delivery.stop(1.0)
 
     def _dispatch_loop(self) -> None:
+        failing = False
         while not self._stop.is_set():
             try:
                 wait = self.flush()
-            except Exception:  # noqa: BLE001 - keep dispatching; the next round retries
-                log.exception("alert dispatch failed")
-                wait = 1.0
+                failing = False
+            except Exception as exc:  # noqa: BLE001 - keep dispatching; the next round retries (logged once)
+                if not failing:
+                    log.error("alert dispatch failed, retried every second: %s: %s", type(exc).__name__, exc)
+                    log.debug("alert dispatch failed", exc_info=True)
+                failing, wait = True, 1.0
             self._wake.wait(min(wait, 1.0))
             self._wake.clear()
 

@@ -2,15 +2,19 @@
 
 Reading still works on a full or read-only disk, so a database that cannot be
 written goes on as an in-memory copy; one that fails SQLite's quick check (or
-is not a database at all) is moved aside with its -wal and -shm.
+is not a database at all) is moved aside with its -wal and -shm, at open and,
+through ``recovering``, when it goes bad while in use.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 import urllib.parse
+from collections.abc import Callable
 from datetime import datetime, timezone
+from typing import Any, Protocol, TypeVar
 
 KEEP_MOVED_ASIDE = 3  # sets of a corrupt database kept
 MEMORY_MAX_BYTES = 32 << 20  # an in-memory database's bound; larger files are not copied into memory
@@ -207,6 +211,28 @@ def remove(*paths: str) -> None:
             os.unlink(path)
         except FileNotFoundError:
             pass
+
+
+class Recovers(Protocol):
+    """A database wrapper that can replace a file that went corrupt under it."""
+
+    def recover(self, exc: sqlite3.DatabaseError) -> bool: ...
+
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def recovering(method: Method) -> Method:
+    """``method`` of a ``Recovers``, tried again once after its file, found corrupt, was replaced."""
+    @functools.wraps(method)
+    def run(self: Recovers, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.DatabaseError as exc:
+            if not self.recover(exc):
+                raise
+        return method(self, *args, **kwargs)
+    return run  # type: ignore[return-value]
 
 
 def corrupt(exc: sqlite3.Error) -> bool:

@@ -124,13 +124,18 @@ class KubernetesAgent:
         self.client.close()
 
     def _loop(self) -> None:
+        failing = False
         while not self._stop.is_set():
             self._wake.wait(1.0)
             self._wake.clear()
             try:
                 self.step(time.time())
-            except Exception:  # noqa: BLE001 - the agent must outlive any bug in one round
-                log.exception("kubernetes agent round failed")
+                failing = False
+            except Exception as exc:  # noqa: BLE001 - the agent must outlive any bug in one round (logged once)
+                if not failing:
+                    log.error("kubernetes agent round failed, retried every second: %s: %s", type(exc).__name__, exc)
+                    log.debug("kubernetes agent round failed", exc_info=True)
+                failing = True
 
     # --- one round -----------------------------------------------------------------------------
 
