@@ -366,3 +366,24 @@ def test_stopping_kills_a_running_canary_worker(start_daemon: Callable[..., Daem
     assert daemon.proc.wait(timeout=5) == 0
     wait_until(lambda: not Path(f"/proc/{worker}").exists() or "Z" in Path(f"/proc/{worker}/stat").read_text()
                .split()[2], timeout=5, what="the worker to be killed with the daemon")
+
+
+def test_reloads_faster_than_the_interval_never_hold_sampling_back(start_daemon: Callable[..., DaemonProcess]
+                                                                     ) -> None:
+    # Each reload put the sampling job (and the watchdog's ping) a whole interval away again: reloads coming
+    # faster than the interval stopped sampling while they lasted.
+    config = {**SIM_FAST, "interval": "2s"}
+    daemon = start_daemon(config)
+    daemon.wait_ready()
+    wait_until(lambda: metric(daemon, "tpuwatch_last_sample_timestamp_seconds") is not None, what="a first cycle")
+    first = metric(daemon, "tpuwatch_last_sample_timestamp_seconds")
+    deadline = time.monotonic() + 30
+    count = 2
+    while metric(daemon, "tpuwatch_last_sample_timestamp_seconds") < first + 3:  # two more cycles at least
+        assert time.monotonic() < deadline, "no sampling cycle while reloads came every 0.5 s"
+        count = 5 - count  # 2, 3, 2, ...: the device collector is rebuilt by each reload
+        daemon.write_config({**config, "listen": f"127.0.0.1:{daemon.port}",
+                             "devices": {"backend": "sim", "sim": {"count": count}}})
+        daemon.signal(signal.SIGHUP)
+        time.sleep(0.5)  # the storm's pace: a reload every half interval or faster
+    assert daemon.proc.poll() is None

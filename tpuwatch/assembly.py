@@ -210,9 +210,11 @@ def assemble(config: Config, previous: Parts | None, daemon_samples: SampleSourc
                                         (sources, previous.sources), (canary, previous.canary))) \
             and actions == previous.actions:
         sampler = previous.sampler
-    return Parts(config, web, store, trend, trend_state, sources, canary, alerting, actions,
-                 sampler or _pipeline(config, store, trend, trend_state, sources, canary, alerting, actions,
-                                      daemon_samples))
+    if sampler is None:
+        sampler = _pipeline(config, store, trend, trend_state, sources, canary, alerting, actions, daemon_samples)
+        if previous is not None:  # the last cycle ended when it did, whatever a reload rebuilt since
+            sampler.last_cycle_end = previous.sampler.last_cycle_end
+    return Parts(config, web, store, trend, trend_state, sources, canary, alerting, actions, sampler)
 
 
 def retire(old: Parts, new: Parts) -> None:

@@ -15,7 +15,8 @@ import signal
 import threading
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from apscheduler.events import EVENT_JOB_ERROR, EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobExecutionEvent
@@ -174,20 +175,26 @@ class Daemon:
 
     # --- jobs ------------------------------------------------------------
 
+    def _every(self, job: Callable[[], None], seconds: float, job_id: str, **options: Any) -> None:
+        """Run ``job`` every ``seconds``; a job already scheduled keeps its next run (at most ``seconds`` away), so
+        that reloads coming faster than the interval never postpone it (sampling, the watchdog's ping)."""
+        existing = self._scheduler.get_job(job_id)
+        if existing is not None and existing.next_run_time is not None:
+            options["next_run_time"] = min(existing.next_run_time,
+                                           datetime.now(timezone.utc) + timedelta(seconds=seconds))
+        self._scheduler.add_job(job, "interval", seconds=seconds, id=job_id, replace_existing=True, coalesce=True,
+                                max_instances=1, **options)
+
     def _schedule(self) -> None:
-        grace = math.ceil(self.config.interval)
-        self._scheduler.add_job(self._sample, "interval", seconds=self.config.interval, id="sample",
-                                replace_existing=True, coalesce=True, max_instances=1, misfire_grace_time=grace)
+        self._every(self._sample, self.config.interval, "sample", misfire_grace_time=math.ceil(self.config.interval))
         self._schedule_canary()
-        self._scheduler.add_job(self._probe_state, "interval", seconds=probe_every(self.config.interval),
-                                id="state-probe", replace_existing=True, coalesce=True, max_instances=1)
+        self._every(self._probe_state, probe_every(self.config.interval), "state-probe")
         if self.parts.trend_state is not None and self._scheduler.get_job("trend-save") is None:  # keeps its pace
             self._scheduler.add_job(self._save_trend, "interval", seconds=SAVE_EVERY_S, id="trend-save",
                                     coalesce=True, max_instances=1)
         ping = sdnotify.watchdog_interval()
         if ping is not None:
-            self._scheduler.add_job(self._watchdog, "interval", seconds=ping, id="watchdog", replace_existing=True,
-                                    coalesce=True, max_instances=1, misfire_grace_time=math.ceil(ping))
+            self._every(self._watchdog, ping, "watchdog", misfire_grace_time=math.ceil(ping))
 
     def _schedule_canary(self) -> None:
         existing = self._scheduler.get_job("canary")

@@ -10,6 +10,7 @@ is one factory and one entry in ``SOURCES`` or ``ACTIONS``.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import logging
 import sys
@@ -24,7 +25,7 @@ from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.collectors import Collector
 from tpuwatch.collectors.host import HostCollector
 from tpuwatch.config import Config
-from tpuwatch.devices import DeviceReading, select_backend
+from tpuwatch.devices import DeviceBackend, DeviceReading, select_backend
 from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.devices.expected import expect
 from tpuwatch.devices.seen import SeenThisBoot
@@ -67,13 +68,18 @@ def _devices(config: Config, built: dict[str, Collector], persist: bool) -> tupl
     host = built.get("host")
     expected = expect(config, backend.name)
     collector = DeviceCollector(backend, expected, host.pods if isinstance(host, HostCollector) else None,
-                                config.host.max_processes_per_device, _seen_this_boot(config, backend.name, persist))
+                                config.host.max_processes_per_device, _seen_this_boot(config, backend, persist))
     return collector, f"device backend: {why}" + (f"; expecting {expected.count} chip(s): {expected.why}"
                                                   if expected else "; no chip count expected")
 
 
-def _seen_this_boot(config: Config, backend: str, persist: bool) -> SeenThisBoot:
-    """The chips and links seen this boot, kept under state_dir/devices by the daemon (not by one-shot commands)."""
+def _seen_this_boot(config: Config, chosen: DeviceBackend, persist: bool) -> SeenThisBoot:
+    """The chips and links seen this boot, kept under state_dir/devices by the daemon (not by one-shot commands).
+
+    They belong to the backend and its settings: a chip that vanished because the config changed (fewer
+    simulated chips, another backend) is not remembered as down."""
+    settings = hashlib.sha256(repr(config.devices).encode()).hexdigest()[:12]
+    backend = f"{chosen.name}:{settings}"
     if not persist:
         return SeenThisBoot(backend)
     try:

@@ -4,7 +4,7 @@ A chip seen before and now missing is reported down, and a chip-to-chip link
 is exported once it has been seen active (``tpuwatch_device_nvlink_up`` 1,
 later 0: AcceleratorLinkDown; a link never active may be an unused port).
 Both facts are saved under ``state_dir`` with this boot's id and the backend's
-name, so that a chip that vanished or a link that went down stays reported
+name and settings, so that a chip that vanished or a link that went down stays reported
 down when tpuwatch restarts (an upgrade, a crash), instead of its series
 disappearing and its alert resolving.  After a reboot the memory starts
 empty: chips enumerate and links train afresh.
@@ -21,7 +21,7 @@ from tpuwatch.devices.base import DeviceReading
 MAX_CHIPS = 1024
 MAX_LINK = 63
 SHAPE = statefile.Fields({
-    "boot_id": statefile.Str(64), "backend": statefile.Str(32),
+    "boot_id": statefile.Str(64), "backend": statefile.Str(64),
     "chips": statefile.MapOf(statefile.Fields({"chip": statefile.Str(128), "pci": statefile.Str(16)}),
                              max_items=MAX_CHIPS, key_chars=64),
     "links": statefile.MapOf(statefile.Str(256), max_items=MAX_CHIPS, key_chars=64)})
