@@ -178,3 +178,11 @@ def test_a_save_that_fails_says_so_once_and_again_when_it_works(tmpfs: Callable[
     assert str(path) not in statefile.LEDGER.view()[0]
     assert json.loads(path.read_text()) == {"seq": 3}
     assert sorted(os.listdir(path.parent)) == ["kmsg.json"]
+
+
+def test_a_state_dir_that_is_a_file_is_judged_unwritable_without_writing(tmp_path: Path) -> None:
+    # config check said ok for it; the daemon then kept its state in memory only.
+    path = tmp_path / "state"
+    path.write_text("not a directory")
+    assert probe(str(path), create=False) == f"Not a directory ({path})"
+    assert probe(str(path / "below"), create=False) == f"Not a directory ({path})"

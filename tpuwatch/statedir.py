@@ -171,11 +171,13 @@ def probe(state_dir: str, create: bool = True) -> str | None:
 
 
 def _judge(state_dir: str) -> str | None:
-    """Without writing: a read-only or full file system, or a directory its owner cannot write."""
+    """Without writing: not a directory, a read-only or full file system, or a directory its owner cannot write."""
     existing = state_dir
     while not os.path.exists(existing):
         existing = os.path.dirname(existing) or "."
     st, fs = os.stat(existing), os.statvfs(existing)
+    if not stat.S_ISDIR(st.st_mode):
+        return f"{os.strerror(errno.ENOTDIR)} ({existing})"
     if fs.f_flag & os.ST_RDONLY:
         return f"{os.strerror(errno.EROFS)} ({existing})"
     if not st.st_mode & stat.S_IWUSR or (st.st_uid == os.geteuid() != 0 and not os.access(existing, os.W_OK)):
