@@ -377,3 +377,13 @@ def test_gpu_processes_are_named_by_pod_and_capped(nvml: FakeNvml, tmp_path: Pat
     finally:
         lookup.close()
         server.stop(grace=None)
+
+
+def test_a_hostile_seen_file_is_read_for_what_fits_and_never_crashes(nvml: FakeNvml, tmp_path: Path) -> None:
+    state = tmp_path / "seen.json"
+    state.write_text(json.dumps({"boot_id": "b", "backend": "nvidia",
+                                 "chips": {"\u00b2": {"chip": "x", "pci": ""}, "9": {"chip": "gone", "pci": ""}},
+                                 "links": {"0000:2a:00.0": "\u00b2,1,99999,-3,0"}}))
+    samples = DeviceCollector(NvidiaBackend(config()), seen=SeenThisBoot("nvidia", state, "b")).collect()
+    up = {dict(s.labels)["device"]: s.value for s in samples if s.name == "tpuwatch_device_up"}
+    assert up["9"] == 0 and "\u00b2" not in up

@@ -112,6 +112,12 @@ def test_kmsg_record_with_continuation_lines() -> None:
     ("2026-11-30T04:37:39.123456+00:00 host logger: Out of memory: Killed process 1 (x)", "", None),
     ('{"MESSAGE": "NVRM: Xid (PCI:0000:3b:00): 79", "_TRANSPORT": "syslog"}', "", None),
     ("Nov 30 04:37:39 vm kernel: NVRM: Xid (PCI:0000:3b:00): 79", "NVRM: Xid (PCI:0000:3b:00): 79", None),
+    ("<4>Nov 30 04:37:39 vm job[42]: NVRM: Xid (PCI:0000:3b:00): 79", "", None),
+    ("Nov 30 04:37:39 job[42]: NVRM: Xid (PCI:0000:3b:00): 79", "", None),
+    # ... and the kernel's own lines in every syslog form stay: no hostname (journalctl --no-hostname), kernel[0]
+    ("Nov 30 04:37:39 kernel: NVRM: Xid (PCI:0000:3b:00): 79", "NVRM: Xid (PCI:0000:3b:00): 79", None),
+    ("2025-11-30T04:37:39+0000 kernel: NVRM: Xid (PCI:0000:3b:00): 79", "NVRM: Xid (PCI:0000:3b:00): 79", None),
+    ("Nov 30 04:37:39 host kernel[0]: NVRM: Xid (PCI:0000:3b:00): 79", "NVRM: Xid (PCI:0000:3b:00): 79", None),
 ])
 def test_parse_line_formats(line: str, message: str, device: str | None) -> None:
     assert parse_line(line) == Record(message, device)

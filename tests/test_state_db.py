@@ -214,3 +214,20 @@ def test_a_database_that_goes_corrupt_while_in_use_is_replaced_and_written_afres
     assert contents(db) == ({fp("1")}, ['{"device": "1"}'])
     assert len(moved_aside(tmp_path)) == 1
     assert sum("went corrupt while in use" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_only_the_daemons_database_is_replaced_and_only_when_sqlite_says_it_went_bad(tmp_path: Path) -> None:
+    db = open_db(str(tmp_path), MAX, repair=True)
+    fill(db, "0")
+    with pytest.raises(sqlite3.IntegrityError):  # a constraint (a bug), not a damaged file
+        db._write([("INSERT INTO counters (name) VALUES (?)", ("x",))])
+    fill(db, "1")  # the failed write left no transaction open
+    assert moved_aside(tmp_path) == [] and not db.recovered
+    assert contents(db)[0] == {fp("0"), fp("1")}
+    one_shot = open_db(str(tmp_path), MAX)  # test-alert's: it does not hold the state_dir lock
+    one_shot._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    (tmp_path / DB_NAME).write_bytes(b"garbage, not SQLite " * 512)
+    one_shot._conn.execute("PRAGMA shrink_memory")
+    with pytest.raises(sqlite3.DatabaseError):
+        fill(one_shot, "2")
+    assert moved_aside(tmp_path) == [], "only the daemon moves its database aside"

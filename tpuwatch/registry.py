@@ -76,10 +76,10 @@ def _devices(config: Config, built: dict[str, Collector], persist: bool) -> tupl
 def _seen_this_boot(config: Config, chosen: DeviceBackend, persist: bool) -> SeenThisBoot:
     """The chips and links seen this boot, kept under state_dir/devices by the daemon (not by one-shot commands).
 
-    They belong to the backend and its settings: a chip that vanished because the config changed (fewer
-    simulated chips, another backend) is not remembered as down."""
-    settings = hashlib.sha256(repr(config.devices).encode()).hexdigest()[:12]
-    backend = f"{chosen.name}:{settings}"
+    They belong to the backend (and the simulator's settings): a chip that vanished because the config changed
+    (fewer simulated chips, another backend) is not remembered as down."""
+    settings = repr(config.devices.sim) if chosen.name == "sim" else ""
+    backend = f"{chosen.name}:{hashlib.sha256(settings.encode()).hexdigest()[:12]}"
     if not persist:
         return SeenThisBoot(backend)
     try:

@@ -13,6 +13,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -88,6 +89,7 @@ class AlertDB:
         self._lock = threading.Lock()
         self._whole = True  # the memory copy holds all the file did (else the file is merged into, not replaced)
         self.recovered = False  # set by recover(): the file was replaced while in use, its rows must be written again
+        self.repairs = False  # the daemon's (it holds the state_dir lock): only it replaces a file that went bad
         if memory is None:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
             self._conn = sqlitefile.connect_file(path, _SCHEMA, max_bytes, verify)
@@ -151,7 +153,7 @@ class AlertDB:
         What the process holds (alert state, counters) is written afresh by its owner; queued notifications are
         lost with the file.  A file that cannot be replaced leaves the database in memory.
         """
-        if not sqlitefile.corrupt(exc):
+        if not self.repairs or not sqlitefile.went_bad(exc):
             return False
         with self._lock:
             if self.problem is not None:
@@ -160,6 +162,10 @@ class AlertDB:
             try:
                 moved = sqlitefile.move_aside(self.path)
                 self._conn = sqlitefile.connect_file(self.path, _SCHEMA, self.max_bytes, verify=False)
+                # Outbox ids go on above any the old file gave: a message claimed from it is never taken
+                # for another one's.
+                self._conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('outbox', ?)",
+                                   (int(time.time() * 1e6),))
             except (OSError, sqlite3.Error) as err:
                 self._conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
                 self._conn.executescript(_SCHEMA)
@@ -189,10 +195,10 @@ class AlertDB:
                 for sql, params in statements:
                     self._conn.execute(sql, params)
                 self._conn.execute("COMMIT")
-            except sqlite3.OperationalError as exc:
+            except sqlite3.Error as exc:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
-                if "full" in str(exc):
+                if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
                     raise OutboxFull(str(exc)) from None
                 raise
 
@@ -455,6 +461,12 @@ def open_db(state_dir: str, max_bytes: int, repair: bool = False) -> AlertDB:
             return AlertDB(path, max_bytes)
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError("state_dir", f"cannot open {path}: {exc}") from None
+    db = _open_repaired(path, max_bytes)
+    db.repairs = True
+    return db
+
+
+def _open_repaired(path: str, max_bytes: int) -> AlertDB:
     try:
         return _without_malformed(AlertDB(path, max_bytes, verify=True))
     except sqlite3.Error as exc:

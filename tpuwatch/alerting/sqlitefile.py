@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar
 KEEP_MOVED_ASIDE = 3  # sets of a corrupt database kept
 MEMORY_MAX_BYTES = 32 << 20  # an in-memory database's bound; larger files are not copied into memory
 SQLITE_CORRUPT = 11
+SQLITE_NOTADB = 26
 # A small database rewritten every minute: checkpoint the write-ahead log every 256 pages (1 MiB, not SQLite's
 # 1000) and truncate it to that size after, and cache 1 MiB of pages (not 2) in each connection.
 WAL_BOUNDS = ("wal_autocheckpoint=256", "journal_size_limit=1048576", "cache_size=-1024")
@@ -233,6 +234,13 @@ def recovering(method: Method) -> Method:
                 raise
         return method(self, *args, **kwargs)
     return run  # type: ignore[return-value]
+
+
+def went_bad(exc: sqlite3.Error) -> bool:
+    """True only if SQLite itself says the file is damaged or not a database (CORRUPT, NOTADB): what a file
+    that was fine at open can turn into under a running process; never a constraint, a busy file or a bug."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (SQLITE_CORRUPT, SQLITE_NOTADB)
 
 
 def corrupt(exc: sqlite3.Error) -> bool:

@@ -113,4 +113,4 @@ class DeviceCollector:
 
 
 def _device_order(device: str) -> tuple[int, str]:
-    return (int(device), "") if device.isdigit() else (1 << 30, device)
+    return (int(device), "") if device.isascii() and device.isdecimal() else (1 << 30, device)

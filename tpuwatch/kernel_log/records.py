@@ -38,7 +38,7 @@ _PREFIX_RE = re.compile(
     r"(?:<\d+>)?"                                                     # dmesg -r: <prio>
     r"(?:[a-z]+ *:[a-z]+ *: )?"                                       # dmesg -x: "kern  :warn  : "
     r"(?:(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?)"
-    r" \S+ kernel: )?"                                                # syslog: "Nov 30 04:37:39 host kernel: "
+    r"(?: [^\s:](?:\S*[^\s:])?)? kernel(?:\[\d+\])?: )?"                # syslog: "Nov 30 04:37:39 host kernel: "
     r"(?:\[ *\d+\.\d+\] |\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\] )?"  # [secs] or -T
 )
 
@@ -46,7 +46,7 @@ _PREFIX_RE = re.compile(
 # says (any local user can log "NVRM: Xid ..."); it becomes an empty record, which no rule matches.
 _OTHER_PROGRAM_RE = re.compile(
     r"(?:<\d+>)?(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?)"
-    r" \S+ (?!kernel:)[^\s:\[\]]{1,64}(?:\[\d{1,10}\])?: ")
+    r"(?: [^\s:](?:\S*[^\s:])?)? (?!kernel(?:\[\d+\])?:)[^\s:\[\]]{1,64}(?:\[\d{1,10}\])?: ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +135,7 @@ def parse_line(line: str) -> Record:
         return Record(unescape_kmsg(line[kmsg.end():kmsg.end() + 4 * MAX_MESSAGE_CHARS])[:MAX_MESSAGE_CHARS])
     prefix = _PREFIX_RE.match(line)
     start = prefix.end() if prefix else 0
-    if start == 0 and _OTHER_PROGRAM_RE.match(line):
+    if _OTHER_PROGRAM_RE.match(line):
         return Record("")
     return Record(line[start:start + MAX_MESSAGE_CHARS])
 
