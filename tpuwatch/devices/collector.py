@@ -94,7 +94,7 @@ class DeviceCollector:
             remembered = self._known[device]
             now = readings.get(device)
             moved = remembered.pci is not None and numbers.get(remembered.pci, device) != device
-            if moved or (now is not None and now.pci != remembered.pci):
+            if moved or (now is not None and now.pci is not None and now.pci != remembered.pci):
                 del self._known[device]
                 self.seen.forget(device)
         self._restored = set()

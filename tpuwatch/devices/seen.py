@@ -51,8 +51,8 @@ class SeenThisBoot:
     def note(self, reading: DeviceReading) -> DeviceReading:
         """Remember the chip; the reading with only its links that are active or were seen active this boot."""
         changed = False
-        if self.chips.get(reading.device, (None, reading.pci))[1] != reading.pci:
-            del self.chips[reading.device]  # another chip has this number now
+        if reading.pci is not None and self.chips.get(reading.device, (None, reading.pci))[1] != reading.pci:
+            del self.chips[reading.device]  # another chip has this number now (a chip that does not answer says None)
         if reading.device not in self.chips and len(self.chips) < MAX_CHIPS:
             self.chips[reading.device] = (reading.chip, reading.pci)
             changed = True
