@@ -33,20 +33,24 @@ KMSG_HEAD_RE = re.compile(r"(\d{1,20}),(\d{1,20}),(\d{1,20}),[^;\n]{0,256};")
 _KMSG_ESCAPE_RE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 _KEPT_CONTROLS = (0x09, 0x0A)  # tab and newline are decoded; other control bytes stay written as \xNN
 
+# A syslog line's head before its program tag: the time (traditional or RFC 3339) and a host name, which
+# `journalctl --no-hostname` leaves out.
+_SYSLOG_HEAD = (r"(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?)"
+                r"(?: [^\s:](?:\S*[^\s:])?)? ")
+_KERNEL_TAG = r"kernel(?:\[\d+\])?: "
+
 # Prefixes that dmesg, syslog daemons and `dmesg -x/-r/-T` put before the kernel's text.
 _PREFIX_RE = re.compile(
     r"(?:<\d+>)?"                                                     # dmesg -r: <prio>
     r"(?:[a-z]+ *:[a-z]+ *: )?"                                       # dmesg -x: "kern  :warn  : "
-    r"(?:(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?)"
-    r"(?: [^\s:](?:\S*[^\s:])?)? kernel(?:\[\d+\])?: )?"                # syslog: "Nov 30 04:37:39 host kernel: "
+    rf"(?P<syslog>{_SYSLOG_HEAD}{_KERNEL_TAG})?"                      # syslog: "Nov 30 04:37:39 host kernel: "
     r"(?:\[ *\d+\.\d+\] |\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\] )?"  # [secs] or -T
 )
 
 # A syslog line some other program wrote ("Nov 30 04:37:39 host job[4242]: ..."): not the kernel's, whatever it
 # says (any local user can log "NVRM: Xid ..."); it becomes an empty record, which no rule matches.
 _OTHER_PROGRAM_RE = re.compile(
-    r"(?:<\d+>)?(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?)"
-    r"(?: [^\s:](?:\S*[^\s:])?)? (?!kernel(?:\[\d+\])?:)[^\s:\[\]]{1,64}(?:\[\d{1,10}\])?: ")
+    rf"(?:<\d+>)?{_SYSLOG_HEAD}(?!{_KERNEL_TAG})[^\s:\[\]]{{1,64}}(?:\[\d{{1,10}}\])?: ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +139,7 @@ def parse_line(line: str) -> Record:
         return Record(unescape_kmsg(line[kmsg.end():kmsg.end() + 4 * MAX_MESSAGE_CHARS])[:MAX_MESSAGE_CHARS])
     prefix = _PREFIX_RE.match(line)
     start = prefix.end() if prefix else 0
-    if _OTHER_PROGRAM_RE.match(line):
+    if (prefix is None or prefix["syslog"] is None) and _OTHER_PROGRAM_RE.match(line):
         return Record("")
     return Record(line[start:start + MAX_MESSAGE_CHARS])
 
