@@ -103,7 +103,9 @@ class Rule:
 
     def verdict(self, found: re.Match[str], default: str) -> Match:
         """The match for a regex hit: severity from ``severity_by`` (first entry that decides), fields normalised."""
-        fields = {k: v for k, v in found.groupdict().items() if v is not None}
+        fields = found.groupdict()
+        if None in fields.values():
+            fields = {k: v for k, v in fields.items() if v is not None}
         severity = default
         for by in self.severity_by:
             decided = by.decide(fields)

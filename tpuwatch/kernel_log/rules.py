@@ -142,6 +142,10 @@ class RuleSet:
         if self.prefilter is None:
             return primary, follow
         found = {m.group() for m in self.prefilter.finditer(message)}
+        if len(found) == 1 and not (primary or follow):  # the common case: one keyword, nothing to add to it
+            (keyword,) = found
+            if not self._partners[keyword]:
+                return self._dispatch[keyword]
         for keyword in list(found):  # a keyword overlapping a found one is not found again: look for it
             if partners := self._partners[keyword]:
                 found.update(k for k in partners if k in message)
