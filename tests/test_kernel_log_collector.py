@@ -29,6 +29,7 @@ from tpuwatch.kernel_log.filesource import FileSource
 from tpuwatch.kernel_log.position import Position
 from tpuwatch.kernel_log.records import Record
 from tpuwatch.kernel_log.rules import Match, RuleSet, load_rules
+from tpuwatch.kernel_log.sieve import BacklogSieve
 from tpuwatch.kernel_log.sources import KmsgSource, Source, read_boot_id
 
 from conftest import write_selftest_rule
@@ -169,11 +170,58 @@ def test_a_cycle_stops_on_time_and_still_reaches_the_newest_record(tmp_path: Pat
     assert source.handed_out * cost <= budget + BATCH_RECORDS * cost  # stopped within a batch of its budget
     records = values[("tpuwatch_kernel_log_records_total", (("source", "file"),))]
     passed = values[("tpuwatch_kernel_log_skipped_total", (("reason", "backlog"), ("source", "file")))]
-    assert records == source.handed_out and records + passed == 200_001
+    # One line of the passed-over backlog is read after all: the sieve picks a line a critical rule may match
+    # once per message, and these lines differ only in their timestamp and pid.
+    assert records == source.handed_out + 1 and records + passed == 200_001
     assert values[("tpuwatch_kernel_events_total", (("device", "1"), ("rule", "nvidia_xid"),
                                                     ("severity", "critical")))] == 1
     assert values[("tpuwatch_kernel_events_total", (("device", "0"), ("rule", "nvidia_xid"),
                                                     ("severity", "warning")))] == records - 1  # exact for what is read
+
+
+def _storm_with_a_fault_inside(log: Path, hidden: str, lines: int = 200_000) -> None:
+    """A storm of Xid 13 on one GPU with ``hidden`` in its middle, then the newest line: Xid 79 of another."""
+    storm = [f"[{i / 1000:12.6f}] NVRM: Xid (PCI:0000:18:00): 13, pid={i}, name=python3, Graphics Exception\n"
+             for i in range(lines)]
+    storm.insert(lines // 2, hidden)
+    _append(log, "".join(storm) + XID79)
+
+
+def test_a_critical_line_in_the_middle_of_a_storm_passed_over_is_still_reported(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    source = CountingSource(str(log), None)
+    cost = 20e-6
+    collector = KernelLogCollector(source, load_rules([]), device_lookup(lambda: READINGS), 60.0, clock=Clock(),
+                                   deadline=1.0, timer=lambda: source.handed_out * cost)
+    # Composed: GPU 0's own fault (Xid 79) while it floods the log with Xid 13, and an uncorrected memory error.
+    _storm_with_a_fault_inside(log, "[  100.000000] NVRM: Xid (PCI:0000:18:00): 79, pid=99, name=python3, "
+                                    "GPU has fallen off the bus.\n"
+                                    "[  100.000001] EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha#0_Chan#0_DIMM#0 "
+                                    "(channel:0 slot:0 page:0x0 offset:0x0 grain:32 - OVERFLOW)\n")
+    values = _values(collector.collect())
+    passed = values[("tpuwatch_kernel_log_skipped_total", (("reason", "backlog"), ("source", "file")))]
+    assert passed > 100_000  # the middle of the storm was passed over
+    assert values[("tpuwatch_kernel_events_total", (("device", "0"), ("rule", "nvidia_xid"),
+                                                    ("severity", "critical")))] == 1
+    assert values[("tpuwatch_kernel_events_total", (("device", ""), ("rule", "edac_uncorrected"),
+                                                    ("severity", "critical")))] == 1
+    records = values[("tpuwatch_kernel_log_records_total", (("source", "file"),))]
+    assert records + passed == 200_003  # a line read from the backlog is not counted as passed over too
+
+
+def test_the_sieve_picks_each_message_once_and_at_most_its_limit(tmp_path: Path) -> None:
+    sieve = BacklogSieve(load_rules([]), limit=3)
+    sieve.start()
+    storm = b"".join(b"[%d.0] NVRM: Xid (PCI:0000:18:00): 13, pid=%d, name=python3, Graphics Exception\n" % (i, i)
+                     for i in range(1000))
+    assert sieve.pick(storm) == [storm.split(b"\n")[0]]  # the same message but for its timestamp and pid
+    assert sieve.pick(b"[1.0] e1000e: eno1 NIC Link is Up\n[2.0] audit: type=1400\n") == []  # nothing critical
+    others = [b"[3.0] NVRM: Xid (PCI:0000:%02x:00): 79, pid=1, name=x, GPU has fallen off the bus." % bus
+              for bus in range(1, 5)]
+    assert sieve.pick(b"\n".join(others)) == others[:2] and sieve.full  # three different lines in all
+    sieve.start()
+    assert sieve.pick(others[3]) == [others[3]] and not sieve.full  # a new skip starts afresh
 
 
 class FailingMatcher:

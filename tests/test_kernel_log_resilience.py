@@ -265,6 +265,28 @@ def test_journal_storm_is_passed_over_and_the_next_record_counted_in_one_cycle(t
     assert values[CRITICAL_XID] == 1 and passed > 0 and read + passed == 20_001
 
 
+def test_journal_storm_passed_over_still_yields_a_critical_entry_from_its_middle(tmp_path: Path,
+                                                                                 journal_module: object) -> None:
+    journal = tmp_path / "k.journal"
+    storm = [journal_entry({"MESSAGE": XID79.replace("79", "13").replace("1234", str(i))}, 1000 + i)
+             for i in range(20_000)]
+    # Composed: another GPU's fall off the bus, tagged by the kernel with its device, inside the storm.
+    storm.insert(10_000, journal_entry({"MESSAGE": "NVRM: Xid (PCI:0000:b3:00): 79, pid=7, name=python3, GPU has "
+                                                   "fallen off the bus.", "_KERNEL_DEVICE": "+pci:0000:b3:00.0"},
+                                       15_000))
+    write_journal(journal, storm)
+    source = CountingJournal(tmp_path / "journal.json", str(journal))
+    cost = 20e-6
+    collector = KernelLogCollector(source, load_rules([]), device_lookup(lambda: []), 60.0, deadline=0.2,
+                                   timer=lambda: source.handed_out * cost)
+    values = _values(collector.collect())
+    read = values[("tpuwatch_kernel_log_records_total", (("source", "journal"),))]
+    passed = values[("tpuwatch_kernel_log_skipped_total", (("reason", "backlog"), ("source", "journal")))]
+    assert passed > 10_000 and read + passed == 20_001
+    assert values[CRITICAL_XID] == 1
+    assert [e.pci for e in collector.recent_events() if e.severity == "critical"] == ["0000:b3:00.0"]
+
+
 def test_journal_without_kernel_messages_is_degraded_until_one_arrives(tmp_path: Path,
                                                                        journal_module: object) -> None:
     journal = tmp_path / "k.journal"

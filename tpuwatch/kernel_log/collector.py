@@ -24,6 +24,7 @@ from tpuwatch.kernel_log.events import KernelEvent, StormFilter, make_event
 from tpuwatch.kernel_log.filesource import FileSource, open_regular
 from tpuwatch.kernel_log.records import SKIP_REASONS, Record
 from tpuwatch.kernel_log.rules import RuleSet, load_rules
+from tpuwatch.kernel_log.sieve import MAX_PICKED, BacklogSieve
 from tpuwatch.kernel_log.sources import (
     JournalSource,
     KmsgSource,
@@ -68,6 +69,7 @@ class KernelLogCollector:
                  deadline: float = DEFAULT_DEADLINE, timer: Callable[[], float] = time.monotonic) -> None:
         self.source = source
         self._matcher = rules.stream()
+        self._sieve = BacklogSieve(rules)
         self._device_for_pci = device_for_pci
         self._max_records = max_records
         self._budget = deadline * BUDGET_SHARE
@@ -123,7 +125,11 @@ class KernelLogCollector:
         now = self._timer()
         rate = done / (now - started) if now > started else float("inf")
         keep = int(min(rate * max(0.0, end - now), self._max_records - done) / 2)  # half: a margin for the estimate
-        passed = self.source.skip_ahead(keep, lambda: self._timer() < end)
+        passed = self.source.skip_ahead(keep, lambda: self._timer() < end, self._sieve)
+        self._match(self.source.take_picked(), apart=True)
+        if self._sieve.full and not self._skipping:
+            log.warning("kernel log (%s): more than %d different lines that may be critical in this backlog: "
+                        "the rest of it is passed over unread", self.source.name, MAX_PICKED)
         if passed and not self._skipping:
             log.warning("kernel log (%s): a backlog larger than one cycle can read (%d records read in %.2fs): "
                         "passing over %d records to read the newest; counted in "
@@ -143,12 +149,17 @@ class KernelLogCollector:
                 break
         return done
 
-    def _match(self, records: list[Record]) -> None:
+    def _match(self, records: list[Record], apart: bool = False) -> None:
+        """Match ``records`` in order; ``apart``: each on its own (lines picked from a backlog, not neighbours)."""
         self._records += len(records)
         now = time.time()
         passed: list[KernelEvent] = []
         for record in records:
             try:
+                matches = self._matcher.skip(1) if apart else []
+                for match in matches:
+                    if match.record is not None:
+                        self._count(make_event(match, match.record, self._device_for_pci, when=now), passed)
                 for match in self._matcher.feed(record):
                     self._count(make_event(match, record, self._device_for_pci, when=now), passed)
             except Exception as exc:  # noqa: BLE001 - no record may stop the counting

@@ -8,11 +8,14 @@ import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from tpuwatch.kernel_log.position import INT64_MAX, Position, is_count
 from tpuwatch.kernel_log.records import MAX_LINE_BYTES, Record, parse_line, text_or_reason, unescape_kmsg
 from tpuwatch.kernel_log.sources import Source, SourceError
+
+if TYPE_CHECKING:
+    from tpuwatch.kernel_log.sieve import BacklogSieve
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +227,9 @@ class FileSource(Source):
             self.skip("error", f"{type(exc).__name__}: {exc}")
             return None
 
-    def skip_ahead(self, keep: int, in_time: Callable[[], bool]) -> int:
-        """Move to about ``keep`` lines (at the average line length seen) before the end, counting the lines passed.
+    def skip_ahead(self, keep: int, in_time: Callable[[], bool], sieve: BacklogSieve | None = None) -> int:
+        """Move to about ``keep`` lines (at the average line length seen) before the end, counting the lines passed
+        and reading the lines ``sieve`` picks from them (``take_picked``).
 
         Lines that start with a space (kmsg continuation lines) are not counted: they are no records.
         """
@@ -237,6 +241,10 @@ class FileSource(Source):
         start = position = line_start = self._offset
         lines = continuations = 0  # continuation lines (" KEY=...") of kmsg records are no records
         previous = b""
+        partial: bytes | None = None if self._discarding else b""  # a line going on in the next chunk (None: too long)
+        if sieve is not None:
+            sieve.start()
+        self._picked = []
         while position < target and in_time():
             chunk = os.pread(fd, min(SKIP_CHUNK_BYTES, target - position), position)
             if not chunk:
@@ -246,10 +254,12 @@ class FileSource(Source):
             last = chunk.rfind(b"\n")
             if last >= 0:
                 line_start = position + last + 1
+            if sieve is not None:
+                partial = self._sift(sieve, partial, chunk, last)
             previous = chunk[-1:]
             position += len(chunk)
         kept_first = os.pread(fd, 1, line_start) if line_start < position else b""
-        passed = lines - continuations + (kept_first == b" ")  # a kept line's own start was counted above
+        passed = lines - continuations + (kept_first == b" ") - len(self._picked)  # its own start counted above
         if line_start == start:
             return 0
         self._offset = line_start
@@ -257,6 +267,24 @@ class FileSource(Source):
         self._after_kmsg = True  # continuation lines here belong to a record passed over
         self.skip("backlog", "", passed)
         return passed
+
+    def _sift(self, sieve: BacklogSieve, partial: bytes | None, chunk: bytes, last: int) -> bytes | None:
+        """Hand the whole lines that ``chunk`` completes to ``sieve`` and keep the records of those it picks;
+        returns the new partial line."""
+        if last < 0:
+            if partial is None or len(partial) + len(chunk) > MAX_LINE_BYTES:
+                return None
+            return partial + chunk
+        if partial is None:  # the rest of an over-long line
+            lines = chunk[chunk.find(b"\n") + 1:last + 1]
+        else:
+            lines = partial + chunk[:last + 1]
+        for line in sieve.pick(lines):
+            record = self._parse(line.rstrip(b"\r"))
+            if record is not None:
+                self._picked.append(record)
+        rest = chunk[last + 1:]
+        return rest if len(rest) <= MAX_LINE_BYTES else None
 
     def commit(self) -> None:
         """Save the file identity and the offset of the first unread byte."""

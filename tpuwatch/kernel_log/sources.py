@@ -2,8 +2,9 @@
 
 Every source has ``read(limit) -> list[Record]`` (what is new, at most
 ``limit`` records, never blocking; ``caught_up`` says whether it reached the
-end), ``skip_ahead(keep, in_time)`` (pass over all but about the last
-``keep`` records of a backlog, counted), ``lost`` (records known to be lost),
+end), ``skip_ahead(keep, in_time, sieve)`` (pass over all but about the last
+``keep`` records of a backlog, counted, keeping the lines a ``BacklogSieve``
+picks for ``take_picked()``), ``lost`` (records known to be lost),
 ``skipped`` (records passed over, by reason: SKIP_REASONS), ``degraded`` (why
 it cannot see everything, or None) and ``commit()``, which saves its position
 atomically under the state directory so that a restart neither repeats nor
@@ -23,10 +24,13 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpuwatch.kernel_log.position import Position, is_count
 from tpuwatch.kernel_log.records import MAX_MESSAGE_CHARS, SKIP_REASONS, Record, parse_kmsg
+
+if TYPE_CHECKING:
+    from tpuwatch.kernel_log.sieve import BacklogSieve
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +55,7 @@ class Source:
         self.caught_up = False
         self.skipped: Counter[str] = Counter(dict.fromkeys(SKIP_REASONS, 0))
         self._logged: set[str] = set()
+        self._picked: list[Record] = []
 
     @property
     def lost(self) -> int:
@@ -75,9 +80,15 @@ class Source:
         """Records after the last one read, at most ``limit``."""
         raise NotImplementedError
 
-    def skip_ahead(self, keep: int, in_time: Callable[[], bool]) -> int:
-        """Pass over the backlog but about its last ``keep`` records while ``in_time()``; how many were passed."""
+    def skip_ahead(self, keep: int, in_time: Callable[[], bool], sieve: BacklogSieve | None = None) -> int:
+        """Pass over the backlog but about its last ``keep`` records while ``in_time()``; how many were passed.
+        The records of the lines ``sieve`` picks from what is passed over wait for ``take_picked()``."""
         return 0
+
+    def take_picked(self) -> list[Record]:
+        """The records the sieve picked out of the last skip, oldest first (read: not counted as passed over)."""
+        picked, self._picked = self._picked, []
+        return picked
 
     def commit(self) -> None:
         """Save the position reached (never raises)."""
@@ -348,24 +359,42 @@ class JournalSource(Source):
         text = message[:4 * MAX_MESSAGE_CHARS].decode("utf-8", "replace")[:MAX_MESSAGE_CHARS]
         out.append(Record(text, device))
 
-    def skip_ahead(self, keep: int, in_time: Callable[[], bool]) -> int:
-        """Walk to the end of the journal (counting), then step back ``keep`` entries."""
+    def skip_ahead(self, keep: int, in_time: Callable[[], bool], sieve: BacklogSieve | None = None) -> int:
+        """Walk to the end of the journal (counting, reading what ``sieve`` picks), then step back ``keep``
+        entries."""
         if self._on_unread or not self._on_entry:
             return 0
         walked, at_end = 0, False
+        picked: list[tuple[int, Record]] = []
+        if sieve is not None:
+            sieve.start()
+        self._picked = []
         while not at_end and in_time():
             for _ in range(4096):
                 if not self._reader._next():
                     at_end = True
                     break
                 walked += 1
+                if sieve is not None and not sieve.full:
+                    self._sift(sieve, walked, picked)
         back = min(keep, walked) if at_end else 0
         if back:
             self._reader._previous(back)
+        self._picked = [record for index, record in picked if index <= walked - back]  # the kept ones are read
         if walked:
             self._cursor = self._reader._get_cursor()
-            self.skip("backlog", "", walked - back)
-        return walked - back
+            self.skip("backlog", "", walked - back - len(self._picked))
+        return walked - back - len(self._picked)
+
+    def _sift(self, sieve: BacklogSieve, index: int, picked: list[tuple[int, Record]]) -> None:
+        try:
+            message = self._reader._get("MESSAGE")
+        except Exception:  # noqa: BLE001 - KeyError without MESSAGE, or a corrupt entry: passed over, as before
+            return
+        if sieve.pick(message[:4 * MAX_MESSAGE_CHARS].replace(b"\n", b" ")):
+            found: list[Record] = []
+            self._take(found)
+            picked.extend((index, record) for record in found)
 
     def commit(self) -> None:
         """Save the cursor of the last entry read."""
