@@ -67,7 +67,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
 def _keep_freed_memory() -> None:
     """Have glibc keep the memory of freed buffers for the next block of the file.  By default each 1 MiB
     buffer is mapped on its own and unmapped when freed, and faulting it in again for the next block costs
-    a tenth of a scan.  Only this short-lived command does this; elsewhere than glibc nothing changes."""
+    about a twentieth of a scan.  Only this short-lived command does this; elsewhere than glibc nothing changes."""
     try:
         import ctypes
 
