@@ -215,13 +215,40 @@ def test_the_sieve_picks_each_message_once_and_at_most_its_limit(tmp_path: Path)
     sieve.start()
     storm = b"".join(b"[%d.0] NVRM: Xid (PCI:0000:18:00): 13, pid=%d, name=python3, Graphics Exception\n" % (i, i)
                      for i in range(1000))
-    assert sieve.pick(storm) == [storm.split(b"\n")[0]]  # the same message but for its timestamp and pid
+    assert sieve.pick(storm) == [storm.split(b"\n")[-2]]  # the same message but for its timestamp and pid
     assert sieve.pick(b"[1.0] e1000e: eno1 NIC Link is Up\n[2.0] audit: type=1400\n") == []  # nothing critical
     others = [b"[3.0] NVRM: Xid (PCI:0000:%02x:00): 79, pid=1, name=x, GPU has fallen off the bus." % bus
               for bus in range(1, 5)]
     assert sieve.pick(b"\n".join(others)) == others[:2] and sieve.full  # three different lines in all
     sieve.start()
     assert sieve.pick(others[3]) == [others[3]] and not sieve.full  # a new skip starts afresh
+    sieve.start(lambda: False)  # no time left to sieve: the skip goes on unsieved, and says so
+    assert sieve.pick(others[0]) == [] and sieve.unsieved and not sieve.active
+
+
+def test_a_storm_too_large_to_sieve_in_time_still_reaches_the_newest_record(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    source = CountingSource(str(log), None)
+    clock = {"sieved": 0}
+
+    class SlowSieve(BacklogSieve):
+        """Each chunk takes a tenth of the deadline to sieve (on the collector's timer)."""
+
+        def pick(self, chunk: bytes) -> list[bytes]:
+            clock["sieved"] += 1
+            return super().pick(chunk)
+
+    cost = 20e-6
+    collector = KernelLogCollector(source, load_rules([]), device_lookup(lambda: READINGS), 60.0, clock=Clock(),
+                                   deadline=1.0, timer=lambda: source.handed_out * cost + clock["sieved"] * 0.1)
+    collector._sieve = SlowSieve(load_rules([]))
+    _storm_with_a_fault_inside(log, "[  100.000000] Kernel panic - not syncing: Fatal hardware error!\n",
+                               lines=400_000)
+    values = _values(collector.collect())
+    assert collector._sieve.unsieved and clock["sieved"] <= 2  # a quarter of what was left: one chunk, maybe two
+    assert values[("tpuwatch_kernel_events_total", (("device", "1"), ("rule", "nvidia_xid"),
+                                                    ("severity", "critical")))] == 1  # the newest line is read
 
 
 class FailingMatcher:

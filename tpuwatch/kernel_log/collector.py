@@ -43,6 +43,7 @@ MAX_RECENT_EVENTS = 50
 MAX_LOGGED_EVENTS = 20  # per cycle; the rest are counted in one line
 BATCH_RECORDS = 2048
 BUDGET_SHARE = 0.4  # of the collector deadline, for reading and matching
+SIEVE_SHARE = 0.25  # of what is left of the budget when a cycle skips ahead, for sieving what it passes over
 DEFAULT_DEADLINE = 5.0
 
 DeviceLookup = Callable[[str], "str | int | None"]
@@ -125,11 +126,14 @@ class KernelLogCollector:
         now = self._timer()
         rate = done / (now - started) if now > started else float("inf")
         keep = int(min(rate * max(0.0, end - now), self._max_records - done) / 2)  # half: a margin for the estimate
+        sieve_end = now + max(0.0, end - now) * SIEVE_SHARE
+        self._sieve.start(lambda: self._timer() < sieve_end)
         passed = self.source.skip_ahead(keep, lambda: self._timer() < end, self._sieve)
         self._match(self.source.take_picked(), apart=True)
-        if self._sieve.full and not self._skipping:
-            log.warning("kernel log (%s): more than %d different lines that may be critical in this backlog: "
-                        "the rest of it is passed over unread", self.source.name, MAX_PICKED)
+        if (self._sieve.full or self._sieve.unsieved) and not self._skipping:
+            log.warning("kernel log (%s): %s: the rest of this backlog is passed over unsieved",
+                        self.source.name, f"more than {MAX_PICKED} different lines that may be critical"
+                        if self._sieve.full else "no time left to sieve it for lines that may be critical")
         if passed and not self._skipping:
             log.warning("kernel log (%s): a backlog larger than one cycle can read (%d records read in %.2fs): "
                         "passing over %d records to read the newest; counted in "

@@ -242,8 +242,6 @@ class FileSource(Source):
         lines = continuations = 0  # continuation lines (" KEY=...") of kmsg records are no records
         previous = b""
         partial: bytes | None = None if self._discarding else b""  # a line going on in the next chunk (None: too long)
-        if sieve is not None:
-            sieve.start()
         self._picked = []
         while position < target and in_time():
             chunk = os.pread(fd, min(SKIP_CHUNK_BYTES, target - position), position)
@@ -254,7 +252,7 @@ class FileSource(Source):
             last = chunk.rfind(b"\n")
             if last >= 0:
                 line_start = position + last + 1
-            if sieve is not None:
+            if sieve is not None and sieve.active:
                 partial = self._sift(sieve, partial, chunk, last)
             previous = chunk[-1:]
             position += len(chunk)

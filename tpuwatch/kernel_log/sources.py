@@ -366,8 +366,6 @@ class JournalSource(Source):
             return 0
         walked, at_end = 0, False
         picked: list[tuple[int, Record]] = []
-        if sieve is not None:
-            sieve.start()
         self._picked = []
         while not at_end and in_time():
             for _ in range(4096):
@@ -375,7 +373,7 @@ class JournalSource(Source):
                     at_end = True
                     break
                 walked += 1
-                if sieve is not None and not sieve.full:
+                if sieve is not None and sieve.active:
                     self._sift(sieve, walked, picked)
         back = min(keep, walked) if at_end else 0
         if back:
