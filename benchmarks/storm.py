@@ -238,8 +238,10 @@ best of {repeats}, beside grep over the same file on the same core, best of {rep
 
 A cycle works for {BUDGET_SHARE:.0%} of its deadline: half reading from where it was, then, if the backlog is larger than
 it can read, it passes over the middle (counted in `tpuwatch_kernel_log_skipped_total{{reason="backlog"}}`) and
-reads the newest records with the other half. So a cycle never runs into the deadline (a guard timeout), the
-storm's own counter stays exact for the lines read, and the record after the storm is counted one cycle later.
+reads the newest records with the other half. What it passes over is sieved first, for at most a quarter of
+the time left: lines a critical rule may match are read after all, once per message (see docs/kernel_log.md).
+So a cycle never runs into the deadline (a guard timeout), the storm's own counter stays exact for the lines
+read, and the record after the storm is counted one cycle later.
 """
     write_section("storm", report, args.output)
     return 0 if all(run.cycle == 1 for _, run, _ in storms) else 1
