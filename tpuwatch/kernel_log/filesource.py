@@ -11,7 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from tpuwatch.kernel_log.position import INT64_MAX, Position, is_count
-from tpuwatch.kernel_log.records import MAX_LINE_BYTES, Record, parse_line, text_or_reason, unescape_kmsg
+from tpuwatch.kernel_log.records import (
+    KMSG_HEAD_BYTES_RE,
+    MAX_LINE_BYTES,
+    Record,
+    parse_line,
+    text_or_reason,
+    unescape_kmsg,
+)
 from tpuwatch.kernel_log.sources import Source, SourceError
 
 if TYPE_CHECKING:
@@ -22,7 +29,6 @@ log = logging.getLogger(__name__)
 FILE_READ_BYTES = 1 << 20
 FILE_BUDGET_BYTES = 8 << 20
 SKIP_CHUNK_BYTES = 1 << 20
-_KMSG_HEAD = re.compile(rb"\d{1,20},\d{1,20},\d{1,20},[^;\n]{0,256};")
 _CONTINUATION = re.compile(rb" [A-Z0-9_]{1,64}=")
 _DEFAULT_LINE_BYTES = 128.0
 
@@ -203,7 +209,7 @@ class FileSource(Source):
             if len(out) >= limit:
                 break
             record = self._parse(line)
-            self._after_kmsg = record is not None and _KMSG_HEAD.match(line) is not None
+            self._after_kmsg = record is not None and KMSG_HEAD_BYTES_RE.match(line) is not None
             if record is not None:
                 out.append(record)
                 kmsg_start = position if self._after_kmsg else -1

@@ -27,7 +27,9 @@ _PCI_RE = re.compile(
     r"(?:(?P<domain>[0-9a-fA-F]{1,4}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-9a-fA-F]{2})(?:\.(?P<fn>[0-7]))?")
 
 # Raw /dev/kmsg: "PRIO,SEQ,USEC,FLAGS[,...];text" (the kernel prints 64-bit numbers: at most 20 digits).
-KMSG_HEAD_RE = re.compile(r"(\d{1,20}),(\d{1,20}),(\d{1,20}),[^;\n]{0,256};")
+KMSG_HEAD = r"(\d{1,20}),(\d{1,20}),(\d{1,20}),[^;\n]{0,256};"
+KMSG_HEAD_RE = re.compile(KMSG_HEAD)
+KMSG_HEAD_BYTES_RE = re.compile(KMSG_HEAD.encode())
 # /dev/kmsg escapes every byte below 0x20 or above 0x7e, and the backslash itself, as \xNN
 # (Documentation/ABI/testing/dev-kmsg; msg_add_ext_text() in kernel/printk/printk.c).
 _KMSG_ESCAPE_RE = re.compile(rb"\\x([0-9a-fA-F]{2})")

@@ -44,7 +44,6 @@ MAX_CONTINUATION_LINES = 16
 _LINE_MEMORY = 512
 _CONTINUATION = re.compile(r"\n[ \t]")
 _SYSLOG_ESCAPE = re.compile(r"#0[0-3][0-7]")  # rsyslog writes control characters as #ooo
-_KMSG_HEAD_BYTES = re.compile(rb"\d+,\d+,\d+,[^;\n]*;")
 
 
 @dataclass

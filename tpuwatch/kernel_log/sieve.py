@@ -19,13 +19,13 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from tpuwatch.kernel_log.records import KMSG_HEAD
 from tpuwatch.kernel_log.rules import RuleSet, literal_alternation
 
 MAX_PICKED = 4096  # lines picked out of one skip: each is read and matched like any other record
 # What varies from one repeat of a message to the next: a kmsg head, a syslog head, a [timestamp] (each right
 # after the newline before the line), and the numbers of key=value pairs (pid=, seq=, count=).
-_HEADS = re.compile(rb"\n(?:\d{1,20},\d{1,20},\d{1,20},[^;\n]{0,64};)?(?:[^\n]{0,64}? kernel: )?"
-                    rb"(?:\[[^\]\n]{0,40}\] ?)?")
+_HEADS = re.compile(rb"\n(?:%s)?(?:[^\n]{0,64}? kernel: )?(?:\[[^\]\n]{0,40}\] ?)?" % KMSG_HEAD.encode())
 _VALUES = re.compile(rb"=(?:0x)?[0-9a-fA-F]{1,20}\b")
 
 
