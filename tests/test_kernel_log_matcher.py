@@ -103,6 +103,23 @@ def test_a_waiting_event_is_dropped_for_the_rule_that_reports_its_fault() -> Non
     assert _feed(RULES, [logged[0], NOISE]) == [(1, "mce_logged", "info")]
 
 
+SUPERSEDED = r"""
+rules:
+  - {name: detail, regex: 'DETAIL (?P<sev>\w+)', keywords: [DETAIL], severity: info, hold: 4,
+     severity_by: {field: sev, critical: [bad]}, superseded_by: [summary]}
+  - {name: summary, regex: 'SUMMARY', keywords: [SUMMARY], severity: warning}
+"""
+
+
+def test_a_waiting_event_is_superseded_only_by_a_report_as_severe(tmp_path: Path) -> None:
+    rules = _rules(tmp_path, SUPERSEDED)
+    assert _feed(rules, ["DETAIL ok", "SUMMARY"]) == [(2, "summary", "warning")]
+    assert _feed(rules, ["SUMMARY", "DETAIL ok"]) == [(1, "summary", "warning")]
+    # a worse verdict is never dropped for a milder report, before or after it
+    assert _feed(rules, ["DETAIL bad", "SUMMARY"]) == [(1, "detail", "critical"), (2, "summary", "warning")]
+    assert _feed(rules, ["SUMMARY", "DETAIL bad"]) == [(1, "summary", "warning"), (2, "detail", "critical")]
+
+
 def test_waiting_events_come_out_at_the_hold_limit_on_skip_and_on_flush() -> None:
     stream = RULES.stream()
     for line in CPER:

@@ -70,7 +70,7 @@ class StreamMatcher:
         self._context: deque[str] | None = deque(maxlen=rules.max_lines - 1) if rules.max_lines > 1 else None
         self._open: dict[int, deque[_Fault]] = {}
         self._held: list[_Held] = []
-        self._last: dict[int, int] = {}  # rule -> index of its last event
+        self._last: dict[int, tuple[int, int]] = {}  # rule -> (index, severity rank) of its last event
 
     def feed(self, record: Record) -> list[Match]:
         """The matches for the next record of the stream."""
@@ -141,8 +141,8 @@ class StreamMatcher:
                 return out
         record_key = device_key(record) if matches or follows or self._held else None
         absorbed: list[tuple[str | None, int]] = []
-        taken = self._held_follows(follows, {i for i, _ in matches}, record_key, index, out, absorbed) \
-            if self._held else set()
+        taken = self._held_follows(follows, {i: RANK[m.severity] for i, m in matches}, record_key, index, out,
+                                   absorbed) if self._held else set()
         alone: list[tuple[int, Match]] = []
         for i, found in follows:
             if i in taken:
@@ -162,19 +162,19 @@ class StreamMatcher:
             self._emit(i, chosen, record, record_key, index, out)
         return out
 
-    def _held_follows(self, follows: list[tuple[int, Match]], primaries: set[int], record_key: str | None, index: int,
-                      out: list[Match], absorbed: list[tuple[str | None, int]]) -> set[int]:
-        """Waiting events are superseded (dropped), take this record as one of their lines, or end (released)."""
+    def _held_follows(self, follows: list[tuple[int, Match]], primaries: dict[int, int], record_key: str | None,
+                      index: int, out: list[Match], absorbed: list[tuple[str | None, int]]) -> set[int]:
+        """Waiting events are superseded (dropped: a rule that reports the fault, as severe, matched this record),
+        take this record as one of their lines, or end (released).  ``primaries``: rule -> rank of its match."""
         taken: set[int] = set()
         for held in list(self._held):
             rule = self._rules[held.rule]
-            if primaries & self.rules.superseded_by[held.rule]:
+            if any(primaries.get(j, -1) >= RANK[held.match.severity] for j in self.rules.superseded_by[held.rule]):
                 self._held.remove(held)
                 continue
             line = next((m for i, m in follows if i == held.rule), None)
             fault = self._fault(held.rule, line, line.pci or record_key, index) if line is not None else None
-            if (line is not None and fault is not None and fault.held is held and held.rule not in primaries
-                    and index - held.index <= rule.hold):
+            if line is not None and fault is not None and fault.held is held and index - held.index <= rule.hold:
                 fault.last = index
                 if held.match.pci is None and line.pci is not None:
                     held.match = replace(held.match, pci=line.pci)
@@ -194,10 +194,10 @@ class StreamMatcher:
         start = match.index if match.index is not None else index
         match = Match(match.rule, match.severity, match.pci, match.xid, match.fields, match.record, start)
         fault = _Fault(i, match.pci or record_key, match, index) if rule.follow is not None else None
-        self._last[i] = index
-        recent = index - rule.hold
-        if rule.hold and any(self._last.get(j, recent - 1) >= recent for j in self.rules.superseded_by[i]):
-            return  # a rule that reports this fault just matched
+        self._last[i] = (index, RANK[match.severity])
+        if rule.hold and any(last[0] >= index - rule.hold and last[1] >= RANK[match.severity]
+                             for j in self.rules.superseded_by[i] if (last := self._last.get(j)) is not None):
+            return  # a rule that reports this fault just matched, as severe
         if rule.hold:
             held = _Held(i, match, match.record or record, start)
             if len(self._held) >= MAX_HELD:

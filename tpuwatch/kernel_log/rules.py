@@ -32,7 +32,9 @@ A rule file is ``rules: [...]`` where each rule has:
   the read), so that fields such as ``pci`` can come from the follow lines
   (a CPER record's ``device_id:``), and a follow line more severe than the waiting event raises its
   severity; ``superseded_by: [rule, ...]`` drops the
-  waiting event when one of those rules matches meanwhile (it reports the fault).
+  waiting event when one of those rules matches meanwhile, as severe (it reports
+  the fault), and an event of the rule within ``hold`` records after one of
+  theirs unless it is worse.
 - ``enabled`` (default true), ``description``.
 
 Named groups are the extracted fields; ``pci`` is normalised to
