@@ -361,6 +361,20 @@ def test_kmsg_records_with_bad_headers_are_refused(raw: str) -> None:
     assert parse_kmsg(raw) is None
 
 
+def test_a_symbolic_link_that_leads_nowhere_is_named_as_such(tmp_path: Path) -> None:
+    loop, dangling = tmp_path / "loop.log", tmp_path / "dangling.log"
+    loop.symlink_to(loop)
+    dangling.symlink_to(tmp_path / "gone.log")
+    assert FileSource(str(loop), tmp_path / "a.json").degraded == (
+        f"kernel log file {loop} is a loop of symbolic links (it is followed once it appears)")
+    assert FileSource(str(dangling), tmp_path / "b.json").degraded == (
+        f"kernel log file {dangling} is a symbolic link to {tmp_path}/gone.log, which does not exist (it is followed "
+        "once it appears)")
+    (tmp_path / "gone.log").write_text("first\n")
+    source = FileSource(str(dangling), tmp_path / "c.json")
+    assert source.degraded is None and _messages(source.read(10)) == []  # it existed at start: read from its end
+
+
 def test_file_that_does_not_exist_yet_is_degraded_then_followed_from_its_start(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     log = tmp_path / "kern.log"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tpuwatch.config import Config
 from tpuwatch.kernel_log.events import KernelEvent, StormFilter, make_event
-from tpuwatch.kernel_log.filesource import FileSource, open_regular
+from tpuwatch.kernel_log.filesource import FileSource, absent, open_regular
 from tpuwatch.kernel_log.records import SKIP_REASONS, Record
 from tpuwatch.kernel_log.rules import RuleSet, load_rules
 from tpuwatch.kernel_log.sieve import MAX_PICKED, BacklogSieve
@@ -350,7 +350,7 @@ def config_warnings(config: Config) -> list[str]:
         return []
     if settings.source == "file":
         if not Path(str(settings.path)).exists():
-            return [f"kernel_log.path: {settings.path} does not exist (yet): it is followed once it appears"]
+            return [f"kernel_log.path: {absent(str(settings.path))} (yet): it is followed once it appears"]
         try:
             open_regular(str(settings.path)).close()
         except SourceError as exc:

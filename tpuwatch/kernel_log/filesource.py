@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -69,6 +70,7 @@ class FileSource(Source):
         self._discarding = False
         self._after_kmsg = False  # the last line was a raw kmsg record (or one of its continuation lines)
         self._problem: str | None = None
+        self._missing_problem: str | None = None  # the text of _problem while the path is missing
         self._missing_reads = 0
         self._bytes_seen = 0
         self._lines_seen = 0
@@ -88,7 +90,8 @@ class FileSource(Source):
             log.warning("kernel log: %s", self._problem)
 
     def _missing(self) -> str:
-        return f"kernel log file {self.path} does not exist (it is followed once it appears)"
+        self._missing_problem = f"kernel log file {absent(self.path)} (it is followed once it appears)"
+        return self._missing_problem
 
     def _resume(self, state: dict[str, Any]) -> None:
         saved = (state["dev"], state["ino"])
@@ -169,7 +172,7 @@ class FileSource(Source):
         if self._missing_reads >= 2 and self._problem is None:
             self._problem = self._missing()
             log.warning("kernel log: %s", self._problem)
-        elif not missing and self._handle is not None and self._problem == self._missing():
+        elif not missing and self._handle is not None and self._problem == self._missing_problem:
             self._problem = None  # back under its old name: it is read on
 
     def _read_lines(self, out: list[Record], limit: int, final: bool) -> int:
@@ -300,6 +303,19 @@ class FileSource(Source):
         """Close the file."""
         if self._handle is not None:
             self._handle.close()
+
+
+def absent(path: str) -> str:
+    """What is wrong with a ``path`` that cannot be found: it does not exist, or it is a symbolic link that leads
+    nowhere (to a missing file, or round in a loop)."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return f"{path} is a loop of symbolic links"
+        if os.path.islink(path):
+            return f"{path} is a symbolic link to {os.readlink(path)}, which does not exist"
+    return f"{path} does not exist"
 
 
 def open_regular(path: str) -> BinaryIO:
