@@ -40,7 +40,8 @@ from common import BENCHMARKS_MD, REPO_ROOT, cpu_model, write_section
 
 sys.path.insert(0, str(REPO_ROOT))
 
-from tpuwatch.alerting.db import DB_NAME, Notification, open_db  # noqa: E402
+from tpuwatch.alerting.db import DB_NAME, Notification  # noqa: E402
+from tpuwatch.alerting.dbopen import open_db  # noqa: E402
 from tpuwatch.alerting.sqlitefile import MEMORY_MAX_BYTES  # noqa: E402
 from tpuwatch.statedir import probe  # noqa: E402
 

@@ -23,7 +23,8 @@ import yaml
 
 from tpuwatch import config as config_module
 from tpuwatch.alerting import Alerting, listing, testalert
-from tpuwatch.alerting.db import DB_NAME, open_db
+from tpuwatch.alerting.db import DB_NAME
+from tpuwatch.alerting.dbopen import open_db
 from tpuwatch.config import Config
 from tpuwatch.samples import sample
 

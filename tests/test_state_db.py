@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from tpuwatch import statefile
-from tpuwatch.alerting.db import DB_NAME, AlertDB, Notification, open_db
+from tpuwatch.alerting.db import DB_NAME, AlertDB, Notification
+from tpuwatch.alerting.dbopen import open_db
 from tpuwatch.alerting.sqlitefile import KEEP_MOVED_ASIDE, MEMORY_MAX_BYTES
 from tpuwatch.alerting.state import Alert, fingerprint
 from tpuwatch.schema import ConfigError

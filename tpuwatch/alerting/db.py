@@ -23,7 +23,6 @@ from tpuwatch import statefile
 from tpuwatch.alerting import sqlitefile
 from tpuwatch.alerting.state import Alert, fingerprint
 from tpuwatch.alerting.tracker import Row
-from tpuwatch.schema import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -378,6 +377,15 @@ class AlertDB:
             return {r: (int(n), float(oldest)) for r, n, oldest in rows.fetchall()}
 
 
+    def delete_rows(self, where: dict[str, str]) -> int:
+        """Delete, in one transaction, the rows of each table that match its SQL condition; how many went."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            dropped = sum(self._conn.execute(f"DELETE FROM {table} WHERE {condition}").rowcount
+                          for table, condition in where.items())
+            self._conn.execute("COMMIT")
+        return dropped
+
 def _alert_rows(a: Alert) -> list[tuple[str, tuple[object, ...]]]:
     rows: list[tuple[str, tuple[object, ...]]] = [(
         "INSERT OR REPLACE INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -407,96 +415,3 @@ _MERGE = [
     "INSERT INTO main.outbox (receiver, key, body, created, next_attempt, attempts) "
     "SELECT receiver, key, body, created, next_attempt, attempts FROM outage.outbox ORDER BY id",
 ]
-
-# What each column must hold for the alerting code to use a row; other rows are deleted when the daemon opens
-# the database.  "object": a JSON object of strings (labels, annotations).
-_SHAPES = {
-    "alerts": {"fingerprint": "text", "labels": "object", "annotations": "object", "state": "text",
-               "active_at": "number", "fired_at": "number?", "resolved_at": "number?", "value": "number"},
-    "notified": {"receiver": "text", "fingerprint": "text", "at": "number"},
-    "outbox": {"receiver": "text", "key": "text", "body": "text", "created": "number", "next_attempt": "number",
-               "attempts": "integer", "claimed_until": "number"},
-    "alert_keys": {"fingerprint": "text", "told_as": "text"},
-    "counters": {"name": "text", "labels": "text", "boot": "text", "last": "number", "seen_at": "number",
-                 "total": "number", "changed_at": "number", "points": "text", "born": "number",
-                 "born_at": "number?"},
-}
-_FITS = {
-    "text": "typeof({c}) = 'text'",
-    "integer": "typeof({c}) = 'integer'",
-    "number": "typeof({c}) IN ('integer', 'real')",
-    "number?": "typeof({c}) IN ('integer', 'real', 'null')",
-    "object": "(CASE WHEN typeof({c}) = 'text' AND json_valid({c}) AND json_type({c}) = 'object' "
-              "THEN NOT EXISTS (SELECT 1 FROM json_each({c}) WHERE type <> 'text') ELSE 0 END)",
-}
-
-
-def _malformed(table: str) -> str:
-    fits = [_FITS[kind].format(c=column) for column, kind in _SHAPES[table].items()]
-    if table == "alerts":
-        fits.append("state IN ('pending', 'firing', 'resolved')")
-    return " OR ".join(f"NOT {fit}" for fit in fits)
-
-
-def _drop_malformed(db: AlertDB) -> int:
-    """Delete the rows of ``db`` that are not of the shape the alerting code writes; how many went."""
-    with db._lock:
-        db._conn.execute("BEGIN IMMEDIATE")
-        dropped = sum(db._conn.execute(f"DELETE FROM {table} WHERE {_malformed(table)}").rowcount
-                      for table in _SHAPES)
-        db._conn.execute("COMMIT")
-    return dropped
-
-
-def open_db(state_dir: str, max_bytes: int, repair: bool = False) -> AlertDB:
-    """The alerting database in ``state_dir``; ConfigError naming state_dir when it cannot be used.
-
-    With ``repair`` (the daemon, which holds the state_dir lock) it never fails: a corrupt database (and its
-    -wal/-shm) is moved aside and made afresh, rows of the wrong shape are deleted, and one that cannot be
-    written is kept in memory, saying why in ``problem``.
-    """
-    path = os.path.join(state_dir, DB_NAME)
-    if not repair:
-        try:
-            return AlertDB(path, max_bytes)
-        except (OSError, sqlite3.Error) as exc:
-            raise ConfigError("state_dir", f"cannot open {path}: {exc}") from None
-    db = _open_repaired(path, max_bytes)
-    db.repairs = True
-    return db
-
-
-def _open_repaired(path: str, max_bytes: int) -> AlertDB:
-    try:
-        return _without_malformed(AlertDB(path, max_bytes, verify=True))
-    except sqlite3.Error as exc:
-        if not sqlitefile.corrupt(exc):
-            return AlertDB(path, max_bytes, memory=f"cannot write {path}: {exc}")
-        damage = str(exc)
-    except OSError as exc:
-        return AlertDB(path, max_bytes, memory=f"cannot write {path}: {exc.strerror or exc}")
-    try:
-        moved = sqlitefile.move_aside(path)
-    except OSError as exc:
-        log.error("alerting database %s is corrupt (%s) and cannot be moved aside (%s): alert state is kept in "
-                  "memory", path, damage, exc.strerror or exc)
-        return AlertDB(path, max_bytes, memory=f"{path} is corrupt ({damage}) and cannot be moved aside")
-    log.error("alerting database %s is corrupt (%s): moved aside as %s, alert state starts afresh",
-              path, damage, moved)
-    statefile.LEDGER.discard(Path(path), f"corrupt ({damage}), moved aside as {os.path.basename(moved)}")
-    try:
-        return AlertDB(path, max_bytes, verify=True)
-    except (OSError, sqlite3.Error) as exc:
-        return AlertDB(path, max_bytes, memory=f"cannot write {path}: {exc}")
-
-
-def _without_malformed(db: AlertDB) -> AlertDB:
-    try:
-        dropped = _drop_malformed(db)
-    except sqlite3.Error:
-        db.close()
-        raise
-    if dropped:
-        log.error("alerting database %s: %d row(s) of the wrong shape deleted", db.path, dropped)
-        statefile.LEDGER.discard(Path(db.path), f"{dropped} row(s) of the wrong shape deleted")
-    return db

@@ -11,7 +11,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from tpuwatch.alerting.db import OutboxFull, open_db
+from tpuwatch.alerting.db import OutboxFull
+from tpuwatch.alerting.dbopen import open_db
 from tpuwatch.alerting.delivery import Delivery
 from tpuwatch.alerting.dispatch import Dispatcher
 from tpuwatch.alerting.rules import (

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
-from tpuwatch.alerting.db import open_db
+from tpuwatch.alerting.dbopen import open_db
 from tpuwatch.alerting.state import Alert, fingerprint
 from tpuwatch.config import Config
 from tpuwatch.notifiers import build_notifiers
