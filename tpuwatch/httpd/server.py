@@ -123,8 +123,11 @@ class Server:
         if state == "idle":
             self._close(conn, "idle_timeout", f"from {conn.client}")
         elif state in ("handshake", "reading"):
-            if state == "reading" and conn.inbuf:
+            if state == "reading" and conn.inbuf:  # answered, then closed lingering: read before a reset
                 self._send_once(conn, error_response(HttpError(408, "request head not complete in time")))
+                self.stats.count("header_timeout", f"from {conn.client}")
+                self._linger(conn)
+                return
             self._close(conn, "header_timeout", f"from {conn.client}")
         elif state == "busy":
             path = conn.request.shown_path if conn.request else "?"
