@@ -78,12 +78,27 @@ CPER = ["{7}[Hardware Error]: Hardware error from APEI Generic Hardware Error So
         "{7}[Hardware Error]:   vendor_id: 0x8086, device_id: 0x6f02"]
 
 
-def test_a_cper_record_waits_for_its_device_id_and_ends_at_the_next_other_record() -> None:
+def test_a_cper_record_waits_for_its_device_id_through_other_records_until_its_hold_ends() -> None:
     stream = RULES.stream()
-    assert [stream.feed(Record(line)) for line in CPER] == [[]] * 6
+    nmi = "Uhhuh. NMI received for unknown reason 2d on CPU 11."  # interleaved, as real logs have them
+    assert [stream.feed(Record(line)) for line in [*CPER[:4], nmi, nmi, *CPER[4:]]] == [[]] * 8
+    assert stream.skip(26) == []  # 32 records after its first line: still within its hold
     [held] = stream.feed(Record("pcieport 0000:00:01.0: AER: aer_status: 0x00004000, aer_mask: 0x00000000"))
     assert (held.rule, held.severity, held.pci, held.index) == ("cper_recoverable", "warning", "0000:00:01.0", 2)
     assert held.record == Record(CPER[1])
+
+
+def test_events_come_out_in_the_order_of_their_first_lines() -> None:
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python3, GPU has fallen off the bus."
+    stream = RULES.stream()
+    assert stream.feed(Record(CPER[1])) == [] and stream.feed(Record(xid)) == []  # behind the waiting one
+    assert [(m.rule, m.index) for m in stream.flush()] == [("cper_recoverable", 1), ("nvidia_xid", 2)]
+
+
+def test_a_report_about_another_device_does_not_supersede_a_waiting_event() -> None:
+    edac = "EDAC MC3: 1 UE memory read error on CPU_SrcID#1_MC#1_Chan#2_DIMM#0 (channel:2 slot:0 page:0xb757589)"
+    assert _feed(RULES, [edac, *CPER]) == [(1, "edac_uncorrected", "critical"), (3, "cper_recoverable", "warning")]
+    assert _feed(RULES, [*CPER, edac]) == [(2, "cper_recoverable", "warning"), (7, "edac_uncorrected", "critical")]
 
 
 def test_a_cper_block_of_another_sequence_number_is_not_this_records() -> None:
@@ -124,7 +139,8 @@ def test_waiting_events_come_out_at_the_hold_limit_on_skip_and_on_flush() -> Non
     stream = RULES.stream()
     for line in CPER:
         assert stream.feed(Record(line)) == []
-    assert [m.rule for m in stream.skip(3)] == ["cper_recoverable"]
+    assert stream.skip(3) == []  # still within its hold of 32 records
+    assert [m.rule for m in stream.skip(30)] == ["cper_recoverable"]
     stream = RULES.stream()
     stream.feed(Record(CPER[1]))
     assert [m.rule for m in stream.flush()] == ["cper_recoverable"] and stream.flush() == []

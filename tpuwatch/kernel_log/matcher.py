@@ -5,7 +5,7 @@ records (``lines``), the detail lines of one fault that must not count again
 and that stand for it when its first line was lost (``follow``), and an event
 that waits for the lines after it (``hold``, a CPER block's ``device_id:``).
 State is a few records deep: at most ``MAX_OPEN_FAULTS`` open faults per rule,
-``MAX_HELD`` waiting events, the last ``lines - 1`` messages.
+``MAX_HELD`` waiting events and the events behind them, the last ``lines - 1`` messages.
 """
 
 from __future__ import annotations
@@ -40,15 +40,22 @@ class _Fault:
 
 
 class _Held:
-    """An event waiting for the lines after it."""
+    """An event waiting for the lines after it; ``reported``: (rank, pci) of the events of rules that supersede
+    it seen just before it (it is dropped if one of them names the same device and is as severe)."""
 
-    __slots__ = ("rule", "match", "record", "index")
+    __slots__ = ("rule", "match", "record", "index", "reported")
 
-    def __init__(self, rule: int, match: Match, record: Record, index: int) -> None:
+    def __init__(self, rule: int, match: Match, record: Record, index: int,
+                 reported: list[tuple[int, str | None]]) -> None:
         self.rule = rule
         self.match = match
         self.record = record
         self.index = index
+        self.reported = reported
+
+    def superseded(self, rank: int, pci: str | None) -> bool:
+        """True if a report of this rank and device stands for this event."""
+        return rank >= RANK[self.match.severity] and pci == self.match.pci
 
 
 class StreamMatcher:
@@ -70,7 +77,9 @@ class StreamMatcher:
         self._context: deque[str] | None = deque(maxlen=rules.max_lines - 1) if rules.max_lines > 1 else None
         self._open: dict[int, deque[_Fault]] = {}
         self._held: list[_Held] = []
-        self._last: dict[int, tuple[int, int]] = {}  # rule -> (index, severity rank) of its last event
+        self._later: list[Match] = []  # matches after a waiting event, given out once it ends
+        self._latest: dict[int, int] = {}  # rule -> the last record any of its open faults took
+        self._last: dict[int, tuple[int, int, str | None]] = {}  # rule -> (index, rank, pci) of its last event
 
     def feed(self, record: Record) -> list[Match]:
         """The matches for the next record of the stream."""
@@ -84,7 +93,7 @@ class StreamMatcher:
             out = self._match(record)
         if self._context is not None:
             self._context.append(message)
-        return out
+        return self._in_order(out) if self._held or self._later else out
 
     def feed_found(self, record: Record) -> list[Match]:
         """``feed`` for a record already known to hold a keyword whose regexes may match (logscan's hits): the
@@ -93,31 +102,43 @@ class StreamMatcher:
         out = self._match(record)
         if self._context is not None:
             self._context.append(record.message)
-        return out
+        return self._in_order(out) if self._held or self._later else out
 
     def expects(self, rule: int) -> bool:
         """True if rule ``rule`` has a fault open that its follow lines may still belong to (an upper bound: the
         records the caller has not told about yet do not count)."""
-        faults = self._open.get(rule)
-        if not faults:
-            return False
-        within = self._rules[rule].follow.within  # type: ignore[union-attr]
-        return any(self._index - fault.last <= within for fault in faults)
+        latest = self._latest.get(rule)
+        return latest is not None and self._index - latest <= self._rules[rule].follow.within  # type: ignore[union-attr]
 
     def skip(self, count: int) -> list[Match]:
-        """``count`` records that contain no keyword went by: waiting events end."""
+        """``count`` records that contain no keyword went by: waiting events whose ``hold`` they pass end."""
         if count <= 0:
             return []
         self._index += count
         if self._context is not None:
             self._context.clear()
-        return self.flush()
+        out: list[Match] = []
+        for held in [h for h in self._held if self._index - h.index > self._rules[h.rule].hold]:
+            self._let_go(held, out)
+        return self._in_order(out)
 
     def flush(self) -> list[Match]:
         """Every waiting event, now (the end of a read, or of the stream)."""
-        out = [self._release(held) for held in self._held]
-        self._held.clear()
-        return out
+        out: list[Match] = []
+        for held in list(self._held):
+            self._let_go(held, out)
+        return self._in_order(out)
+
+    def _in_order(self, out: list[Match]) -> list[Match]:
+        """Matches in the order of their first records: those after a still-waiting event wait behind it."""
+        later = self._later + out
+        if self._held:
+            first = min(held.index for held in self._held)
+            self._later = [m for m in later if (m.index or 0) > first]
+            later = [m for m in later if (m.index or 0) <= first]
+        else:
+            self._later = []
+        return sorted(later, key=lambda m: m.index or 0)
 
     def _match(self, record: Record) -> list[Match]:
         index, message, rules = self._index, record.message, self._rules
@@ -141,8 +162,7 @@ class StreamMatcher:
                 return out
         record_key = device_key(record) if matches or follows or self._held else None
         absorbed: list[tuple[str | None, int]] = []
-        taken = self._held_follows(follows, {i: RANK[m.severity] for i, m in matches}, record_key, index, out,
-                                   absorbed) if self._held else set()
+        taken = self._held_follows(follows, dict(matches), record_key, index, out, absorbed) if self._held else set()
         alone: list[tuple[int, Match]] = []
         for i, found in follows:
             if i in taken:
@@ -150,7 +170,7 @@ class StreamMatcher:
             key = found.pci or record_key
             fault = self._fault(i, found, key, index)
             if fault is not None and RANK[found.severity] <= fault.rank:
-                fault.last = index
+                fault.last = self._latest[fault.rule] = index
                 absorbed.append((fault.key, fault.rank))
             elif rules[i].follow.alone:  # type: ignore[union-attr]
                 alone.append((i, found))
@@ -162,20 +182,23 @@ class StreamMatcher:
             self._emit(i, chosen, record, record_key, index, out)
         return out
 
-    def _held_follows(self, follows: list[tuple[int, Match]], primaries: dict[int, int], record_key: str | None,
+    def _held_follows(self, follows: list[tuple[int, Match]], primaries: dict[int, Match], record_key: str | None,
                       index: int, out: list[Match], absorbed: list[tuple[str | None, int]]) -> set[int]:
-        """Waiting events are superseded (dropped: a rule that reports the fault, as severe, matched this record),
-        take this record as one of their lines, or end (released).  ``primaries``: rule -> rank of its match."""
+        """Waiting events are superseded (dropped: a rule that reports the fault matched this record, as severe,
+        about the same device), take this record as one of their lines, keep waiting through a record of
+        something else, or end (released: their ``hold`` is over, or their rule's next fault began).
+        ``primaries``: rule -> its match on this record."""
         taken: set[int] = set()
         for held in list(self._held):
             rule = self._rules[held.rule]
-            if any(primaries.get(j, -1) >= RANK[held.match.severity] for j in self.rules.superseded_by[held.rule]):
+            if any(held.superseded(RANK[m.severity], m.pci) for j in self.rules.superseded_by[held.rule]
+                   if (m := primaries.get(j)) is not None):
                 self._held.remove(held)
                 continue
             line = next((m for i, m in follows if i == held.rule), None)
             fault = self._fault(held.rule, line, line.pci or record_key, index) if line is not None else None
             if line is not None and fault is not None and fault.held is held and index - held.index <= rule.hold:
-                fault.last = index
+                fault.last = self._latest[fault.rule] = index
                 if held.match.pci is None and line.pci is not None:
                     held.match = replace(held.match, pci=line.pci)
                 if RANK[line.severity] > fault.rank:  # a worse line of the same fault: the one event is that bad
@@ -184,24 +207,23 @@ class StreamMatcher:
                 absorbed.append((fault.key, max(fault.rank, RANK[line.severity])))
                 taken.add(held.rule)
                 continue
-            self._held.remove(held)
-            out.append(self._release(held))
+            if index - held.index > rule.hold or held.rule in primaries:
+                self._let_go(held, out)
         return taken
 
     def _emit(self, i: int, match: Match, record: Record, record_key: str | None, index: int,
               out: list[Match]) -> None:
         rule = self._rules[i]
         start = match.index if match.index is not None else index
-        match = Match(match.rule, match.severity, match.pci, match.xid, match.fields, match.record, start)
+        match = Match(match.rule, match.severity, match.pci, match.xid, match.fields, match.record or record, start)
         fault = _Fault(i, match.pci or record_key, match, index) if rule.follow is not None else None
-        self._last[i] = (index, RANK[match.severity])
-        if rule.hold and any(last[0] >= index - rule.hold and last[1] >= RANK[match.severity]
-                             for j in self.rules.superseded_by[i] if (last := self._last.get(j)) is not None):
-            return  # a rule that reports this fault just matched, as severe
+        self._last[i] = (index, RANK[match.severity], match.pci)
         if rule.hold:
-            held = _Held(i, match, match.record or record, start)
+            reported = [(last[1], last[2]) for j in self.rules.superseded_by[i]
+                        if (last := self._last.get(j)) is not None and last[0] >= index - rule.hold]
+            held = _Held(i, match, match.record or record, start, reported)
             if len(self._held) >= MAX_HELD:
-                out.append(self._release(self._held.pop(0)))
+                self._let_go(self._held[0], out)
             self._held.append(held)
             if fault is not None:
                 fault.held = held
@@ -209,6 +231,7 @@ class StreamMatcher:
             out.append(match)
         if fault is not None:
             self._open.setdefault(i, deque(maxlen=MAX_OPEN_FAULTS)).append(fault)
+            self._latest[i] = index
 
     def _fault(self, i: int, line: Match | None, key: str | None, index: int) -> _Fault | None:
         """The latest open fault of rule ``i`` that ``line`` can belong to."""
@@ -241,10 +264,12 @@ class StreamMatcher:
                 return replace(match, record=joined, index=self._index - text.count("\n", first))
         return None
 
-    @staticmethod
-    def _release(held: _Held) -> Match:
-        match = held.match
-        return Match(match.rule, match.severity, match.pci, match.xid, match.fields, held.record, held.index)
+    def _let_go(self, held: _Held, out: list[Match]) -> None:
+        """The waiting event ends: its match, unless a report just before it stands for it."""
+        self._held.remove(held)
+        if not any(held.superseded(rank, pci) for rank, pci in held.reported):
+            match = held.match
+            out.append(Match(match.rule, match.severity, match.pci, match.xid, match.fields, held.record, held.index))
 
 
 def _nothing(message: str) -> None:

@@ -27,14 +27,14 @@ A rule file is ``rules: [...]`` where each rule has:
   attributed both lines to.  With ``alone: true`` a follow line whose first line
   was lost (rate limit, ring overrun) is an event of this rule by itself, with
   the follow's ``severity`` (default: the rule's, or ``severity_by``).
-- ``hold`` (0-64 records, default 0): the event waits until a record arrives
-  that is not one of its follow lines (at most ``hold`` records, or the end of
-  the read), so that fields such as ``pci`` can come from the follow lines
-  (a CPER record's ``device_id:``), and a follow line more severe than the waiting event raises its
-  severity; ``superseded_by: [rule, ...]`` drops the
-  waiting event when one of those rules matches meanwhile, as severe (it reports
-  the fault), and an event of the rule within ``hold`` records after one of
-  theirs unless it is worse.
+- ``hold`` (0-64 records, default 0): the event waits up to ``hold`` records
+  (or the end of the read) for its follow lines, through records about other
+  things, and ends sooner when the rule's next fault begins; fields such as
+  ``pci`` can come from the follow lines (a CPER record's ``device_id:``), and a
+  follow line more severe than the waiting event raises its severity.
+  ``superseded_by: [rule, ...]`` drops the waiting event when one of those rules
+  matches meanwhile about the same device, as severe (it reports the fault), and
+  an event of the rule within ``hold`` records after one of theirs, likewise.
 - ``enabled`` (default true), ``description``.
 
 Named groups are the extracted fields; ``pci`` is normalised to
