@@ -43,6 +43,11 @@ _PREFIX_RE = re.compile(r"(?P<driver>[a-z][a-z0-9_.-]{0,63}) (?:(?P<pci>" + _PCI
 _NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
+def pci_of_key(key: str | None) -> str | None:
+    """The PCI address a ``device_key`` names, or None (no device, or one that is not a PCI function)."""
+    return key if key is not None and _PCI_RE.fullmatch(key) else None
+
+
 def kernel_device_key(value: str | None) -> str | None:
     """A DEVICE=/_KERNEL_DEVICE value as a stable key: the PCI address for ``+pci:``, else the value itself."""
     if not value:

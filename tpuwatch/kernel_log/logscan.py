@@ -29,7 +29,7 @@ _KEEP_BYTES = 32 << 20
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The logscan options."""
-    parser.add_argument("file", metavar="FILE", help="kernel log: dmesg text (with or without [seconds] or -T "
+    parser.add_argument("file", metavar="FILE", help="kernel log: dmesg text (with or without [seconds], -T or -H "
                         "timestamps), syslog, raw /dev/kmsg records, or journalctl -o json lines; - for stdin")
     parser.add_argument("--rules", metavar="PATH", action="append", default=[],
                         help="extra rule file or directory, on top of the shipped rules and "

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from tpuwatch.kernel_log.attribution import device_key
+from tpuwatch.kernel_log.attribution import device_key, pci_of_key
 from tpuwatch.kernel_log.records import Record
 from tpuwatch.kernel_log.rule import RANK, Match
 
@@ -199,8 +199,9 @@ class StreamMatcher:
             fault = self._fault(held.rule, line, line.pci or record_key, index) if line is not None else None
             if line is not None and fault is not None and fault.held is held and index - held.index <= rule.hold:
                 fault.last = self._latest[fault.rule] = index
-                if held.match.pci is None and line.pci is not None:
-                    held.match = replace(held.match, pci=line.pci)
+                pci = line.pci or (pci_of_key(record_key) if fault.key is None else None)
+                if held.match.pci is None and pci is not None:  # the first line named no device, this one does
+                    held.match = replace(held.match, pci=pci)
                 if RANK[line.severity] > fault.rank:  # a worse line of the same fault: the one event is that bad
                     held.match = replace(held.match, severity=line.severity)
                     fault.rank = RANK[line.severity]

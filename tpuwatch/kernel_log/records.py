@@ -46,7 +46,8 @@ _PREFIX_RE = re.compile(
     r"(?:<\d+>)?"                                                     # dmesg -r: <prio>
     r"(?:[a-z]+ *:[a-z]+ *: )?"                                       # dmesg -x: "kern  :warn  : "
     rf"(?P<syslog>{_SYSLOG_HEAD}{_KERNEL_TAG})?"                      # syslog: "Nov 30 04:37:39 host kernel: "
-    r"(?:\[ *\d+\.\d+\] |\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\] )?"  # [secs] or -T
+    r"(?:\[ *\d+\.\d+\] |\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\] "  # [secs] or -T
+    r"|\[ *\+ *\d+\.\d+\] |\[[A-Z][a-z]{2} ?\d\d? \d\d:\d\d\] )?"  # -H: [  +0.000844], [Nov30 04:37]
 )
 
 # A syslog line some other program wrote ("Nov 30 04:37:39 host job[4242]: ..."): not the kernel's, whatever it

@@ -356,8 +356,9 @@ def _parse_rule(item: Any, source: str, index: int) -> Rule | str:
         raise fail("enabled must be true or false")
     regex = _regex(item.get("regex"), "regex", fail)
     severity = _severity(item.get("severity", "warning"), "severity", fail)
-    severity_by = _parse_severity_by(item.get("severity_by"), regex, fail)
     follow = _parse_follow(item.get("follow"), fail)
+    groups = {*regex.groupindex, *(follow.regex.groupindex if follow is not None else ())}
+    severity_by = _parse_severity_by(item.get("severity_by"), groups, fail)
     superseded = item.get("superseded_by", [])
     if not isinstance(superseded, list) or not all(isinstance(s, str) and _NAME_RE.fullmatch(s) for s in superseded):
         raise fail("superseded_by must be a list of rule names")
@@ -422,7 +423,7 @@ def _parse_follow(value: Any, fail: Any) -> Follow | None:
                   None if severity is None else _severity(severity, "follow.severity", fail))
 
 
-def _parse_severity_by(value: Any, regex: re.Pattern[str], fail: Any) -> tuple[SeverityBy, ...]:
+def _parse_severity_by(value: Any, groups: set[str], fail: Any) -> tuple[SeverityBy, ...]:
     if value is None:
         return ()
     entries = value if isinstance(value, list) else [value]
@@ -431,8 +432,8 @@ def _parse_severity_by(value: Any, regex: re.Pattern[str], fail: Any) -> tuple[S
         if not isinstance(entry, dict) or not isinstance(entry.get("field"), str):
             raise fail("severity_by must be a mapping (or a list of them) with field: GROUP and severity lists")
         group = entry["field"]
-        if group not in regex.groupindex:
-            raise fail(f"severity_by.field {group!r} is not a named group of the regex")
+        if group not in groups:
+            raise fail(f"severity_by.field {group!r} is not a named group of the regex or follow.regex")
         if "bits" in entry:
             out.append(SeverityBy(group, bits=_parse_bits(entry, fail)))
             continue
