@@ -210,6 +210,27 @@ def test_a_critical_line_in_the_middle_of_a_storm_passed_over_is_still_reported(
     assert records + passed == 200_003  # a line read from the backlog is not counted as passed over too
 
 
+def test_lines_picked_far_apart_in_a_backlog_are_not_one_fault(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    source = CountingSource(str(log), None)
+    collector = KernelLogCollector(source, load_rules([]), device_lookup(lambda: READINGS), 60.0, clock=Clock(),
+                                   deadline=1.0, timer=lambda: source.handed_out * 20e-6)
+    storm = [f"[{i / 1000:12.6f}] NVRM: Xid (PCI:0000:18:00): 13, pid={i}, name=python3, Graphics Exception\n"
+             for i in range(200_000)]
+    # Composed: the same page handled twice, 40,000 lines apart (were they neighbours, the second would be
+    # the first one's worse line, one event).
+    storm.insert(160_000, "[  160.000000] Memory failure: 0x1234: recovery action for dirty LRU page: Failed\n")
+    storm.insert(120_000, "[  120.000000] Memory failure: 0x1234: Sending SIGBUS to python3:4242 due to hardware "
+                          "memory corruption\n")
+    _append(log, "".join(storm) + XID79)
+    values = _values(collector.collect())
+    assert values[("tpuwatch_kernel_log_skipped_total", (("reason", "backlog"), ("source", "file")))] > 100_000
+    for severity in ("warning", "critical"):
+        assert values[("tpuwatch_kernel_events_total", (("device", ""), ("rule", "memory_failure"),
+                                                        ("severity", severity)))] == 1
+
+
 def test_the_sieve_picks_each_message_once_and_at_most_its_limit(tmp_path: Path) -> None:
     sieve = BacklogSieve(load_rules([]), limit=3)
     sieve.start()

@@ -23,7 +23,7 @@ from tpuwatch.config import Config
 from tpuwatch.kernel_log.events import KernelEvent, StormFilter, make_event
 from tpuwatch.kernel_log.filesource import FileSource, absent, open_regular
 from tpuwatch.kernel_log.records import SKIP_REASONS, Record
-from tpuwatch.kernel_log.rules import RuleSet, load_rules
+from tpuwatch.kernel_log.rules import MAX_WITHIN, RuleSet, load_rules
 from tpuwatch.kernel_log.sieve import MAX_PICKED, BacklogSieve
 from tpuwatch.kernel_log.sources import (
     JournalSource,
@@ -37,6 +37,9 @@ from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
 
 log = logging.getLogger(__name__)
+# Records counted between two lines picked from a backlog: more than any rule's follow window or hold, so that
+# they share no fault.
+APART = MAX_WITHIN + 1
 
 MAX_RECORDS_PER_CYCLE = 2_000_000
 MAX_RECENT_EVENTS = 50
@@ -160,7 +163,7 @@ class KernelLogCollector:
         passed: list[KernelEvent] = []
         for record in records:
             try:
-                matches = self._matcher.skip(1) if apart else []
+                matches = self._matcher.skip(APART) if apart else []
                 for match in matches:
                     if match.record is not None:
                         self._count(make_event(match, match.record, self._device_for_pci, when=now), passed)

@@ -66,6 +66,7 @@ MAX_PATTERN_CHARS = 8192
 _NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 _RULE_KEYS = {"name", "regex", "keywords", "severity", "severity_by", "enabled", "description", "lines", "follow",
               "hold", "superseded_by"}
+MAX_HOLD, MAX_WITHIN = 64, 256  # records a waiting event waits at most; a follow line may come after its fault
 _FOLLOW_KEYS = {"regex", "keywords", "within", "alone", "same_device", "severity"}
 # Per keyword: searches of rule (and stand-alone follow) regexes; (rule indexes, search) of other follow regexes;
 # the indexes of all those other follow regexes' rules.
@@ -363,8 +364,8 @@ def _parse_rule(item: Any, source: str, index: int) -> Rule | str:
     if not isinstance(superseded, list) or not all(isinstance(s, str) and _NAME_RE.fullmatch(s) for s in superseded):
         raise fail("superseded_by must be a list of rule names")
     return Rule(name, regex, severity, _keywords(item.get("keywords", []), "keywords", fail), severity_by,
-                _int(item.get("lines", 1), "lines", 1, 8, fail), follow, _int(item.get("hold", 0), "hold", 0, 64, fail),
-                tuple(superseded))
+                _int(item.get("lines", 1), "lines", 1, 8, fail), follow,
+                _int(item.get("hold", 0), "hold", 0, MAX_HOLD, fail), tuple(superseded))
 
 
 def _known(item: dict[str, Any], keys: set[str], prefix: str, fail: Any) -> None:
@@ -417,7 +418,7 @@ def _parse_follow(value: Any, fail: Any) -> Follow | None:
     severity = value.get("severity")
     return Follow(_regex(value.get("regex"), "follow.regex", fail),
                   _keywords(value.get("keywords", []), "follow.keywords", fail),
-                  _int(value.get("within", 16), "follow.within", 1, 256, fail),
+                  _int(value.get("within", 16), "follow.within", 1, MAX_WITHIN, fail),
                   _bool(value.get("alone", False), "follow.alone", fail),
                   _bool(value.get("same_device", True), "follow.same_device", fail),
                   None if severity is None else _severity(severity, "follow.severity", fail))
