@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import pty
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -234,3 +237,28 @@ def test_no_progress_line_when_piped_or_with_json(start_canary: Callable[..., su
         stderr = raw.decode()
     assert proc.returncode == 3 and b"timed out after 3s" in stdout  # it did wait on the hang
     assert "running for" not in stderr and "\r" not in stderr
+
+
+@needs_jax
+def test_a_run_the_stopping_daemon_kills_is_skipped_quietly_not_a_crash(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    from tpuwatch import config as config_module
+    from tpuwatch.canary import runner
+    from tpuwatch.canary.collector import CanaryCollector
+
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state")}))
+    collector = CanaryCollector(config_module.load(str(path)))
+    results: list[Any] = []
+    thread = threading.Thread(target=lambda: results.append(collector.run_once(inject="hang")))
+    thread.start()
+    try:
+        wait_until(lambda: any(hanging(group) for group in list(runner._running)), timeout=60,
+                   what="the hang drill's worker")
+        runner.kill_running_workers()  # what the daemon does when it stops
+    finally:
+        thread.join(60)
+    [result] = results
+    assert (result.status, result.reason, result.devices) == ("skipped", runner.STOPPED, ())
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # no "worker crashed with SIGKILL"
+    assert not runner._running and not runner._stopped

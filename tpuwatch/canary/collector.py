@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from tpuwatch.canary.judge import CanaryResult, DeviceOutcome
-from tpuwatch.canary.runner import run_canary
+from tpuwatch.canary.runner import STOPPED, run_canary
 from tpuwatch.config import Config
 from tpuwatch.samples import Sample, sample
 
@@ -59,7 +59,9 @@ class CanaryCollector:
         is judged against the fingerprint history but never writes it.
         """
         result = run_canary(self.config, inject, inject_device, env=env)
-        if result.status != "pass":
+        if result.reason == STOPPED:
+            log.info("canary: %s", STOPPED)
+        elif result.status != "pass":
             log.warning("canary %s: %s", result.status, result.reason)
         self.record(result)
         return result

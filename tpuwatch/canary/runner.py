@@ -129,13 +129,16 @@ def _ending(returncode: int, output: _Output, timed_out: float | None) -> str | 
 
 
 _running: set[int] = set()  # process groups of the workers running now
+_stopped: set[int] = set()  # those of them killed because the daemon is stopping
 _running_lock = threading.Lock()
+STOPPED = "stopped: the daemon is shutting down"
 
 
 def kill_running_workers() -> None:
-    """Kill every worker process group still running (the daemon is stopping)."""
+    """Kill every worker process group still running (the daemon is stopping): their runs end ``STOPPED``."""
     with _running_lock:
         groups = list(_running)
+        _stopped.update(groups)
     for pgid in groups:
         _kill_group(pgid)
 
@@ -216,8 +219,10 @@ def run_worker(config: Config, inject: str | None = None, inject_device: int = 0
                 stream.close()
         with _running_lock:
             _running.discard(proc.pid)
+            stopped = proc.pid in _stopped
+            _stopped.discard(proc.pid)
         os.close(held)
-    return output.lines, _ending(proc.returncode, output, timed_out)
+    return output.lines, STOPPED if stopped else _ending(proc.returncode, output, timed_out)
 
 
 def run_canary(config: Config, inject: str | None = None, inject_device: int = 0,
@@ -235,6 +240,8 @@ def run_canary(config: Config, inject: str | None = None, inject_device: int = 0
         return CanaryResult("error", f"cannot create {store.path.parent}: {exc.strerror or exc}", (),
                             finished_at=time.time())
     lines, ended = run_worker(config, inject, inject_device, timeout, env, progress)
+    if ended == STOPPED:  # not a measurement: the chips keep their last outcome, the history is not touched
+        return CanaryResult("skipped", STOPPED, (), finished_at=time.time(), wall_seconds=time.monotonic() - started)
     drill = Drill(inject, str(inject_device)) if inject is not None else None
     result = store.update(lambda history: judge(lines, ended, history, drill))
     return CanaryResult(**{**result.__dict__, "wall_seconds": time.monotonic() - started})
