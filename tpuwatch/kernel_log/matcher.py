@@ -62,9 +62,11 @@ class StreamMatcher:
     """Matches the records of one stream in order; one stream, one matcher.
 
     ``feed(record)`` gives the matches the record completes (at most one for
-    the record itself, plus any waiting events it ends); ``skip(n)`` tells it
-    that ``n`` records matching no keyword went by unfed; ``flush()`` gives the
-    waiting events at the end of a read or of the stream.
+    the record itself, plus any waiting events it ends), in the order of their
+    first records: a match after a waiting event comes out with or after it;
+    ``skip(n)`` tells it that ``n`` records matching no keyword went by unfed;
+    ``flush()`` gives everything still waiting, at the end of a read or of the
+    stream.
     """
 
     def __init__(self, rules: RuleSet) -> None:
@@ -85,12 +87,11 @@ class StreamMatcher:
         """The matches for the next record of the stream."""
         self._index += 1
         message = record.message
-        if self._held or self._always:
+        if self._always or ((found := self._search(message)) is not None
+                            and self._can_match(message, self.expects, found)):
             out = self._match(record)
-        elif (found := self._search(message)) is None or not self._can_match(message, self.expects, found):
-            out = []
-        else:
-            out = self._match(record)
+        else:  # a record no rule can take: for waiting events, only one more record gone by
+            out = self._expired() if self._held else []
         if self._context is not None:
             self._context.append(message)
         return self._in_order(out) if self._held or self._later else out
@@ -117,10 +118,14 @@ class StreamMatcher:
         self._index += count
         if self._context is not None:
             self._context.clear()
+        return self._in_order(self._expired())
+
+    def _expired(self) -> list[Match]:
+        """The waiting events whose ``hold`` is over, let go."""
         out: list[Match] = []
         for held in [h for h in self._held if self._index - h.index > self._rules[h.rule].hold]:
             self._let_go(held, out)
-        return self._in_order(out)
+        return out
 
     def flush(self) -> list[Match]:
         """Every waiting event, now (the end of a read, or of the stream)."""
