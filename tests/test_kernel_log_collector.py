@@ -116,6 +116,16 @@ def test_storm_becomes_one_event_then_a_summary_with_the_count(tmp_path: Path) -
                                                     ("severity", "critical")))] == 1000  # counters stay exact
 
 
+def test_a_worse_event_is_never_folded_into_a_storm_of_milder_ones() -> None:
+    storms = StormFilter(window=60.0, clock=Clock())
+    pci = "0000:18:00.0"
+    passed = [e for _ in range(3) for e in storms.offer(KernelEvent("nvidia_xid", "warning", "Xid 13", pci=pci))]
+    passed += storms.offer(KernelEvent("nvidia_xid", "critical", "Xid 109", pci=pci))  # same GPU, same rule
+    passed += storms.offer(KernelEvent("nvidia_xid", "warning", "Xid 13", pci=pci))
+    assert [(e.severity, e.message) for e in passed] == [("warning", "Xid 13"), ("critical", "Xid 109")]
+    assert [(e.severity, e.count) for e in storms.flush(force=True)] == [("warning", 3)]  # the summary keeps its own
+
+
 def test_storm_filter_keys_and_memory_are_bounded() -> None:
     clock = Clock()
     storms = StormFilter(window=60.0, max_keys=8, clock=clock)

@@ -34,9 +34,10 @@ class KernelEvent:
     time: float | None = None
 
     @property
-    def key(self) -> tuple[str, str]:
-        """What storm aggregation groups by: the rule and the device (else the PCI address)."""
-        return self.rule, self.device or self.pci or ""
+    def key(self) -> tuple[str, str, str]:
+        """What storm aggregation groups by: the rule, the device (else the PCI address) and the severity, so that
+        a worse event never folds into a storm of milder ones (a GPU's Xid 79 amid its Xid 13s)."""
+        return self.rule, self.device or self.pci or "", self.severity
 
     def to_json(self) -> dict[str, Any]:
         """The kernel event object of ``logscan --json`` (docs/kernel_log.md), plus extracted fields and the count."""
@@ -78,7 +79,7 @@ class _Window:
 
 
 class StormFilter:
-    """Passes the first event of a (rule, device) at once and folds repeats inside ``window`` seconds.
+    """Passes the first event of a (rule, device, severity) at once and folds repeats inside ``window`` seconds.
 
     When a window with repeats ends, one summary event carries their count.
     At most ``max_keys`` windows are open; beyond that the oldest is closed
@@ -90,7 +91,7 @@ class StormFilter:
         self._window = window
         self._max_keys = max_keys
         self._clock = clock
-        self._open: dict[tuple[str, str], _Window] = {}
+        self._open: dict[tuple[str, str, str], _Window] = {}
 
     def offer(self, event: KernelEvent) -> list[KernelEvent]:
         """The events to hand on now for ``event``: itself, nothing (folded), or a closed summary first."""
@@ -116,7 +117,7 @@ class StormFilter:
         ended = [k for k, w in self._open.items() if force or now - w.started >= self._window]
         return [summary for key in ended for summary in self._close(key)]
 
-    def _close(self, key: tuple[str, str]) -> list[KernelEvent]:
+    def _close(self, key: tuple[str, str, str]) -> list[KernelEvent]:
         window = self._open.pop(key)
         if window.repeats == 0 or window.last is None:
             return []
