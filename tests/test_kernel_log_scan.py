@@ -102,6 +102,14 @@ def test_a_few_bad_bytes_hide_no_line_and_junk_or_over_long_lines_are_skipped_an
     assert (stats.lines, stats.skipped) == (8, 3)
 
 
+def test_nul_runs_a_crash_left_in_the_file_hide_no_line() -> None:
+    # Composed: a kern.log cut short by a crash (its tail zero-filled, 2 MiB here), then the next boot's lines
+    # written right after the NULs.
+    xid = b"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
+    events, stats = _scan(b"e1000e: eno1 NIC Link is Up\n" + b"\0" * (2 << 20) + xid + xid)
+    assert [e.line for e in events] == [2, 3] and stats.skipped == 0
+
+
 def test_line_numbers_and_counts_do_not_depend_on_where_blocks_end(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(5)
     pieces = [b"[    1.000000] e1000e 0000:00:1f.6 eno1: NIC Link is Up\n",

@@ -361,6 +361,19 @@ def test_kmsg_records_with_bad_headers_are_refused(raw: str) -> None:
     assert parse_kmsg(raw) is None
 
 
+def test_a_crash_s_zero_filled_tail_of_any_length_hides_no_line(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_bytes(b"")
+    source = FileSource(str(log), tmp_path / "file.json")
+    assert source.read(10) == []
+    xid = b"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
+    with open(log, "ab") as out:  # composed: the tail the crash left unwritten, then the next boot's lines
+        out.write(b"before\n" + b"\0" * (2 << 20) + xid + xid)
+    records = [r for _ in range(20) for r in source.read(100)]
+    assert [r.message[:13] for r in records] == ["before", "NVRM: Xid (PC", "NVRM: Xid (PC"]
+    assert source.skipped["too_long"] == 0
+
+
 def test_a_symbolic_link_that_leads_nowhere_is_named_as_such(tmp_path: Path) -> None:
     loop, dangling = tmp_path / "loop.log", tmp_path / "dangling.log"
     loop.symlink_to(loop)

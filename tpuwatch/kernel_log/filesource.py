@@ -53,8 +53,8 @@ class FileSource(Source):
     end.  A path that does not exist (yet) is a warning and ``degraded``; the
     file is followed from its start once it appears; so is one that replaces a FIFO, a device or a directory at
     the path, which are refused (opened without blocking, never read).  Bad bytes in a line are read as
-    U+FFFD; lines mostly of them (binary junk) or longer than 64 KiB are skipped and counted; NUL bytes before a line
-    (left by a crash) are dropped.  kmsg continuation lines (`` DEVICE=...``)
+    U+FFFD; lines mostly of them (binary junk) or longer than 64 KiB are skipped and counted; runs of NUL bytes before a
+    line (a crash's zero-filled tail, however long) are dropped.  kmsg continuation lines (`` DEVICE=...``)
     after a raw kmsg record belong to it.
     """
 
@@ -183,6 +183,11 @@ class FileSource(Source):
         assert self._handle is not None
         self._handle.seek(self._offset)
         data = self._handle.read(FILE_READ_BYTES)
+        if not self._discarding and data.startswith(b"\0"):  # a crash's zero-filled tail: no line is in it
+            run = len(data) - len(data.lstrip(b"\0"))
+            self._offset += run
+            self._bytes_seen += run
+            return run
         skip = 0
         if self._discarding:  # the rest of an over-long line
             newline = data.find(b"\n")

@@ -275,6 +275,8 @@ def _blocks(stream: BinaryIO) -> Iterator[bytes | None]:
     pending = b""
     discarding = False
     while data := stream.read(BLOCK_BYTES):
+        if b"\0" in data:  # a crash leaves runs of NUL where the file was not written: no line is in them
+            data = data.replace(b"\0", b"")
         if discarding:
             newline = data.find(b"\n")
             if newline < 0:
