@@ -24,7 +24,7 @@ _JUNK_TO_REPLACEMENT = {b: "\ufffd" for b in _JUNK_BYTES}
 SKIP_REASONS = ("not_text", "too_long", "malformed", "error", "backlog")
 
 _PCI_RE = re.compile(
-    r"(?:(?P<domain>[0-9a-fA-F]{1,4}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-9a-fA-F]{2})(?:\.(?P<fn>[0-7]))?")
+    r"(?:(?:0000)?(?P<domain>[0-9a-fA-F]{1,4}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-9a-fA-F]{2})(?:\.(?P<fn>[0-7]))?")
 
 # Raw /dev/kmsg: "PRIO,SEQ,USEC,FLAGS[,...];text" (the kernel prints 64-bit numbers: at most 20 digits).
 KMSG_HEAD = r"(\d{1,20}),(\d{1,20}),(\d{1,20}),[^;\n]{0,256};"
