@@ -114,6 +114,11 @@ def test_kmsg_record_with_continuation_lines() -> None:
     ("Nov 30 04:37:39 vm kernel: NVRM: Xid (PCI:0000:3b:00): 79", "NVRM: Xid (PCI:0000:3b:00): 79", None),
     ("<4>Nov 30 04:37:39 vm job[42]: NVRM: Xid (PCI:0000:3b:00): 79", "", None),
     ("Nov 30 04:37:39 job[42]: NVRM: Xid (PCI:0000:3b:00): 79", "", None),
+    # journalctl -o short-precise: the time with microseconds
+    ("Aug 10 15:36:05.123456 gpu-node-a root[4242]: NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.",
+     "", None),
+    ("Aug 10 15:36:05.123456 gpu-node-a kernel: NVRM: Xid (PCI:0000:01:00): 79", "NVRM: Xid (PCI:0000:01:00): 79",
+     None),
     # ... and the kernel's own lines in every syslog form stay: no hostname (journalctl --no-hostname), kernel[0]
     ("Nov 30 04:37:39 kernel: NVRM: Xid (PCI:0000:3b:00): 79", "NVRM: Xid (PCI:0000:3b:00): 79", None),
     ("2025-11-30T04:37:39+0000 kernel: NVRM: Xid (PCI:0000:3b:00): 79", "NVRM: Xid (PCI:0000:3b:00): 79", None),

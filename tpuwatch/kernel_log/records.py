@@ -35,9 +35,9 @@ KMSG_HEAD_BYTES_RE = re.compile(KMSG_HEAD.encode())
 _KMSG_ESCAPE_RE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 _KEPT_CONTROLS = (0x09, 0x0A)  # tab and newline are decoded; other control bytes stay written as \xNN
 
-# A syslog line's head before its program tag: the time (traditional or RFC 3339) and a host name, which
-# `journalctl --no-hostname` leaves out.
-_SYSLOG_HEAD = (r"(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?)"
+# A syslog line's head before its program tag: the time (traditional, with microseconds as `journalctl -o
+# short-precise` writes it, or RFC 3339) and a host name, which `journalctl --no-hostname` leaves out.
+_SYSLOG_HEAD = (r"(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d(?:\.\d{1,9})?|\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?)"
                 r"(?: [^\s:](?:\S*[^\s:])?)? ")
 _KERNEL_TAG = r"kernel(?:\[\d+\])?: "
 
