@@ -8,7 +8,7 @@ import logging
 from tpuwatch.devices.base import DeviceBackend, DeviceReading, reading_samples
 from tpuwatch.devices.expected import Expectation, missing_problem, missing_samples
 from tpuwatch.devices.processes import DEFAULT_CAP, process_samples
-from tpuwatch.devices.seen import SeenThisBoot
+from tpuwatch.devices.seen import SeenThisBoot, is_number
 from tpuwatch.pods import PodLookup
 from tpuwatch.samples import Sample
 
@@ -113,4 +113,4 @@ class DeviceCollector:
 
 
 def _device_order(device: str) -> tuple[int, str]:
-    return (int(device), "") if device.isascii() and device.isdecimal() else (1 << 30, device)
+    return (int(device), "") if is_number(device) else (1 << 30, device)

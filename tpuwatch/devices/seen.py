@@ -41,10 +41,10 @@ class SeenThisBoot:
         if state is None or state.get("boot_id") != boot_id or state.get("backend") != backend:
             return
         for device, chip in state.get("chips", {}).items():
-            if "chip" in chip and _number(device):  # the backends number chips 0, 1, ...
+            if "chip" in chip and is_number(device):  # the backends number chips 0, 1, ...
                 self.chips[device] = (chip["chip"], chip.get("pci") or None)
         for key, links in state.get("links", {}).items():
-            numbers = {int(n) for n in links.split(",") if _number(n) and int(n) <= MAX_LINK}
+            numbers = {int(n) for n in links.split(",") if is_number(n) and int(n) <= MAX_LINK}
             if numbers:
                 self._links[key] = numbers
 
@@ -85,6 +85,6 @@ class SeenThisBoot:
             "links": {key: ",".join(map(str, sorted(links))) for key, links in self._links.items() if links}})
 
 
-def _number(text: str) -> bool:
+def is_number(text: str) -> bool:
     """A decimal number of at most six ASCII digits ("²".isdigit() is true, and int("²") raises)."""
     return 0 < len(text) <= 6 and text.isascii() and text.isdecimal()
