@@ -155,6 +155,10 @@ def _rule_file(tmp_path: Path, text: str, name: str = "local.yaml") -> Path:
     ("rules: [{name: bad, regex: x, hold: -1}]", "rule 'bad': hold must be a whole number from 0 to 64"),
     ("rules: [{name: bad, regex: x, hold: true}]", "rule 'bad': hold must be a whole number"),
     ("rules: [{name: bad, regex: x, superseded_by: Other}]", "rule 'bad': superseded_by must be a list of rule names"),
+    ("rules: [{name: bad, regex: x, ~: 1}]", "rule 'bad': unknown key 'None'"),
+    ("rules: [{name: bad, regex: x, keywords: [" + "k" * 257 + "]}]", "rule 'bad': keywords must be a list of"),
+    ("rules: [{name: bad, regex: x, follow: {regex: y, 2026-12-01: 1, 7: 1}}]",
+     "rule 'bad': unknown key follow.'2026-12-01'"),
     ("rules: [{name: bad, regex: x, follow: x}]", "rule 'bad': follow must be a mapping"),
     ("rules: [{name: bad, regex: x, follow: {keywords: [a]}}]", "rule 'bad': follow.regex is required"),
     ("rules: [{name: bad, regex: x, follow: {regex: '('}}]", "rule 'bad': invalid follow.regex: missing )"),
@@ -254,3 +258,10 @@ def test_rule_severities_include_follow_and_bits() -> None:
 def test_shipped_rule_files_have_no_duplicate_names() -> None:
     names = [rule["name"] for f in SHIPPED_DIR.glob("*.yaml") for rule in yaml.safe_load(f.read_text())["rules"]]
     assert len(names) == len(set(names))
+
+
+def test_the_prefilter_of_long_keywords_is_built_without_deep_recursion() -> None:
+    words = ["x" * 5000, "x" * 4000 + "y", "z"]  # far past Python's recursion limit, one character a level
+    pattern = re.compile(literal_alternation(words))
+    assert [pattern.fullmatch(word) is not None for word in words] == [True, True, True]
+    assert pattern.fullmatch("x" * 4999) is None

@@ -63,6 +63,7 @@ __all__ = ["SEVERITIES", "SHIPPED_DIR", "Match", "Rule", "RuleError", "RuleSet",
 
 SHIPPED_DIR = Path(__file__).parent / "rules"
 MAX_PATTERN_CHARS = 8192
+MAX_KEYWORD_CHARS = 256
 _NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 _RULE_KEYS = {"name", "regex", "keywords", "severity", "severity_by", "enabled", "description", "lines", "follow",
               "hold", "superseded_by"}
@@ -273,7 +274,15 @@ def literal_alternation(words: list[str]) -> str:
         node[""] = {}
 
     def build(node: dict[str, Any]) -> str:
-        branches = [re.escape(char) + build(child) for char, child in sorted(node.items()) if char]
+        branches = []
+        for char, child in sorted(node.items()):
+            if not char:
+                continue
+            run = char
+            while len(child) == 1 and "" not in child:  # a run without branches: one literal, no deeper call
+                ((more, child),) = child.items()
+                run += more
+            branches.append(re.escape(run) + build(child))
         if not branches:
             return ""
         body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
@@ -369,9 +378,9 @@ def _parse_rule(item: Any, source: str, index: int) -> Rule | str:
 
 
 def _known(item: dict[str, Any], keys: set[str], prefix: str, fail: Any) -> None:
-    unknown = sorted(set(item) - keys)
-    if unknown:
-        raise fail(f"unknown key {prefix}{unknown[0]!r} (known: {', '.join(sorted(keys))})")
+    for key in item:  # in the file's order; a YAML key may be null, a number or a date, not only a string
+        if key not in keys:
+            raise fail(f"unknown key {prefix}{str(key)[:64]!r} (known: {', '.join(sorted(keys))})")
 
 
 def _regex(pattern: Any, key: str, fail: Any) -> re.Pattern[str]:
@@ -392,8 +401,10 @@ def _severity(value: Any, key: str, fail: Any) -> str:
 
 
 def _keywords(value: Any, key: str, fail: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(k, str) and k for k in value) or len(value) > 64:
-        raise fail(f"{key} must be a list of non-empty strings (at most 64)")
+    if (not isinstance(value, list) or len(value) > 64
+            or not all(isinstance(k, str) and 0 < len(k) <= MAX_KEYWORD_CHARS for k in value)):
+        raise fail(f"{key} must be a list of non-empty strings (at most 64, of at most {MAX_KEYWORD_CHARS} "
+                   "characters)")
     return tuple(value)
 
 
