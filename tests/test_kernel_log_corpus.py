@@ -21,7 +21,7 @@ from tpuwatch.kernel_log.scan import ScanStats, scan
 DATA = Path(__file__).parent / "testdata" / "kernel_log"
 SNIPPETS: list[dict[str, Any]] = yaml.safe_load((DATA / "corpus.yaml").read_text())["snippets"]
 RULES = load_rules([])
-FORMS = ["dmesg", "dmesg_T", "dmesg_H", "syslog", "kmsg", "journal"]
+FORMS = ["dmesg", "dmesg_T", "dmesg_H", "syslog", "short_full", "short_monotonic", "short_unix", "kmsg", "journal"]
 _PROBE = parse_kmsg("6,1,0,-;a\\x0ab")
 KMSG_DECODES = _PROBE is not None and _PROBE.record.message == "a\nb"
 IDS = [f"{i}:{s['source'].rsplit('/', 3)[-3]}" for i, s in enumerate(SNIPPETS)]
@@ -59,12 +59,16 @@ def _render(records: list[str], form: str) -> tuple[bytes, list[int]]:
         starts.append(len(out) + 1)
         seconds = 3600 + number * 0.0123
         lines = message.split("\n")
-        if form in ("dmesg", "dmesg_T", "dmesg_H"):
-            stamp = (f"[{seconds:12.6f}] " if form == "dmesg"
-                     else f"[Mon Nov 30 04:{number // 60 % 60:02d}:{number % 60:02d} 2026] " if form == "dmesg_T"
-                     else "[Nov30 04:37] " if number == 0 else "[  +0.012300] ")  # dmesg -H: the time, then deltas
+        if form in ("dmesg", "dmesg_T", "dmesg_H") or form.startswith("short_"):
+            stamp = {"dmesg": f"[{seconds:12.6f}] ",
+                     "dmesg_T": f"[Mon Nov 30 04:{number // 60 % 60:02d}:{number % 60:02d} 2026] ",
+                     "dmesg_H": "[Nov30 04:37] " if number == 0 else "[  +0.012300] ",  # the time, then deltas
+                     # journalctl -k -o short-full, short-monotonic, short-unix
+                     "short_full": f"Mon 2026-11-30 04:37:{number % 60:02d} UTC tpu-host kernel: ",
+                     "short_monotonic": f"[{seconds:12.6f}] tpu-host kernel: ",
+                     "short_unix": f"{1764477000 + seconds:.6f} tpu-host kernel: "}[form]
             out.append(stamp + lines[0])
-            out.extend(" " * len(stamp) + rest for rest in lines[1:])  # util-linux indents the record's next lines
+            out.extend(" " * len(stamp) + rest for rest in lines[1:])  # both indent a record's next lines
         elif form == "syslog":
             out.extend(f"Nov 30 04:37:{number % 60:02d} tpu-host kernel: [{seconds:12.6f}] {line}" for line in lines)
         elif form == "kmsg":

@@ -35,10 +35,19 @@ KMSG_HEAD_BYTES_RE = re.compile(KMSG_HEAD.encode())
 _KMSG_ESCAPE_RE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 _KEPT_CONTROLS = (0x09, 0x0A)  # tab and newline are decoded; other control bytes stay written as \xNN
 
-# A syslog line's head before its program tag: the time (traditional, with microseconds as `journalctl -o
-# short-precise` writes it, or RFC 3339) and a host name, which `journalctl --no-hostname` leaves out.
-_SYSLOG_HEAD = (r"(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d(?:\.\d{1,9})?|\d{4}-\d\d-\d\dT[\d:.]+(?:Z|[+-]\d\d:?\d\d)?)"
-                r"(?: [^\s:](?:\S*[^\s:])?)? ")
+# A syslog line's head before its program tag: the time and a host name, which `journalctl --no-hostname` leaves
+# out.  The time as syslog daemons and every `journalctl -o short-*` mode write it: traditional (short; with
+# microseconds, short-precise), ISO 8601 with T or a space (short-iso, short-iso-precise, RFC 3339), with the
+# weekday and zone (short-full, with-unit: "Mon 2026-11-30 04:37:39 UTC"), or seconds since the epoch (short-unix).
+_SYSLOG_TIME = (r"(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d(?:\.\d{1,9})?"
+                r"|(?:[A-Z][a-z]{2} )?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?"
+                r"(?:Z| ?[+-]\d\d(?::?\d\d)?| [A-Za-z]{1,6})?"
+                r"|\d{1,12}\.\d{1,9})")
+# journalctl -o short-monotonic (and short-delta): "[  123.456789] host kernel: ", which dmesg's own
+# "[seconds] " head only differs from by what follows it.
+_MONOTONIC = r"\[ *\d+\.\d+(?: <[ \d.]+>)?\]"
+_HOST = r"(?: [^\s:](?:\S*[^\s:])?)?"
+_SYSLOG_HEAD = rf"(?:{_SYSLOG_TIME}|{_MONOTONIC}){_HOST} "
 _KERNEL_TAG = r"kernel(?:\[\d+\])?: "
 
 # Prefixes that dmesg, syslog daemons and `dmesg -x/-r/-T` put before the kernel's text.
@@ -51,9 +60,12 @@ _PREFIX_RE = re.compile(
 )
 
 # A syslog line some other program wrote ("Nov 30 04:37:39 host job[4242]: ..."): not the kernel's, whatever it
-# says (any local user can log "NVRM: Xid ..."); it becomes an empty record, which no rule matches.
+# says (any local user can log "NVRM: Xid ..."); it becomes an empty record, which no rule matches.  After a
+# monotonic time only with a host and a [pid]: dmesg's "[  5.1] usb 1-1: ..." has the same shape without them.
+_IDENT = r"[^\s:\[\]]{1,64}"
 _OTHER_PROGRAM_RE = re.compile(
-    rf"(?:<\d+>)?{_SYSLOG_HEAD}(?!{_KERNEL_TAG})[^\s:\[\]]{{1,64}}(?:\[\d{{1,10}}\])?: ")
+    rf"(?:<\d+>)?(?:{_SYSLOG_TIME}{_HOST} (?!{_KERNEL_TAG}){_IDENT}(?:\[\d{{1,10}}\])?"
+    rf"|{_MONOTONIC} [^\s:](?:\S*[^\s:])? (?!{_KERNEL_TAG}){_IDENT}\[\d{{1,10}}\]): ")
 
 
 @dataclass(frozen=True, slots=True)
