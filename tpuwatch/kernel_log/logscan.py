@@ -1,17 +1,24 @@
 """``tpuwatch logscan FILE [--rules PATH] [--json]``: run the kernel log rules over a file.
 
 Exit 0 when no critical event was found, 1 when one was, 2 for a usage,
-config or rule file error (one line on stderr).
+config or rule file error or a file that cannot be read to its end (one line
+on stderr).  Rotated logs compressed with gzip, xz or bzip2 are read as they
+are; a zstd file or a binary journal file is refused with the command that
+reads it.
 """
 
 from __future__ import annotations
 
 import argparse
+import bz2
+import gzip
 import json
+import lzma
 import os
 import sys
-from collections.abc import Iterable
-from typing import TextIO
+import zlib
+from collections.abc import Callable, Iterable
+from typing import Any, BinaryIO, TextIO
 
 from tpuwatch.config import Config
 from tpuwatch.devices import select_backend
@@ -45,23 +52,98 @@ def run(args: argparse.Namespace, config: Config) -> int:
         print(f"tpuwatch: rule error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        stream = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
+        raw = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")
     except OSError as exc:
         print(f"tpuwatch: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
         return EXIT_USAGE
     _keep_freed_memory()
     stats = ScanStats()
-    with stream:
-        events = scan(stream, rules, _chip_lookup(config), stats)
+    with raw:
+        stream = _Reading(raw)
+        refused = stream.refused(args.file)
+        if refused:
+            print(f"tpuwatch: logscan {args.file}: {refused}", file=sys.stderr)
+            return EXIT_USAGE
+        events = scan(stream, rules, _chip_lookup(config), stats)  # type: ignore[arg-type]
         try:
             (_write_json if args.json else _write_text)(events, stats, args.file, sys.stdout)
             sys.stdout.flush()
         except BrokenPipeError:  # the reader went away (`| head`): stop quietly
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except OSError as exc:
-            print(f"tpuwatch: logscan {args.file}: {exc.strerror}", file=sys.stderr)
-            return EXIT_USAGE
-    return EXIT_CRITICAL if stats.severities["critical"] else EXIT_OK
+    if stream.error:
+        print(f"tpuwatch: logscan {args.file}: {stream.error} after {stats.lines} lines: the lines before it were "
+              "scanned", file=sys.stderr)
+    elif stats.skipped and 2 * stats.skipped >= stats.lines:
+        print(f"tpuwatch: logscan {args.file}: {stats.skipped} of {stats.lines} lines are not text: is it a log?",
+              file=sys.stderr)
+    if stats.severities["critical"]:
+        return EXIT_CRITICAL
+    return EXIT_USAGE if stream.error else EXIT_OK
+
+
+# The first bytes of compressed and binary files (each format's magic number).
+_DECOMPRESS: tuple[tuple[bytes, Callable[[Any], Any]], ...] = (
+    (b"\x1f\x8b", lambda raw: gzip.GzipFile(fileobj=raw)), (b"\xfd7zXZ\x00", lzma.LZMAFile), (b"BZh", bz2.BZ2File))
+_REFUSE = ((b"\x28\xb5\x2f\xfd", "a zstd file: read it with `zstd -dc FILE | tpuwatch logscan -`"),
+           (b"LPKSHHRH",
+            "a binary journal file: read it with `journalctl --file FILE -k -o json | tpuwatch logscan -`"))
+
+
+class _Reading:
+    """The file's bytes, decompressed when its first bytes say it is compressed; a read error or damaged
+    compressed data ends the data (``error`` says what), so that what was read before is still scanned and
+    reported."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._stream: BinaryIO = raw
+        self.error: str | None = None
+        self._head = self.read(8)
+        for magic, opener in _DECOMPRESS:
+            if self._head.startswith(magic):
+                self._stream = opener(_Prefixed(self._head, raw))
+                self._head = b""
+                break
+
+    def refused(self, name: str) -> str | None:
+        """Why the file is not scanned at all, or None."""
+        return next((why for magic, why in _REFUSE if self._head.startswith(magic)), None)
+
+    def read(self, size: int) -> bytes:
+        """Up to ``size`` bytes, fewer only at the end of the data."""
+        if self.error is not None:
+            return b""
+        head, self._head = getattr(self, "_head", b""), b""
+        chunks, got = [head], len(head)
+        read = getattr(self._stream, "read1", self._stream.read)  # one piece at a time: an error loses none
+        try:
+            while got < size and (chunk := read(size - got)):
+                chunks.append(chunk)
+                got += len(chunk)
+        except (OSError, EOFError, lzma.LZMAError, zlib.error) as exc:
+            self.error = _reason(exc)
+        return chunks[-1] if len(chunks) == 2 and not head else b"".join(chunks)
+
+
+class _Prefixed:
+    """``raw`` with ``head`` (already read from it) put back in front."""
+
+    def __init__(self, head: bytes, raw: BinaryIO) -> None:
+        self._head, self._raw = head, raw
+
+    def read(self, size: int = -1) -> bytes:
+        head, self._head = self._head, b""
+        if size is not None and 0 <= size <= len(head):
+            self._head = head[size:]
+            return head[:size]
+        return head + self._raw.read(-1 if size is None or size < 0 else size - len(head))
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, EOFError):
+        return "the compressed data ends too soon (a file still being written, or cut short)"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return f"damaged compressed data ({exc})"
 
 
 def _keep_freed_memory() -> None:

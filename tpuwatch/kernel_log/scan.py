@@ -319,7 +319,8 @@ def _clean(block: bytes) -> tuple[str, int]:
         except UnicodeDecodeError:
             pass
     lines = [as_text(line) for line in block.split(b"\n")]
-    return "\n".join(line or "" for line in lines), lines.count(None)
+    # A blanked line is one U+FFFD, not empty: the last line of a file that ends without a newline still counts.
+    return "\n".join("\ufffd" if line is None else line for line in lines), lines.count(None)
 
 
 def _has_long_line(block: bytes) -> bool:
