@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from tpuwatch.kernel_log.events import make_event
 from tpuwatch.kernel_log.records import Record, parse_kmsg, parse_line
 from tpuwatch.kernel_log.rules import load_rules
 from tpuwatch.kernel_log.scan import ScanStats, scan
+
+from conftest import require_tool
 
 DATA = Path(__file__).parent / "testdata" / "kernel_log"
 SNIPPETS: list[dict[str, Any]] = yaml.safe_load((DATA / "corpus.yaml").read_text())["snippets"]
@@ -88,6 +91,27 @@ def _render(records: list[str], form: str) -> tuple[bytes, list[int]]:
     return ("\n".join(out) + "\n").encode(), starts
 
 
+# util-linux's own dmesg renders a file of "<prio>[seconds] message" records (dmesg -F) in its other output forms.
+DMESG_OPTIONS = {"color": ["--color=always"], "iso": ["--time-format=iso"], "ctime_x": ["-T", "-x"],
+                 "reltime_color": ["-H", "--color=always", "--nopager"], "delta": ["--time-format=delta"]}
+
+
+def _dmesg_render(records: list[str], options: list[str], tmp_path: Path) -> tuple[bytes, list[int]]:
+    """The records as util-linux dmesg prints them with ``options`` (each line of a record its own record, as
+    syslog writes them), and the 1-based line each record starts on."""
+    source = tmp_path / "ring.txt"
+    lines: list[str] = []
+    starts: list[int] = []
+    for number, message in enumerate(records):
+        starts.append(len(lines) + 1)
+        lines.extend(f"<4>[{3600 + number * 0.0123:12.6f}] {line}" for line in message.split("\n"))
+    source.write_text("\n".join(lines) + "\n")
+    out = subprocess.run([require_tool("dmesg"), "-F", str(source), *options], capture_output=True, check=True,
+                         timeout=30, env={"LC_ALL": "C.UTF-8", "TZ": "UTC"}).stdout
+    assert out.count(b"\n") == len(lines)
+    return out, starts
+
+
 @pytest.fixture(scope="module")
 def attribution(tmp_path_factory: pytest.TempPathFactory) -> Attribution:
     """A sysfs where accelN is the TPU chip on 0000:00:0(4+N).0, and the lookup that names chips by PCI address."""
@@ -117,6 +141,17 @@ def test_logscan_finds_each_fault_once_in_every_form(snippet: dict[str, Any], fo
     records = _records(snippet)
     _skip_unless_kmsg_decodes(records, form)
     data, starts = _render(records, form)
+    events = list(scan(io.BytesIO(data), RULES, attribution, ScanStats()))
+    found = [(starts.index(e.line) + 1 if e.line in starts else -(e.line or 0), e.rule, e.severity, e.pci, e.xid)
+             for e in events]
+    assert found == _expected(snippet)
+
+
+@pytest.mark.parametrize("options", sorted(DMESG_OPTIONS))
+@pytest.mark.parametrize("snippet", SNIPPETS, ids=IDS)
+def test_logscan_reads_every_form_util_linux_dmesg_prints(snippet: dict[str, Any], options: str, tmp_path: Path,
+                                                          attribution: Attribution) -> None:
+    data, starts = _dmesg_render(_records(snippet), DMESG_OPTIONS[options], tmp_path)
     events = list(scan(io.BytesIO(data), RULES, attribution, ScanStats()))
     found = [(starts.index(e.line) + 1 if e.line in starts else -(e.line or 0), e.rule, e.severity, e.pci, e.xid)
              for e in events]

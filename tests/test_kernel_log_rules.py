@@ -135,8 +135,14 @@ def test_kmsg_record_with_continuation_lines() -> None:
     ("[  123.456789 <    0.000123>] kernel: NVRM: Xid (PCI:0000:01:00): 79", "NVRM: Xid (PCI:0000:01:00): 79",
      None),
     ("1764477459.123456 gpu-node-a kernel: NVRM: Xid (PCI:0000:01:00): 79", "NVRM: Xid (PCI:0000:01:00): 79", None),
-    ("2026-11-30 04:37:39,123 gpu-node-a kernel: NVRM: Xid (PCI:0000:01:00): 79", "NVRM: Xid (PCI:0000:01:00): 79",
+    ("2026-11-30 04:37:39.123 gpu-node-a kernel: NVRM: Xid (PCI:0000:01:00): 79", "NVRM: Xid (PCI:0000:01:00): 79",
      None),
+    # dmesg --time-format iso (a comma before the microseconds) and delta, and the printk caller after the time
+    ("2026-12-01T10:52:25,123456+00:00 NVRM: Xid (PCI:0000:01:00): 79", "NVRM: Xid (PCI:0000:01:00): 79", None),
+    ("[<    0.000123>] NVRM: Xid (PCI:0000:01:00): 79", "NVRM: Xid (PCI:0000:01:00): 79", None),
+    ("[    5.123456][  T123] accel accel0: f: Device reported as dead.", "accel accel0: f: Device reported as dead.",
+     None),
+    ("[Tue Dec  1 10:52:25 2026] [    C3] NVRM: Xid (PCI:0000:01:00): 79", "NVRM: Xid (PCI:0000:01:00): 79", None),
     # dmesg's own lines of the same shape as a monotonic head with a host stay the kernel's
     ("[    5.123456] usb 1-1: new high-speed USB device number 2", "usb 1-1: new high-speed USB device number 2", None),
     ("[    5.123456] NVRM: Xid (PCI:0000:01:00): 79", "NVRM: Xid (PCI:0000:01:00): 79", None),

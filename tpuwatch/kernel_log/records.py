@@ -40,7 +40,7 @@ _KEPT_CONTROLS = (0x09, 0x0A)  # tab and newline are decoded; other control byte
 # microseconds, short-precise), ISO 8601 with T or a space (short-iso, short-iso-precise, RFC 3339), with the
 # weekday and zone (short-full, with-unit: "Mon 2026-11-30 04:37:39 UTC"), or seconds since the epoch (short-unix).
 _SYSLOG_TIME = (r"(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d(?:\.\d{1,9})?"
-                r"|(?:[A-Z][a-z]{2} )?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?"
+                r"|(?:[A-Z][a-z]{2} )?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d{1,9})?"
                 r"(?:Z| ?[+-]\d\d(?::?\d\d)?| [A-Za-z]{1,6})?"
                 r"|\d{1,12}\.\d{1,9})")
 # journalctl -o short-monotonic (and short-delta): "[  123.456789] host kernel: ", which dmesg's own
@@ -50,13 +50,19 @@ _HOST = r"(?: [^\s:](?:\S*[^\s:])?)?"
 _SYSLOG_HEAD = rf"(?:{_SYSLOG_TIME}|{_MONOTONIC}){_HOST} "
 _KERNEL_TAG = r"kernel(?:\[\d+\])?: "
 
+# The times dmesg writes before a message: [seconds], -T (ctime), -H (a time, then deltas), --time-format delta
+# and iso (a comma before the microseconds, as no syslog head has), each maybe followed by the printk caller
+# (CONFIG_PRINTK_CALLER: "[    5.123456][  T123] ").
+_DMESG_TIME = (r"(?:\[ *\d+\.\d+\]|\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"
+               r"|\[ *\+ *\d+\.\d+\]|\[[A-Z][a-z]{2} ?\d\d? \d\d:\d\d\]|\[< *\d+\.\d+>\]"
+               r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{1,9}(?:[+-]\d\d:?\d\d)?)(?: ?\[ *[TC]\d{1,10}\])? ")
+
 # Prefixes that dmesg, syslog daemons and `dmesg -x/-r/-T` put before the kernel's text.
 _PREFIX_RE = re.compile(
     r"(?:<\d+>)?"                                                     # dmesg -r: <prio>
     r"(?:[a-z]+ *:[a-z]+ *: )?"                                       # dmesg -x: "kern  :warn  : "
     rf"(?P<syslog>{_SYSLOG_HEAD}{_KERNEL_TAG})?"                      # syslog: "Nov 30 04:37:39 host kernel: "
-    r"(?:\[ *\d+\.\d+\] |\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\] "  # [secs] or -T
-    r"|\[ *\+ *\d+\.\d+\] |\[[A-Z][a-z]{2} ?\d\d? \d\d:\d\d\] )?"  # -H: [  +0.000844], [Nov30 04:37]
+    rf"(?:{_DMESG_TIME})?"
 )
 
 # A syslog line some other program wrote ("Nov 30 04:37:39 host job[4242]: ..."): not the kernel's, whatever it

@@ -44,6 +44,7 @@ MAX_CONTINUATION_LINES = 16
 _LINE_MEMORY = 512
 _CONTINUATION = re.compile(r"\n[ \t]")
 _SYSLOG_ESCAPE = re.compile(r"#0[0-3][0-7]")  # rsyslog writes control characters as #ooo
+_TERMINAL_CODE = re.compile(rb"\x1b\[[0-?]{0,32}[ -/]{0,8}[@-~]")  # an ECMA-48 control sequence (CSI)
 
 
 @dataclass
@@ -312,7 +313,10 @@ def _hold_back(buffer: bytes, end: int) -> int:
 
 def _clean(block: bytes) -> tuple[str, int]:
     """The block as text (``as_text`` of each line: bad bytes replaced, a junk or over-long line blanked, so that
-    line numbers hold), and how many lines were blanked."""
+    line numbers hold), and how many lines were blanked.  Terminal colours (``dmesg --color=always``, a captured
+    terminal session) are taken out first: a colour code between "NVRM: " and "Xid" would hide the Xid."""
+    if b"\x1b[" in block:
+        block = _TERMINAL_CODE.sub(b"", block)
     if is_text(block) and not _has_long_line(block):
         try:
             return block.decode("utf-8"), 0
