@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+from test_kernel_log_resilience import journal_entry, write_journal
 
 from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver, prefix_device
 from tpuwatch.kernel_log.events import make_event
@@ -112,6 +113,37 @@ def _dmesg_render(records: list[str], options: list[str], tmp_path: Path) -> tup
     return out, starts
 
 
+# journalctl's own output modes, of a real journal file (systemd-journal-remote) holding the records as kernel
+# entries and, last, a line a user logged that says what a kernel line would: never an event, in any mode that
+# can tell (all but cat).
+JOURNALCTL_MODES = ["short", "short-full", "short-iso", "short-iso-precise", "short-precise", "short-monotonic",
+                    "short-unix", "short-delta", "with-unit", "json", "cat"]
+_INJECTED = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus."
+
+
+@pytest.fixture(scope="module")
+def journals(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """Snippet index -> its journal file, made on first use."""
+    return {}
+
+
+def _journal(index: int, records: list[str], journals: dict[int, Path], root: Path) -> Path:
+    if index not in journals:
+        entries = []
+        for number, message in enumerate(records):
+            device = _device(message)
+            fields = {"MESSAGE": message, "SYSLOG_IDENTIFIER": "kernel", "_HOSTNAME": "tpu-host", "PRIORITY": "4"}
+            if device:
+                fields.update(_KERNEL_SUBSYSTEM=device[0], _KERNEL_DEVICE=device[1])
+            entries.append(journal_entry(fields, 1764460800_000000 + number * 12300))  # type: ignore[arg-type]
+        entries.append(journal_entry({"MESSAGE": _INJECTED, "_TRANSPORT": "syslog", "SYSLOG_IDENTIFIER": "root",
+                                      "_PID": "4242", "_HOSTNAME": "tpu-host", "PRIORITY": "4"},
+                                     1764460800_000000 + len(records) * 12300))
+        journals[index] = root / f"snippet{index}.journal"
+        write_journal(journals[index], entries)
+    return journals[index]
+
+
 @pytest.fixture(scope="module")
 def attribution(tmp_path_factory: pytest.TempPathFactory) -> Attribution:
     """A sysfs where accelN is the TPU chip on 0000:00:0(4+N).0, and the lookup that names chips by PCI address."""
@@ -156,6 +188,27 @@ def test_logscan_reads_every_form_util_linux_dmesg_prints(snippet: dict[str, Any
     found = [(starts.index(e.line) + 1 if e.line in starts else -(e.line or 0), e.rule, e.severity, e.pci, e.xid)
              for e in events]
     assert found == _expected(snippet)
+
+
+@pytest.mark.parametrize("mode", JOURNALCTL_MODES)
+@pytest.mark.parametrize("index", range(len(SNIPPETS)), ids=IDS)
+def test_logscan_reads_every_form_journalctl_prints(index: int, mode: str, journals: dict[int, Path],
+                                                   tmp_path_factory: pytest.TempPathFactory,
+                                                   attribution: Attribution) -> None:
+    records = _records(SNIPPETS[index])
+    journal = _journal(index, records, journals, tmp_path_factory.getbasetemp())
+    data = subprocess.run([require_tool("journalctl"), "--file", str(journal), "-o", mode, "--no-pager"],
+                          capture_output=True, check=True, timeout=30,
+                          env={"LC_ALL": "C.UTF-8", "TZ": "UTC", "SYSTEMD_COLORS": "0"}).stdout
+    if mode == "cat":  # no head tells the user's line from the kernel's
+        data = data[:data.rindex(_INJECTED.encode())]
+    starts = [1]
+    for message in records:
+        starts.append(starts[-1] + (1 if mode == "json" else message.count("\n") + 1))
+    events = list(scan(io.BytesIO(data), RULES, attribution, ScanStats()))
+    found = [(starts.index(e.line) + 1 if e.line in starts else -(e.line or 0), e.rule, e.severity, e.pci, e.xid)
+             for e in events]
+    assert found == _expected(SNIPPETS[index])
 
 
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=IDS)

@@ -43,9 +43,10 @@ _SYSLOG_TIME = (r"(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d(?:\.\d{1,9})?"
                 r"|(?:[A-Z][a-z]{2} )?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d{1,9})?"
                 r"(?:Z| ?[+-]\d\d(?::?\d\d)?| [A-Za-z]{1,6})?"
                 r"|\d{1,12}\.\d{1,9})")
-# journalctl -o short-monotonic (and short-delta): "[  123.456789] host kernel: ", which dmesg's own
-# "[seconds] " head only differs from by what follows it.
-_MONOTONIC = r"\[ *\d+\.\d+(?: <[ \d.]+>)?\]"
+# journalctl -o short-monotonic and short-delta: "[  123.456789] host kernel: ", "[  123.456789 <  1.000000 >]
+# host kernel: " (the first entry padded with spaces instead), which dmesg's own "[seconds] " head only differs
+# from by what follows it.
+_MONOTONIC = r"\[ *\d+\.\d+(?: <[ \d.]+>| +)?\]"
 _HOST = r"(?: [^\s:](?:\S*[^\s:])?)?"
 _SYSLOG_HEAD = rf"(?:{_SYSLOG_TIME}|{_MONOTONIC}){_HOST} "
 _KERNEL_TAG = r"kernel(?:\[\d+\])?: "
