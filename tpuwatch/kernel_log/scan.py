@@ -315,9 +315,11 @@ def _clean(block: bytes) -> tuple[str, int]:
     """The block as text (``as_text`` of each line: bad bytes replaced, a junk or over-long line blanked, so that
     line numbers hold), and how many lines were blanked.  Terminal colours (``dmesg --color=always``, a captured
     terminal session) are taken out first: a colour code between "NVRM: " and "Xid" would hide the Xid."""
-    if b"\x1b[" in block:
+    text = is_text(block)
+    if not text and b"\x1b" in block:  # ESC is no text byte: a block of plain text needs no look for it
         block = _TERMINAL_CODE.sub(b"", block)
-    if is_text(block) and not _has_long_line(block):
+        text = is_text(block)
+    if text and not _has_long_line(block):
         try:
             return block.decode("utf-8"), 0
         except UnicodeDecodeError:
