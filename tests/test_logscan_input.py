@@ -121,3 +121,30 @@ def test_a_last_line_without_newline_that_is_junk_still_counts(tmp_path: Path,
     path.write_bytes(b"usb 1-1: new device\n\x01\x02\x03\x04\x05\x06")
     _, out, _ = _logscan(capsys, str(path), "--json")
     assert (json.loads(out)["lines"], json.loads(out)["skipped_lines"]) == (2, 1)
+
+
+def _dmesg_json(messages: list[str]) -> str:
+    """A `dmesg --json` document laid out as util-linux 2.38.1 writes it (3-space indents, "},{" between
+    entries; checked against `dmesg -J` on a Debian 12 host); the messages are composed."""
+    entries = [f'         "pri": 4,\n         "time": {5 + i:12.6f},\n         "msg": {json.dumps(m)}\n'
+               for i, m in enumerate(messages)]
+    return '{\n   "dmesg": [\n      {\n' + "      },{\n".join(entries) + "      }\n   ]\n}\n"
+
+
+def test_a_dmesg_json_document_is_read_one_message_per_entry(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "dmesg.json"
+    path.write_text(_dmesg_json([
+        "usb 1-1: new high-speed USB device number 2 using xhci_hcd",
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.",
+        'audit: type=1400 apparmor="DENIED" operation="open" name="/proc/1/\\\\x"',
+        "NVRM: The NVIDIA GPU 0000:b3:00.0\nNVRM: (PCI ID: 10de:26b5) installed in this system has\n"
+        "NVRM: fallen off the bus and is not responding to commands.",
+        "pcieport 0000:00:1c.0: AER: Corrected error received: 0000:02:00.0",
+    ]))
+    code, out, _ = _logscan(capsys, str(path), "--json")
+    result = json.loads(out)
+    assert code == 1 and result["lines"] == 25
+    assert [(e["line"], e["rule"], e["pci"]) for e in result["events"]] == [
+        (10, "nvidia_xid", "0000:3b:00.0"), (18, "gpu_fell_off_bus", "0000:b3:00.0"),
+        (22, "pcie_aer_corrected", "0000:02:00.0")]

@@ -20,7 +20,7 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 from typing import BinaryIO
 
 from tpuwatch.kernel_log.attribution import Attribution, as_attribution
@@ -60,7 +60,7 @@ def scan(stream: BinaryIO, rules: RuleSet, device_for_pci: Attribution | Callabl
          stats: ScanStats) -> Iterator[KernelEvent]:
     """Events for every matching record of ``stream``, in order; ``stats`` is updated as it goes."""
     scanner = _Scanner(rules, as_attribution(device_for_pci))
-    for block in _blocks(stream):
+    for block in _as_lines(_blocks(stream)):
         if block is None:  # one over-long line, dropped unread
             stats.lines += 1
             stats.skipped += 1
@@ -299,6 +299,23 @@ def _blocks(stream: BinaryIO) -> Iterator[bytes | None]:
         pending = buffer[cut:]
     if pending and not discarding:
         yield pending
+
+
+# `dmesg --json` (util-linux 2.38+): one document, {"dmesg": [{"pri": 4, "time": 5.1, "msg": "..."}, ...]}, an
+# entry's fields on lines of their own, indented.  Each "msg" line becomes the journal JSON line of its message and
+# the other lines lose their indent (they are no continuation lines), line for line.
+_DMESG_JSON = re.compile(rb'\A\s*\{\s*"dmesg"\s*:\s*\[')
+_DMESG_JSON_MSG = re.compile(rb'^[ \t]*"msg"[ \t]*:[ \t]*("(?:[^"\\\n]|\\.)*")[ \t]*,?[ \t]*$', re.MULTILINE)
+_INDENT = re.compile(rb"^[ \t]+", re.MULTILINE)
+
+
+def _as_lines(blocks: Iterator[bytes | None]) -> Iterator[bytes | None]:
+    """The blocks, with a `dmesg --json` document turned into one line per message."""
+    first = next(blocks, b"")
+    if not isinstance(first, bytes) or not _DMESG_JSON.match(first):
+        return chain([first], blocks) if first != b"" else blocks
+    return (None if block is None else _INDENT.sub(b"", _DMESG_JSON_MSG.sub(rb'{"MESSAGE": \1}', block))
+            for block in chain([first], blocks))
 
 
 def _hold_back(buffer: bytes, end: int) -> int:
