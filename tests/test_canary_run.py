@@ -96,7 +96,7 @@ def test_a_drill_on_a_lone_fresh_chip_is_undetectable_and_never_poisons_the_next
     honest = canary(tmp_path, state, "--json", env=one_cpu)
     assert honest.returncode == 0, honest.stdout
     clean = report(honest)["devices"][0]["fingerprint"]
-    assert list(json.loads((state / "canary" / "fingerprints.json").read_text()).values()) == [{"0": clean}]
+    assert list(json.loads((state / "canary" / "fingerprints.json").read_text())["state"].values()) == [{"0": clean}]
     # Now the chip's history catches the same drill.
     drill = canary(tmp_path, state, "--inject", "bitflip", env=one_cpu)
     assert drill.returncode == 1
@@ -107,13 +107,13 @@ def test_a_drill_on_a_lone_fresh_chip_is_undetectable_and_never_poisons_the_next
 def test_reset_history_says_what_it_removed(tmp_path: Path) -> None:
     state = tmp_path / "reset"
     assert canary(tmp_path, state).returncode == 0
-    fingerprint = json.loads((state / "canary" / "fingerprints.json").read_text())
+    fingerprint = json.loads((state / "canary" / "fingerprints.json").read_text())["state"]
     (key, devices), = fingerprint.items()
     proc = canary(tmp_path, state, "--reset-history", "2")
     assert (proc.returncode, proc.stderr) == (0, "")
     assert proc.stdout == (f"canary: removed 1 fingerprint(s) from {state / 'canary' / 'fingerprints.json'}:\n"
                            f"  device 2: {devices['2']} ({key})\n")
-    assert set(json.loads((state / "canary" / "fingerprints.json").read_text())[key]) == {"0", "1", "3"}
+    assert set(json.loads((state / "canary" / "fingerprints.json").read_text())["state"][key]) == {"0", "1", "3"}
     proc = canary(tmp_path, state, "--reset-history", "--json")
     assert proc.returncode == 0
     assert [r["device"] for r in report(proc)["removed"]] == ["0", "1", "3"]
@@ -121,14 +121,17 @@ def test_reset_history_says_what_it_removed(tmp_path: Path) -> None:
     assert canary(tmp_path, state, "--reset-history").stdout.startswith("canary: nothing to remove in ")
 
 
-def test_an_unusable_history_is_reported_kept_and_removed_by_reset(tmp_path: Path) -> None:
+def test_an_unusable_history_is_reported_replaced_by_the_run_and_removed_by_reset(tmp_path: Path) -> None:
     path = tmp_path / "broken" / "canary" / "fingerprints.json"
     path.parent.mkdir(parents=True)
     path.write_text("{truncated")
     proc = canary(tmp_path, tmp_path / "broken", "--json")
     assert proc.returncode == 0 and report(proc)["status"] == "pass"
-    assert f"canary fingerprint history {path} ignored" in proc.stderr and "Traceback" not in proc.stderr
-    assert path.read_text() == "{truncated"
+    assert f"ignoring unusable canary fingerprint history file {path}: not JSON" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    fingerprints = {d["fingerprint"] for d in report(proc)["devices"]}
+    assert {fp for devices in json.loads(path.read_text())["state"].values() for fp in devices.values()} == fingerprints
+    path.write_text("{truncated")
     proc = canary(tmp_path, tmp_path / "broken", "--reset-history")
     assert proc.stdout.startswith(f"canary: removed {path}, which could not be used: not JSON: ")
     assert not path.exists()

@@ -97,18 +97,26 @@ def test_fuzzed_alerting_db_is_moved_aside_or_cleaned_and_the_next_alert_is_queu
         assert len(moved) <= KEEP_MOVED_ASIDE, name
 
 
-def test_fuzzed_trend_state_is_not_trusted_and_the_detectors_go_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sealed", [True, False], ids=["sealed", "from-before-the-digest"])
+def test_fuzzed_trend_state_is_not_trusted_and_the_detectors_go_on(tmp_path: Path, sealed: bool) -> None:
+    """Sealed, as the daemon writes it: what was saved is restored, or nothing.  A file from before the digest
+    (still read): restoring it never raises."""
     from test_trend_state import START, STEP, cycle, feed
 
     trained = TrendAnalyzer(TrendConfig())
     feed(trained, np.arange(START, START + 1800, STEP), seed=5)
-    good = json.loads(json.dumps(trained.snapshot(START + 1800)))
     state = TrendStateFile(str(tmp_path))
-    for name, data in statefuzz.json_cases(good, _rng("trend.json")):
+    state.save(trained, START + 1800)
+    good = json.loads((tmp_path / FILE_NAME).read_bytes())
+    learned = json.dumps(good["state"])
+    for name, data in statefuzz.json_cases(good if sealed else good["state"],
+                                           _rng("trend.json" if sealed else "trend.json before the digest")):
         (tmp_path / FILE_NAME).write_bytes(data)
         trend = TrendAnalyzer(TrendConfig())
         restored = state.restore(trend, START + 1830)
         assert 0 <= restored <= 2, name
+        if sealed:
+            assert restored in (0, 2) and (restored == 0 or json.dumps(trend.snapshot(START + 1800)) == learned), name
         for t in (START + 1840, START + 1850):
             trend.observe(cycle(t, np.random.default_rng(int(t))), t)
         trend.samples()
@@ -164,15 +172,26 @@ CANARY_LINES = [{"event": "start", "platform": "cpu", "chip": "cpu", "stack": "j
                    "finite": True, "duration_seconds": 0.1} for d in ("0", "1"))]
 
 
-def test_fuzzed_fingerprint_history_is_not_trusted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sealed", [True, False], ids=["sealed", "from-before-the-digest"])
+def test_fuzzed_fingerprint_history_is_not_trusted(tmp_path: Path, sealed: bool) -> None:
+    """Sealed, as the canary writes it: no fingerprint but the saved ones, so an honest run passes.  A file from
+    before the digest (still read, and sealed at the next run): reading and judging it never raise."""
     path = tmp_path / "canary" / "fingerprints.json"
     path.parent.mkdir()
     key = history_key("jax 0.4", "cpu", "float32")
-    good = {key: {"0": "0123456789abcdef", "1": "0123456789abcdef"}}
-    for name, data in statefuzz.json_cases(good, _rng("canary/fingerprints.json")):
+    learned = {key: {"0": "0123456789abcdef", "1": "0123456789abcdef"}}
+    FingerprintHistory(path).update(lambda history: (None, learned))
+    good = json.loads(path.read_bytes())
+    for name, data in statefuzz.json_cases(good if sealed else good["state"],
+                                           _rng("canary/fingerprints.json" if sealed else
+                                                "canary/fingerprints.json before the digest")):
         path.write_bytes(data)
-        result, _ = judge(CANARY_LINES, None, FingerprintHistory(path).read()[0])
-        assert result.status == "pass", name
+        history = FingerprintHistory(path).read()[0]
+        result, _ = judge(CANARY_LINES, None, history)
+        if sealed:
+            kept = [(key, device, fp) for key, devices in history.items() for device, fp in devices.items()]
+            assert all(learned.get(key, {}).get(device) == fp for key, device, fp in kept), name  # none but saved
+            assert result.status == "pass", name
 
 
 def test_fuzzed_journal_position_never_raises(tmp_path: Path) -> None:

@@ -164,6 +164,47 @@ def test_good_files_load_and_oversized_ones_do_not(tmp_path: Path) -> None:
     assert "larger than 1048576 bytes" in statefile.LEDGER.view()[1][-1][2]
 
 
+def test_a_sealed_file_loads_only_as_it_was_saved(tmp_path: Path) -> None:
+    path = tmp_path / "file.json"
+    good = {"path": "/var/log/kern.log", "dev": 2049, "ino": 12, "offset": 4096}
+    assert statefile.save(path, good, sealed=True)
+    text = path.read_text()
+    assert json.loads(text) == {"sha256": statefile.digest(good), "state": good}
+    assert statefile.load(path, "kernel log position", sealed=True) == good
+    for damaged, why in ((text.replace("4096", "4095"), "its content does not match its sha256"),  # a valid offset
+                         (text.replace('"ino":12,', ""), "its content does not match its sha256"),
+                         (text.replace('"sha256"', '"sha255"'), "an envelope with the keys"),
+                         (text[:text.index(',"state"')] + "}", "an envelope with the keys 'sha256', not"),
+                         (json.dumps({**json.loads(text), "extra": 1}), "an envelope with the keys")):
+        path.write_text(damaged)
+        assert statefile.load(path, "kernel log position", sealed=True) is None, damaged
+        assert f"integrity check failed: {why}" in statefile.LEDGER.view()[1][-1][2]
+    reasons = set()
+    for depth in range(900, 1100):  # around the recursion limit, where checking may need more of it than reading
+        with pytest.raises(ValueError, match="^(not JSON|integrity check failed): ") as caught:
+            statefile.decode(b'{"sha256": "x", "state": ' + b"[" * depth + b"]" * depth + b"}", sealed=True)
+        reasons.add(str(caught.value).split(":")[0])
+    assert reasons == {"not JSON", "integrity check failed"}
+    path.write_text(json.dumps(good))  # written before sealing: read as it is, and its shape still checked
+    assert statefile.load(path, "kernel log position", sealed=True) == good
+    path.write_text(json.dumps({**good, "offset": -1}))
+    assert statefile.load(path, "kernel log position", sealed=True) is None
+    assert "out of range" in statefile.LEDGER.view()[1][-1][2]
+
+
+def test_a_seal_covers_every_value_and_the_order_of_keys() -> None:
+    state = {"b": [1, 2.5, None, True, float("nan")], "a": {"x": "\u00e9\ud800"}}
+    sealed = json.loads(json.dumps(statefile.seal(state)))
+    unsealed, was_sealed = statefile.unseal(sealed)
+    assert was_sealed and json.dumps(unsealed) == json.dumps(state)  # NaN is not equal to itself
+    assert statefile.unseal({"a": 1}) == ({"a": 1}, False) and statefile.unseal([1]) == ([1], False)
+    reordered = {"sha256": sealed["sha256"], "state": {"a": sealed["state"]["a"], "b": sealed["state"]["b"]}}
+    flipped = {**sealed, "state": {**sealed["state"], "b": [1, 2.5, None, False, float("nan")]}}
+    for damaged in (reordered, flipped, {**sealed, "sha256": sealed["sha256"].upper()}, {**sealed, "sha256": 5}):
+        with pytest.raises(ValueError, match="integrity check failed: its content does not match its sha256"):
+            statefile.unseal(damaged)
+
+
 def test_a_save_that_fails_says_so_once_and_again_when_it_works(tmpfs: Callable[..., Tmpfs],
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     fs = tmpfs()

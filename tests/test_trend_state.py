@@ -142,6 +142,43 @@ def test_the_state_file_restores_and_counts_failed_saves(tmp_path: Path, caplog:
     assert unwritable.path.exists()
 
 
+def drifting(trend: TrendAnalyzer, since: float) -> bool:
+    """Whether a drift is suspected after ten more minutes of the same readings."""
+    rng = np.random.default_rng(9)
+    for t in np.arange(since, since + 600, STEP).tolist():
+        trend.observe(cycle(t, rng), t)
+    return any(s.name == "tpuwatch_drift_suspected" and s.value == 1 for s in trend.samples())
+
+
+def test_a_damaged_digit_in_the_state_file_is_caught_not_restored_as_a_drift(tmp_path: Path) -> None:
+    trained = TrendAnalyzer(TrendConfig())
+    feed(trained, np.arange(START, START + 1800, STEP), seed=5)
+    state = TrendStateFile(str(tmp_path))
+    state.save(trained, START + 1800)
+    text = state.path.read_text()
+    mean = json.dumps(statefile.unseal(json.loads(text))[0]["drifts"][0]["detector"]["learned"][1])
+    at = next(i for i, c in enumerate(mean) if c in "123456789")  # its first significant digit, one byte off
+    damaged = text.replace(mean, mean[:at] + str(int(mean[at]) % 9 + 1) + mean[at + 1:], 1)
+    assert damaged != text
+    unchecked = TrendAnalyzer(TrendConfig())  # what restoring the damaged learned state would do
+    assert unchecked.restore(json.loads(damaged)["state"], START + 1830) == 2 and drifting(unchecked, START + 1840)
+    state.path.write_text(damaged)
+    trend = TrendAnalyzer(TrendConfig())
+    assert state.restore(trend, START + 1830) == 0 and not drifting(trend, START + 1840)
+    assert "integrity check failed" in statefile.LEDGER.view()[1][-1][2]
+
+
+def test_a_state_file_from_before_the_digest_is_restored_and_sealed_at_the_next_save(tmp_path: Path) -> None:
+    trained = TrendAnalyzer(TrendConfig())
+    feed(trained, np.arange(START, START + 1800, STEP), seed=5)
+    state = TrendStateFile(str(tmp_path))
+    state.path.write_text(json.dumps(trained.snapshot(START + 1800)))
+    trend = TrendAnalyzer(TrendConfig())
+    assert state.restore(trend, START + 1830) == 2 and not drifting(trend, START + 1840)
+    state.save(trend, START + 2440)
+    assert statefile.unseal(json.loads(state.path.read_text()))[1]
+
+
 def test_the_daemon_saves_its_detectors_at_stop_and_reads_them_at_start(
         start_daemon: Callable[..., DaemonProcess], tmp_path: Path) -> None:
     config = {"interval": "200ms", "paths": {"sysfs": str(tmp_path / "empty-sysfs")},
@@ -150,8 +187,8 @@ def test_the_daemon_saves_its_detectors_at_stop_and_reads_them_at_start(
     first.wait_ready()
     first.signal(signal.SIGTERM)
     assert first.proc.wait(timeout=10) == 0
-    saved = json.loads((tmp_path / "state" / FILE_NAME).read_text())
-    assert [["memory", "host"]] in [entry["labels"] for entry in saved["leaks"]]
+    saved = statefile.unseal(json.loads((tmp_path / "state" / FILE_NAME).read_text()))
+    assert saved[1] and [["memory", "host"]] in [entry["labels"] for entry in saved[0]["leaks"]]
 
     second = start_daemon(config)
     second.wait_ready()

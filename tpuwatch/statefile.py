@@ -7,10 +7,19 @@ gives None for a file that is missing, too large, not JSON, or not of the
 expected shape; a file that is there but unfit is logged and recorded as
 discarded (never trusted), and the next save replaces it.  ``LEDGER`` holds
 what failed and what was discarded, for /healthz and /metrics.
+
+A file whose values steer a verdict, where a damaged digit is another valid
+value rather than a wrong shape (a learned baseline, a known-good fingerprint),
+is saved and loaded ``sealed``: ``seal()`` stores the state with its SHA-256,
+``{"sha256": HEX, "state": STATE}``, and ``unseal()`` refuses one whose digest
+does not match, so a flipped byte, a truncation or a hand edit is unfit like
+any other damage.  A file written before sealing (neither envelope key) is
+still read, and sealed at its next save.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -28,6 +37,7 @@ log = logging.getLogger(__name__)
 MAX_BYTES = 1 << 20  # a position or history file is a few hundred bytes
 MAX_FAILING = 64
 MAX_DISCARDED = 32
+DIGEST_KEY, STATE_KEY = "sha256", "state"  # a sealed file: {"sha256": HEX, "state": STATE}
 
 
 @dataclass(frozen=True)
@@ -198,15 +208,60 @@ def write(path: Path, state: dict[str, Any]) -> None:
         raise
 
 
-def save(path: Path | None, state: dict[str, Any]) -> bool:
-    """Write ``state`` as JSON to ``path`` atomically (``write()``); nothing for None.
+def digest(state: Any) -> str:
+    """The SHA-256, as hex, of ``state`` as compact JSON in its own key order: what a sealed file stores."""
+    return hashlib.sha256(json.dumps(state, separators=(",", ":")).encode()).hexdigest()
+
+
+def seal(state: Any) -> dict[str, Any]:
+    """``state`` in its envelope with its digest, as ``save(..., sealed=True)`` writes it."""
+    return {DIGEST_KEY: digest(state), STATE_KEY: state}
+
+
+def unseal(document: Any) -> tuple[Any, bool]:
+    """The state in a loaded ``document`` and whether it was sealed; ValueError if its seal does not hold.
+
+    A document with neither envelope key was written before sealing: it is given as it is (False).
+    """
+    if not isinstance(document, dict) or (DIGEST_KEY not in document and STATE_KEY not in document):
+        return document, False
+    if set(document) != {DIGEST_KEY, STATE_KEY}:
+        keys = ", ".join(sorted(repr(str(key)[:64]) for key in document)[:4])
+        raise ValueError(f"integrity check failed: an envelope with the keys {keys}, not {DIGEST_KEY!r} and "
+                         f"{STATE_KEY!r}")
+    if document[DIGEST_KEY] != digest(document[STATE_KEY]):
+        raise ValueError(f"integrity check failed: its content does not match its {DIGEST_KEY} (damaged, or "
+                         "edited by hand)")
+    return document[STATE_KEY], True
+
+
+def decode(data: bytes, max_bytes: int = MAX_BYTES, sealed: bool = False) -> tuple[Any, bool]:
+    """The JSON document in ``data``, unsealed if ``sealed`` (``unseal()``), and whether it was sealed.
+
+    ValueError saying why it is unfit: larger than ``max_bytes``, not JSON, or a seal that does not hold.
+    """
+    if len(data) > max_bytes:
+        raise ValueError(f"larger than {max_bytes} bytes")
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
+        raise ValueError(f"not JSON: {str(exc)[:200]}") from None
+    try:
+        return unseal(document) if sealed else (document, False)
+    except RecursionError:  # the digest's dumps runs a few frames deeper than loads did
+        raise ValueError("integrity check failed: nested too deep to check") from None
+
+
+def save(path: Path | None, state: dict[str, Any], sealed: bool = False) -> bool:
+    """Write ``state`` as JSON to ``path`` atomically (``write()``), in its envelope if ``sealed``; nothing for
+    None.
 
     True if it was written; False (logged once per file until it works again) if the disk is full or read-only.
     """
     if path is None:
         return True
     try:
-        write(path, state)
+        write(path, seal(state) if sealed else state)
     except OSError as exc:
         reason = exc.strerror or str(exc)
         if LEDGER.save_failed(path, reason):
@@ -217,9 +272,10 @@ def save(path: Path | None, state: dict[str, Any]) -> bool:
     return True
 
 
-def load(path: Path | None, what: str, shape: Shape | None = POSITION, max_bytes: int = MAX_BYTES
-         ) -> dict[str, Any] | None:
-    """The JSON object saved at ``path``, if it is of ``shape`` (None: any object) and at most ``max_bytes``.
+def load(path: Path | None, what: str, shape: Shape | None = POSITION, max_bytes: int = MAX_BYTES,
+         sealed: bool = False) -> dict[str, Any] | None:
+    """The JSON object saved at ``path``, if it is of ``shape`` (None: any object) and at most ``max_bytes``;
+    with ``sealed``, the state in its envelope if the digest matches (or a file from before sealing).
 
     None if there is none, or if it is unfit (logged and recorded naming ``what``): a file is never trusted.
     """
@@ -233,13 +289,10 @@ def load(path: Path | None, what: str, shape: Shape | None = POSITION, max_bytes
     except OSError as exc:
         discard(path, what, exc.strerror or str(exc))
         return None
-    if len(data) > max_bytes:
-        discard(path, what, f"larger than {max_bytes} bytes")
-        return None
     try:
-        state = json.loads(data.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
-        discard(path, what, f"not JSON: {str(exc)[:200]}")
+        state, _ = decode(data, max_bytes, sealed)
+    except ValueError as exc:
+        discard(path, what, str(exc))
         return None
     reason = mismatch(state, shape) if shape is not None else (
         None if isinstance(state, dict) else f"{type(state).__name__}, not an object")

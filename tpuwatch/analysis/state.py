@@ -1,8 +1,11 @@
 """The trend detectors' learned state on disk: restored at start, saved every few minutes and at stop.
 
 Without it every restart or upgrade would leave the leak detector blind for
-its 2 h learning period.  The file is ``trend.json`` in the state directory;
-series not seen for an hour before the restart are not restored.
+its 2 h learning period.  The file is ``trend.json`` in the state directory,
+sealed with the SHA-256 of its content (``statefile.seal``: a damaged digit of
+a learned baseline would otherwise be restored as a drift or a leak that is
+not there); series not seen for an hour before the restart are not restored.
+A file from before the digest is still restored, and sealed at the next save.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ MAX_BYTES = 32 << 20  # about 8 KiB per series, for the analyzer's 1000 at most
 class TrendStateFile:
     """``restore(trend, now)`` once at start, ``save(trend, now)`` periodically; failures counted, logged once.
 
-    A file that does not fit (not JSON, wrong shape, another version) is not used, and is recorded as discarded.
+    A file that does not fit (not JSON, failing its integrity check, wrong shape, another version) is not used,
+    and is recorded as discarded.
     """
 
     def __init__(self, state_dir: str) -> None:
@@ -35,7 +39,7 @@ class TrendStateFile:
 
     def restore(self, trend: TrendAnalyzer, now: float) -> int:
         """Load the saved state into ``trend``; the number of series carried on (0 if none or unfit)."""
-        snapshot = statefile.load(self.path, "trend state", shape=None, max_bytes=MAX_BYTES)
+        snapshot = statefile.load(self.path, "trend state", shape=None, max_bytes=MAX_BYTES, sealed=True)
         if snapshot is None:
             return 0
         try:
@@ -51,7 +55,7 @@ class TrendStateFile:
     def save(self, trend: TrendAnalyzer, now: float) -> None:
         """Write ``trend``'s state atomically; a failure (full disk, read-only) is counted and logged once."""
         with self._lock:
-            if not statefile.save(self.path, trend.snapshot(now)):  # logged there, once until it works again
+            if not statefile.save(self.path, trend.snapshot(now), sealed=True):  # logged there, once until it works
                 self.save_failures += 1
 
     def samples(self) -> list[Sample]:

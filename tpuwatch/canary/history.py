@@ -3,18 +3,22 @@
 Both read, judge and rewrite it, so every read-modify-write holds an flock on
 ``fingerprints.json.lock`` beside it, for that step only (never while a worker
 runs), and every write goes through ``statefile.save`` (temp file, fsync,
-rename): two processes never lose each other's fingerprints, and a crash never
-leaves half a file.  A file that cannot be read or has the wrong shape counts
-as no history, is logged once, and is never overwritten;
-``tpuwatch canary --reset-history`` removes it.
+rename), sealed with the SHA-256 of its content: two processes never lose each
+other's fingerprints, a crash never leaves half a file, and a damaged digit
+(another valid fingerprint, which would fail an honest chip) is caught.  A
+file that cannot be read, has the wrong shape or fails its integrity check
+counts as no history and is discarded as every state file is (logged once,
+recorded in ``statefile.LEDGER``); the next recorded run's fingerprints
+replace it.  ``tpuwatch canary --reset-history`` removes the file.
 
-The file: ``{"attn-mlp-v1|float32|CHIP|STACK": {"0": "16 hex digits", ...}, ...}``,
-the most recently updated stack last.
+The file: ``{"sha256": HEX, "state": {"attn-mlp-v1|float32|CHIP|STACK": {"0":
+"16 hex digits", ...}, ...}}``, the most recently updated stack last.  A file
+from before the digest (the bare ``state`` object) is read as it is and sealed
+at the next update that records a run.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -31,6 +35,7 @@ from tpuwatch.hw.locks import flock_within
 
 log = logging.getLogger(__name__)
 
+WHAT = "canary fingerprint history"
 MAX_BYTES = 1 << 20
 LOCK_WAIT_S = 10.0
 _MAX_KEY = 1000
@@ -49,14 +54,10 @@ def history_path(state_dir: str) -> Path:
     return Path(state_dir) / "canary" / "fingerprints.json"
 
 
-def parse(data: bytes) -> History:
-    """The history in ``data``; ValueError saying what is wrong with it."""
-    if len(data) > MAX_BYTES:
-        raise ValueError(f"larger than {MAX_BYTES} bytes")
-    try:
-        history = json.loads(data)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise ValueError(f"not JSON: {exc}") from None
+def parse(data: bytes) -> tuple[History, bool]:
+    """The history in ``data`` and whether it was sealed (False: a file from before the digest); ValueError
+    saying what is wrong with it."""
+    history, sealed = statefile.decode(data, MAX_BYTES, sealed=True)
     if not isinstance(history, dict):
         raise ValueError(f"wrong shape: a JSON {type(history).__name__}, not an object")
     for key, devices in history.items():
@@ -66,7 +67,7 @@ def parse(data: bytes) -> History:
             if not _DEVICE.match(device) or not isinstance(fingerprint, str) or not _FINGERPRINT.match(fingerprint):
                 raise ValueError(f"wrong shape: device {device[:20]!r} of {key[:80]!r} has no 16-hex-digit "
                                  "fingerprint")
-    return history
+    return history, sealed
 
 
 @dataclass(frozen=True)
@@ -89,18 +90,25 @@ class FingerprintHistory:
         self.lock_path = path.with_name(path.name + ".lock")
 
     def read(self) -> tuple[History, str | None]:
-        """The stored fingerprints and None, or no history and why the file cannot be used (logged once)."""
-        try:
-            history, problem = parse(_read_bounded(self.path)), None
-        except FileNotFoundError:
-            history, problem = {}, None
-        except OSError as exc:
-            history, problem = {}, f"unreadable: {exc.strerror or exc}"
-        except ValueError as exc:
-            history, problem = {}, str(exc)
-        self._note("read", problem and f"ignored, so no chip is checked against its history, until it is fixed: "
-                                       f"{problem}; `tpuwatch canary --reset-history` removes it")
+        """The stored fingerprints and None, or no history and why the file cannot be used (discarded, once)."""
+        history, _, problem = self._read()
         return history, problem
+
+    def _read(self) -> tuple[History, bool, str | None]:
+        """(fingerprints, whether the file is from before the digest, why it cannot be used)."""
+        problem = None
+        try:
+            history, sealed = parse(_read_bounded(self.path))
+        except FileNotFoundError:
+            history, sealed = {}, True
+        except OSError as exc:
+            history, sealed, problem = {}, True, f"unreadable: {exc.strerror or exc}"
+        except ValueError as exc:
+            history, sealed, problem = {}, True, str(exc)
+        if self._note("read", problem):
+            statefile.discard(self.path, WHAT, f"{problem}; no chip is checked against its history, and the next "
+                                               "recorded run's fingerprints replace it")
+        return history, not sealed, problem
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -120,19 +128,22 @@ class FingerprintHistory:
     def update(self, change: Callable[[History], tuple[T, History]]) -> T:
         """Read, ``change`` (what to return, the history to store), write back if it changed: one locked step.
 
-        An unusable file is left as it is.  Without the lock (HistoryBusy) ``change`` sees the file as it is and
-        nothing is written; that and a failed write are logged once, and the answer stands.
+        ``change`` returning the very history it was given stores nothing (a fire drill): not even a file from
+        before the digest is sealed then.  An unusable file counts as none, so what ``change`` stores replaces
+        it.  Without the lock (HistoryBusy) ``change`` sees the file as it is and nothing is written; that and a
+        failed write are logged once, and the answer stands.
         """
         try:
             with self.locked():
                 self._note("lock", None)
-                history, problem = self.read()
+                history, unsealed, _ = self._read()
                 answer, updated = change(history)
-                if problem is None and updated != history:
+                if updated is not history and (updated != history or unsealed):
                     self._save(updated)
                 return answer
         except HistoryBusy as exc:
-            self._note("lock", f"not updated: {exc}")
+            if self._note("lock", f"not updated: {exc}"):
+                log.warning("canary fingerprint history %s not updated: %s", self.path, exc)
             return change(self.read()[0])[0]
 
     def reset(self, device: str | None) -> Removed:
@@ -150,21 +161,22 @@ class FingerprintHistory:
             removed = _entries(history, device)
             if removed:
                 kept = {key: {d: fp for d, fp in devices.items() if d != device} for key, devices in history.items()}
-                if not statefile.save(self.path, {key: devices for key, devices in kept.items() if devices}):
+                if not statefile.save(self.path, {key: devices for key, devices in kept.items() if devices},
+                                      sealed=True):
                     raise OSError(f"cannot write {self.path}")
             return Removed(self.path, removed)
 
     def _save(self, history: History) -> None:
-        statefile.save(self.path, history)  # a failed write is logged there, once until one works again
+        statefile.save(self.path, history, sealed=True)  # a failed write is logged there, once until one works
 
-    def _note(self, step: str, problem: str | None) -> None:
-        """Log ``problem`` of ``step`` (read, lock) unless it is the one logged last; None clears it."""
+    def _note(self, step: str, problem: str | None) -> bool:
+        """Keep ``problem`` as the last of ``step`` (read, lock; None clears it); True if it is to be told: not
+        the one kept before."""
         with self._reported_lock:
             last = self._reported.pop((self.path, step), None)
             if problem is not None:
                 self._reported[(self.path, step)] = problem
-        if problem is not None and problem != last:
-            log.warning("canary fingerprint history %s %s", self.path, problem)
+        return problem is not None and problem != last
 
 
 def _read_bounded(path: Path) -> bytes:
