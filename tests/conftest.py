@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -18,6 +19,13 @@ import requests
 import yaml
 
 from http_receiver import Mode, Receiver
+
+
+def saved_state(path: Path) -> Any:
+    """The state tpuwatch saved at ``path``, out of its sealed envelope (``statefile.seal``) when it has one."""
+    from tpuwatch import statefile
+
+    return statefile.unseal(json.loads(path.read_bytes()))[0]
 
 
 def free_port() -> int:

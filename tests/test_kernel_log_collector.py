@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import tracemalloc
@@ -32,7 +31,7 @@ from tpuwatch.kernel_log.rules import Match, RuleSet, load_rules
 from tpuwatch.kernel_log.sieve import BacklogSieve
 from tpuwatch.kernel_log.sources import KmsgSource, Source, read_boot_id
 
-from conftest import write_selftest_rule
+from conftest import saved_state, write_selftest_rule
 
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n"
 READINGS = [DeviceReading(device="0", chip="h100", pci="0000:18:00.0"),
@@ -314,7 +313,7 @@ def test_a_record_the_matcher_fails_on_is_counted_and_passed_over(tmp_path: Path
     assert values[("tpuwatch_kernel_events_total", (("device", "1"), ("rule", "nvidia_xid"),
                                                     ("severity", "critical")))] == 1
     assert sum("could not be matched" in r.message for r in caplog.records) == 1  # logged once
-    assert json.loads((tmp_path / "file.json").read_text())["offset"] == log.stat().st_size  # the position moved
+    assert saved_state(tmp_path / "file.json")["offset"] == log.stat().st_size  # the position moved
 
 
 class BrokenSource(Source):

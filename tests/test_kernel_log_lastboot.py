@@ -21,7 +21,7 @@ from tpuwatch.kernel_log import lastboot
 from tpuwatch.kernel_log.lastboot import PreviousBootCollector, parse_record, pstore_crashes, record_crash
 from tpuwatch.samples import Sample
 
-from conftest import require_tool, run_cli, wait_until
+from conftest import require_tool, run_cli, saved_state, wait_until
 
 PSTORE = Path(__file__).parent / "testdata" / "kernel_log" / "pstore"
 JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
@@ -113,7 +113,7 @@ def test_a_crash_is_reported_once_per_boot_and_a_record_nobody_cleared_never_aga
     assert (event.rule, event.severity, event.fields) == ("previous_boot_panic", "critical",
                                                           {"kind": "panic", "source": "pstore"})
     assert "Kernel panic - not syncing: sysrq triggered crash" in event.message
-    assert json.loads(state.read_text())["boot_id"] == THIS_BOOT
+    assert saved_state(state)["boot_id"] == THIS_BOOT
     # tpuwatch restarted, same boot: the crash is still shown, not reported again.
     again = _collector(pstore, THIS_BOOT, state)
     assert _values(again.collect()) == {CRASH: 1, EVENTS: 0} and again.recent_events() == []

@@ -26,7 +26,7 @@ from tpuwatch.kernel_log.records import MAX_MESSAGE_CHARS, Record
 from tpuwatch.kernel_log.rules import load_rules
 from tpuwatch.kernel_log.sources import JournalSource, KmsgSource, read_boot_id
 
-from conftest import SIM_FAST, DaemonProcess, require_tool, wait_until, write_selftest_rule
+from conftest import SIM_FAST, DaemonProcess, require_tool, saved_state, wait_until, write_selftest_rule
 
 JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
 KMSG = "/dev/kmsg"
@@ -99,7 +99,7 @@ def test_no_line_stops_the_count_and_the_position_moves_past_it(tmp_path: Path) 
     _append(log, "\n".join(HOSTILE_LINES) + "\n" + XID79 + "\n")
     assert _values(collector.collect())[CRITICAL_XID] == 1
     collector.close()
-    assert json.loads(state.read_text())["offset"] == log.stat().st_size
+    assert saved_state(state)["offset"] == log.stat().st_size
     restarted = _collector(FileSource(str(log), state))  # across a restart: nothing again, the next one counted
     assert _values(restarted.collect())[CRITICAL_XID] == 0
     _append(log, XID79 + "\n")
@@ -160,8 +160,29 @@ def test_file_positions_of_the_wrong_shape_are_ignored(tmp_path: Path, caplog: p
         assert [r.message for r in source.read(10)] == [f"after {name}"], name
         assert sum("ignoring unusable kernel log position file" in r.message for r in caplog.records) == 1, name
         source.commit()
-        assert json.loads(state.read_text())["offset"] == log.stat().st_size  # replaced by a good one
+        assert saved_state(state)["offset"] == log.stat().st_size  # replaced by a good one
         source.close()
+
+
+def test_a_damaged_digit_of_a_saved_offset_reads_nothing_again(tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A position file is sealed: an offset one digit off (still a valid offset) would read old faults again and
+    page for them a second time; it is discarded instead, and the source goes on from the end."""
+    log, state = tmp_path / "kern.log", tmp_path / "file.json"
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
+    log.write_text("x" * 99 + "\n" + xid + "y" * (99 - len(xid)) + "\n")  # the Xid at 100, the end at 200
+    source = FileSource(str(log), state)
+    assert [r.message for r in source.read(10)] == []  # a first start begins at the end
+    source.commit()
+    source.close()
+    saved = state.read_text()
+    damaged = saved.replace('"offset":200', '"offset":100')  # one digit: the Xid line's start
+    assert damaged != saved
+    state.write_text(damaged)
+    source = FileSource(str(log), state)  # starts at the end, as without a position
+    _append(log, "after the restart\n")
+    assert [r.message for r in source.read(10)] == ["after the restart"]  # not the Xid line again
+    assert any("integrity check failed" in r.message for r in caplog.records)
 
 
 def test_file_offset_beyond_the_end_means_truncated_while_down(tmp_path: Path) -> None:
@@ -187,7 +208,7 @@ def test_kmsg_positions_of_the_wrong_shape_or_from_the_future_are_ignored(tmp_pa
         messages = [r.message for r in source.read(1_000_000)]
         assert f"{tag}: written before" in messages, name
         source.commit()
-        assert json.loads(state.read_text())["seq"] < 10**15
+        assert saved_state(state)["seq"] < 10**15
         source.close()
 
 
@@ -203,7 +224,7 @@ def test_journal_cursors_of_the_wrong_shape_or_unknown_are_ignored(tmp_path: Pat
         source = JournalSource(state, str(journal))
         source.read(100)  # no exception, whatever the cursor
         source.commit()
-        assert json.loads(state.read_text())["cursor"].startswith("s="), name
+        assert saved_state(state)["cursor"].startswith("s="), name
         source.close()
     restarted = JournalSource(tmp_path / "unknown.json", str(journal))
     write_journal(journal, [journal_entry({"MESSAGE": "next"}, now)])
@@ -342,7 +363,7 @@ def test_full_disk_counts_every_event_and_saves_once_there_is_room(tmp_path: Pat
     (small_tmpfs / "filler").unlink()
     values = _values(collector.collect())  # nothing new read: the failed save is retried all the same
     assert values[("tpuwatch_kernel_log_position_save_failures_total", (("source", "file"),))] == 20
-    assert json.loads(state.read_text())["offset"] == log.stat().st_size
+    assert saved_state(state)["offset"] == log.stat().st_size
 
 
 def test_read_only_state_directory_counts_every_event(tmp_path: Path, small_tmpfs: Path) -> None:
@@ -442,4 +463,4 @@ def test_failed_saves_are_counted_logged_once_and_retried(tmp_path: Path, caplog
     assert sum("not saved (kept in memory, retried at each save)" in r.message for r in caplog.records) == 1
     (tmp_path / "blocker").unlink()
     assert position.save({"offset": 2}) and position.failures == 2
-    assert json.loads((tmp_path / "blocker" / "file.json").read_text()) == {"offset": 2}
+    assert saved_state(tmp_path / "blocker" / "file.json") == {"offset": 2}

@@ -26,7 +26,7 @@ from tpuwatch.kernel_log.records import MAX_MESSAGE_CHARS, parse_kmsg, parse_lin
 from tpuwatch.kernel_log.rules import load_rules
 from tpuwatch.kernel_log.sources import JournalSource, KmsgSource, Source, read_boot_id
 
-from conftest import write_selftest_rule
+from conftest import saved_state, write_selftest_rule
 
 SEED = int(os.environ.get("TPUWATCH_FUZZ_SEED", "20261130"))
 CASES = int(os.environ.get("TPUWATCH_FUZZ_CASES", "1000"))
@@ -136,7 +136,7 @@ def test_fuzzed_lines_of_every_file_format(tmp_path: Path, name: str) -> None:
     else:
         assert read + skipped == lines  # every line read or counted
     source.commit()
-    assert json.loads(state.read_text())["offset"] == len(data)
+    assert saved_state(state)["offset"] == len(data)
 
 
 @pytest.mark.usefixtures("journal_module")

@@ -23,7 +23,7 @@ from tpuwatch.kernel_log.sources import (
 )
 from tpuwatch.schema import ConfigError
 
-from conftest import require_tool, wait_until
+from conftest import require_tool, saved_state, wait_until
 
 KMSG = "/dev/kmsg"
 JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
@@ -59,7 +59,7 @@ def test_kmsg_reads_new_records_and_resumes_after_restart_without_duplicates_or_
     first.commit()
     _write_kmsg(f"<4>{tag}: three\n")  # written while "tpuwatch is down"
     first.close()
-    saved = json.loads(state.read_text())
+    saved = saved_state(state)
     assert saved["boot_id"] == boot and isinstance(saved["seq"], int)
 
     second = KmsgSource(KMSG, state, boot)
@@ -186,7 +186,7 @@ def test_journal_kernel_entries_cursor_restart_and_appends(tmp_path: Path, journ
     assert records[0].kernel_device == "+pci:0000:3b:00.0"
     first.commit()
     first.close()
-    assert "cursor" in json.loads(state.read_text())
+    assert "cursor" in saved_state(state)
 
     second = JournalSource(state, str(journal))
     assert _messages(second.read(100)) == ["EDAC MC0: 1 UE memory read error"]  # no user-space entry
@@ -317,7 +317,7 @@ def test_position_files_are_replaced_atomically(tmp_path: Path) -> None:
     _append(log, "a\n")
     source.read(10)
     source.commit()
-    saved = json.loads(state.read_text())
+    saved = saved_state(state)
     assert saved == {"path": str(log), "dev": log.stat().st_dev, "ino": log.stat().st_ino, "offset": 2}
     assert sorted(p.name for p in state.parent.iterdir()) == ["file.json"]
 

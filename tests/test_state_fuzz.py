@@ -123,14 +123,16 @@ def test_fuzzed_trend_state_is_not_trusted_and_the_detectors_go_on(tmp_path: Pat
         json.dumps(trend.snapshot(START + 1860))
 
 
-def test_fuzzed_file_position_never_blinds_the_kernel_log(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sealed", [True, False], ids=["sealed", "from-before-the-digest"])
+def test_fuzzed_file_position_never_blinds_the_kernel_log(tmp_path: Path, sealed: bool) -> None:
     log_file, position = tmp_path / "kern.log", tmp_path / "kernel_log" / "file.json"
     log_file.write_text("old line 1\nold line 2\n")
     source = FileSource(str(log_file), position)
     source.commit()
     good = json.loads(position.read_text())
-    assert good["offset"] == log_file.stat().st_size
-    for i, (name, data) in enumerate(statefuzz.json_cases(good, _rng("kernel_log/file.json"))):
+    assert good["state"]["offset"] == log_file.stat().st_size
+    for i, (name, data) in enumerate(statefuzz.json_cases(good if sealed else good["state"], _rng(
+            "kernel_log/file.json" if sealed else "kernel_log/file.json before the digest"))):
         position.write_bytes(data)
         source = FileSource(str(log_file), position)
         source.read(1000)
@@ -149,7 +151,8 @@ def _fuzz_positions(position: Path, open_source: Callable[[], Any], what: str) -
     source.commit()
     source.close()
     good = json.loads(position.read_text())
-    for _, data in statefuzz.json_cases(good, _rng(what)):
+    cases = [*statefuzz.json_cases(good, _rng(what)), *statefuzz.json_cases(good["state"], _rng(f"{what} before"))]
+    for _, data in cases:
         position.write_bytes(data)
         source = open_source()
         try:
