@@ -117,7 +117,7 @@ def _dmesg_render(records: list[str], options: list[str], tmp_path: Path) -> tup
 # entries and, last, a line a user logged that says what a kernel line would: never an event, in any mode that
 # can tell (all but cat).
 JOURNALCTL_MODES = ["short", "short-full", "short-iso", "short-iso-precise", "short-precise", "short-monotonic",
-                    "short-unix", "short-delta", "with-unit", "json", "cat"]
+                    "short-unix", "short-delta", "with-unit", "json", "json-seq", "cat"]
 _INJECTED = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus."
 
 
@@ -204,7 +204,7 @@ def test_logscan_reads_every_form_journalctl_prints(index: int, mode: str, journ
         data = data[:data.rindex(_INJECTED.encode())]
     starts = [1]
     for message in records:
-        starts.append(starts[-1] + (1 if mode == "json" else message.count("\n") + 1))
+        starts.append(starts[-1] + (1 if mode.startswith("json") else message.count("\n") + 1))
     events = list(scan(io.BytesIO(data), RULES, attribution, ScanStats()))
     found = [(starts.index(e.line) + 1 if e.line in starts else -(e.line or 0), e.rule, e.severity, e.pci, e.xid)
              for e in events]

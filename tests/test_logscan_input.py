@@ -88,6 +88,9 @@ def test_a_read_error_midway_keeps_what_was_read_before() -> None:
 
 @pytest.mark.parametrize(("head", "hint"), [
     (b"\x28\xb5\x2f\xfd\x04\x58", "zstd -dc FILE | tpuwatch logscan -"),  # RFC 8878's frame magic number
+    (b'{\n\t"__REALTIME_TIMESTAMP" : "1764586345123456",\n', "journalctl -o json` (one entry per line)"),  # pretty
+    (b"__CURSOR=s=dad55514fe1d43baa95387052694ae46;i=1\n", "journalctl -o json` (one entry per line)"),  # export
+    (b'data: {"__CURSOR":"s=dad55514fe1d43baa95387052694ae46;i=1"}\n\n', "journalctl -o json` (one"),  # json-sse
 ])
 def test_formats_it_cannot_read_are_refused_with_the_command_that_can(head: bytes, hint: str, tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:

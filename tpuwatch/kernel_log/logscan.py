@@ -3,8 +3,8 @@
 Exit 0 when no critical event was found, 1 when one was, 2 for a usage,
 config or rule file error or a file that cannot be read to its end (one line
 on stderr).  Rotated logs compressed with gzip, xz or bzip2 are read as they
-are; a zstd file or a binary journal file is refused with the command that
-reads it.
+are; a zstd file, a binary journal file and the journal's multi-line forms
+(json-pretty, json-sse, export) are refused with the command that gives a form it reads.
 """
 
 from __future__ import annotations
@@ -84,9 +84,13 @@ def run(args: argparse.Namespace, config: Config) -> int:
 # The first bytes of compressed and binary files (each format's magic number).
 _DECOMPRESS: tuple[tuple[bytes, Callable[[Any], Any]], ...] = (
     (b"\x1f\x8b", lambda raw: gzip.GzipFile(fileobj=raw)), (b"\xfd7zXZ\x00", lzma.LZMAFile), (b"BZh", bz2.BZ2File))
+_JSON_LINES = "`journalctl -o json` (one entry per line)"
 _REFUSE = ((b"\x28\xb5\x2f\xfd", "a zstd file: read it with `zstd -dc FILE | tpuwatch logscan -`"),
            (b"LPKSHHRH",
-            "a binary journal file: read it with `journalctl --file FILE -k -o json | tpuwatch logscan -`"))
+            "a binary journal file: read it with `journalctl --file FILE -k -o json | tpuwatch logscan -`"),
+           (b'{\n\t"', f"journalctl -o json-pretty output, an entry over many lines: write it with {_JSON_LINES}"),
+           (b"__CURSOR=", f"journalctl -o export output, an entry over many lines: write it with {_JSON_LINES}"),
+           (b"data: {", f"journalctl -o json-sse output, an entry and a blank line: write it with {_JSON_LINES}"))
 
 
 class _Reading:
@@ -97,7 +101,7 @@ class _Reading:
     def __init__(self, raw: BinaryIO) -> None:
         self._stream: BinaryIO = raw
         self.error: str | None = None
-        self._head = self.read(8)
+        self._head = self.read(16)
         for magic, opener in _DECOMPRESS:
             if self._head.startswith(magic):
                 self._stream = opener(_Prefixed(self._head, raw))

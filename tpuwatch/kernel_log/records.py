@@ -75,6 +75,10 @@ _OTHER_PROGRAM_RE = re.compile(
     rf"|{_MONOTONIC} [^\s:](?:\S*[^\s:])? (?!{_KERNEL_TAG}){_IDENT}\[\d{{1,10}}\]): ")
 
 
+# journalctl -o json-seq puts RS (0x1e, read as U+FFFD) before each entry.
+JSON_STREAM_HEADS = ("\x1e{", "\ufffd{")
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
     """One kernel message: its text and the device the kernel attributed it to, if any."""
@@ -152,6 +156,8 @@ def kmsg_device(continuation_lines: list[str]) -> str | None:
 def parse_line(line: str) -> Record:
     """The record in one line of dmesg text, syslog, raw kmsg or ``journalctl -o json`` output."""
     line = line[:MAX_LINE_BYTES].rstrip("\r\n")
+    if line.startswith(JSON_STREAM_HEADS):
+        line = line[1:]
     if line.startswith("{"):
         record = _parse_json(line)
         if record is not None:

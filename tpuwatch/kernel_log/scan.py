@@ -27,6 +27,7 @@ from tpuwatch.kernel_log.attribution import Attribution, as_attribution
 from tpuwatch.kernel_log.events import KernelEvent, make_event
 from tpuwatch.kernel_log.matcher import StreamMatcher
 from tpuwatch.kernel_log.records import (
+    JSON_STREAM_HEADS,
     KMSG_HEAD_RE,
     MAX_LINE_BYTES,
     MAX_MESSAGE_CHARS,
@@ -198,7 +199,7 @@ def _rejected(text: str, start: int, hit: int, keyword: str, rules: RuleSet, exp
     those regexes cannot see past."""
     end = text.find("\n", start)
     end = len(text) if end < 0 else end
-    if hit >= end or end - start > MAX_MESSAGE_CHARS or text.startswith("{", start):
+    if hit >= end or end - start > MAX_MESSAGE_CHARS or text.startswith(("{", *JSON_STREAM_HEADS), start):
         return False
     if text.startswith((" ", "\t"), end + 1) and not KMSG_HEAD_RE.match(text, start):
         return False  # a continuation line joins the message
