@@ -35,14 +35,17 @@ KMSG_HEAD_BYTES_RE = re.compile(KMSG_HEAD.encode())
 _KMSG_ESCAPE_RE = re.compile(rb"\\x([0-9a-fA-F]{2})")
 _KEPT_CONTROLS = (0x09, 0x0A)  # tab and newline are decoded; other control bytes stay written as \xNN
 
+# A month or weekday name in any language strftime writes (Nov, Mär, фев, mrt.).
+_NAME = r"[^\W\d_]{2,4}\.?"
 # A syslog line's head before its program tag: the time and a host name, which `journalctl --no-hostname` leaves
 # out.  The time as syslog daemons and every `journalctl -o short-*` mode write it: traditional (short; with
 # microseconds, short-precise), ISO 8601 with T or a space (short-iso, short-iso-precise, RFC 3339), with the
-# weekday and zone (short-full, with-unit: "Mon 2026-11-30 04:37:39 UTC"), or seconds since the epoch (short-unix).
-_SYSLOG_TIME = (r"(?:[A-Z][a-z]{2} +\d+ \d\d:\d\d:\d\d(?:\.\d{1,9})?"
-                r"|(?:[A-Z][a-z]{2} )?\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d{1,9})?"
+# weekday and zone (short-full, with-unit: "Mon 2026-11-30 04:37:39 UTC"), seconds since the epoch (short-unix),
+# or as Incus OS exports it ("04 Aug, 14:03:32").
+_SYSLOG_TIME = (rf"(?:{_NAME} +\d+ \d\d:\d\d:\d\d(?:\.\d{{1,9}})?"
+                rf"|(?:{_NAME} )?\d{{4}}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d{{1,9}})?"
                 r"(?:Z| ?[+-]\d\d(?::?\d\d)?| [A-Za-z]{1,6})?"
-                r"|\d{1,12}\.\d{1,9})")
+                rf"|\d{{1,12}}\.\d{{1,9}}|\d\d {_NAME}, \d\d:\d\d:\d\d)")
 # journalctl -o short-monotonic and short-delta: "[  123.456789] host kernel: ", "[  123.456789 <  1.000000 >]
 # host kernel: " (the first entry padded with spaces instead), which dmesg's own "[seconds] " head only differs
 # from by what follows it.
@@ -50,19 +53,22 @@ _MONOTONIC = r"\[ *\d+\.\d+(?: <[ \d.]+>| +)?\]"
 _HOST = r"(?: [^\s:](?:\S*[^\s:])?)?"
 _SYSLOG_HEAD = rf"(?:{_SYSLOG_TIME}|{_MONOTONIC}){_HOST} "
 _KERNEL_TAG = r"kernel(?:\[\d+\])?: "
+_CALLER = r"\[ *[TC]\d{1,10}\]"  # printk's caller (CONFIG_PRINTK_CALLER): "[  T123]", "[    C3]"
 
 # The times dmesg writes before a message: [seconds], -T (ctime), -H (a time, then deltas), --time-format delta
 # and iso (a comma before the microseconds, as no syslog head has), each maybe followed by the printk caller
 # (CONFIG_PRINTK_CALLER: "[    5.123456][  T123] ").
-_DMESG_TIME = (r"(?:\[ *\d+\.\d+\]|\[[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]"
-               r"|\[ *\+ *\d+\.\d+\]|\[[A-Z][a-z]{2} ?\d\d? \d\d:\d\d\]|\[< *\d+\.\d+>\]"
-               r"|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{1,9}(?:[+-]\d\d:?\d\d)?)(?: ?\[ *[TC]\d{1,10}\])? ")
+_DMESG_TIME = (rf"(?:(?:\[\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{{1,9}})?\])?\[ *\d+\.\d+\]"
+               rf"|\[{_NAME} {_NAME} [ \d]\d \d\d:\d\d:\d\d \d{{4}}\]"
+               rf"|\[ *\+ *\d+\.\d+\]|\[{_NAME} ?\d\d? \d\d:\d\d\]|\[< *\d+\.\d+>\]"
+               rf"|\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{{1,9}}(?:[+-]\d\d:?\d\d)?)(?: ?{_CALLER})? ")
 
-# Prefixes that dmesg, syslog daemons and `dmesg -x/-r/-T` put before the kernel's text.
+# Prefixes that dmesg, syslog daemons and `dmesg -x/-r/-T` put before the kernel's text; also a bare "kernel: "
+# (a syslog line pasted without its time and host) and `talosctl dmesg`'s "host: kern:  warn: [RFC 3339 time]: ".
 _PREFIX_RE = re.compile(
     r"(?:<\d+>)?"                                                     # dmesg -r: <prio>
-    r"(?:[a-z]+ *:[a-z]+ *: )?"                                       # dmesg -x: "kern  :warn  : "
-    rf"(?P<syslog>{_SYSLOG_HEAD}{_KERNEL_TAG})?"                      # syslog: "Nov 30 04:37:39 host kernel: "
+    r"(?:[a-z]+ *:[a-z]+ *: |[^\s:]+: kern: *[a-z]+: \[[\dT:.Z+-]{1,40}\]: )?"  # dmesg -x: "kern  :warn  : "
+    rf"(?P<syslog>(?:{_SYSLOG_HEAD})?{_KERNEL_TAG}(?:{_CALLER} )?)?"  # syslog: "Nov 30 04:37:39 host kernel: "
     rf"(?:{_DMESG_TIME})?"
 )
 
