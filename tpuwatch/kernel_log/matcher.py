@@ -41,7 +41,8 @@ class _Fault:
 
 class _Held:
     """An event waiting for the lines after it; ``reported``: (rank, pci) of the events of rules that supersede
-    it seen just before it (it is dropped if one of them names the same device and is as severe)."""
+    it seen just before it (it is dropped if one of them is as severe and names the same device, or it names
+    none)."""
 
     __slots__ = ("rule", "match", "record", "index", "reported")
 
@@ -54,8 +55,8 @@ class _Held:
         self.reported = reported
 
     def superseded(self, rank: int, pci: str | None) -> bool:
-        """True if a report of this rank and device stands for this event."""
-        return rank >= RANK[self.match.severity] and pci == self.match.pci
+        """True if a report of this rank and device stands for this event (which may name no device)."""
+        return rank >= RANK[self.match.severity] and (pci == self.match.pci or self.match.pci is None)
 
 
 class StreamMatcher:

@@ -33,7 +33,7 @@ A rule file is ``rules: [...]`` where each rule has:
   ``pci`` can come from the follow lines (a CPER record's ``device_id:``), and a
   follow line more severe than the waiting event raises its severity.
   ``superseded_by: [rule, ...]`` drops the waiting event when one of those rules
-  matches meanwhile about the same device, as severe (it reports the fault), and
+  matches meanwhile about the same device (or it names none), as severe (it reports the fault), and
   an event of the rule within ``hold`` records after one of theirs, likewise.
 - ``enabled`` (default true), ``description``.
 
