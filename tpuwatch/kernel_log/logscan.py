@@ -60,7 +60,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
     stats = ScanStats()
     with raw:
         stream = _Reading(raw)
-        refused = stream.refused(args.file)
+        refused = stream.refused()
         if refused:
             print(f"tpuwatch: logscan {args.file}: {refused}", file=sys.stderr)
             return EXIT_USAGE
@@ -101,6 +101,7 @@ class _Reading:
     def __init__(self, raw: BinaryIO) -> None:
         self._stream: BinaryIO = raw
         self.error: str | None = None
+        self._head = b""
         self._head = self.read(16)
         for magic, opener in _DECOMPRESS:
             if self._head.startswith(magic):
@@ -108,7 +109,7 @@ class _Reading:
                 self._head = b""
                 break
 
-    def refused(self, name: str) -> str | None:
+    def refused(self) -> str | None:
         """Why the file is not scanned at all, or None."""
         return next((why for magic, why in _REFUSE if self._head.startswith(magic)), None)
 
@@ -116,7 +117,7 @@ class _Reading:
         """Up to ``size`` bytes, fewer only at the end of the data."""
         if self.error is not None:
             return b""
-        head, self._head = getattr(self, "_head", b""), b""
+        head, self._head = self._head, b""
         chunks, got = [head], len(head)
         read = getattr(self._stream, "read1", self._stream.read)  # one piece at a time: an error loses none
         try:
