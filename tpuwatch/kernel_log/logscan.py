@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import bz2
 import gzip
+import io
 import json
 import lzma
 import os
@@ -101,13 +102,13 @@ class _Reading:
     def __init__(self, raw: BinaryIO) -> None:
         self._stream: BinaryIO = raw
         self.error: str | None = None
-        self._head = b""
-        self._head = self.read(16)
-        for magic, opener in _DECOMPRESS:
-            if self._head.startswith(magic):
-                self._stream = opener(_Prefixed(self._head, raw))
-                self._head = b""
-                break
+        try:
+            self._head = raw.peek(16)[:16] if isinstance(raw, io.BufferedReader) else b""
+        except OSError as exc:
+            self._head, self.error = b"", _reason(exc)
+        opener = next((opener for magic, opener in _DECOMPRESS if self._head.startswith(magic)), None)
+        if opener is not None:
+            self._stream = opener(raw)
 
     def refused(self) -> str | None:
         """Why the file is not scanned at all, or None."""
@@ -117,8 +118,7 @@ class _Reading:
         """Up to ``size`` bytes, fewer only at the end of the data."""
         if self.error is not None:
             return b""
-        head, self._head = self._head, b""
-        chunks, got = [head], len(head)
+        chunks, got = [], 0
         read = getattr(self._stream, "read1", self._stream.read)  # one piece at a time: an error loses none
         try:
             while got < size and (chunk := read(size - got)):
@@ -126,21 +126,7 @@ class _Reading:
                 got += len(chunk)
         except (OSError, EOFError, lzma.LZMAError, zlib.error) as exc:
             self.error = _reason(exc)
-        return chunks[-1] if len(chunks) == 2 and not head else b"".join(chunks)
-
-
-class _Prefixed:
-    """``raw`` with ``head`` (already read from it) put back in front."""
-
-    def __init__(self, head: bytes, raw: BinaryIO) -> None:
-        self._head, self._raw = head, raw
-
-    def read(self, size: int = -1) -> bytes:
-        head, self._head = self._head, b""
-        if size is not None and 0 <= size <= len(head):
-            self._head = head[size:]
-            return head[:size]
-        return head + self._raw.read(-1 if size is None or size < 0 else size - len(head))
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _reason(exc: BaseException) -> str:
