@@ -167,28 +167,28 @@ def test_good_files_load_and_oversized_ones_do_not(tmp_path: Path) -> None:
 def test_a_sealed_file_loads_only_as_it_was_saved(tmp_path: Path) -> None:
     path = tmp_path / "file.json"
     good = {"path": "/var/log/kern.log", "dev": 2049, "ino": 12, "offset": 4096}
-    assert statefile.save(path, good, sealed=True)
+    assert statefile.save(path, good)
     text = path.read_text()
     assert json.loads(text) == {"sha256": statefile.digest(good), "state": good}
-    assert statefile.load(path, "kernel log position", sealed=True) == good
+    assert statefile.load(path, "kernel log position") == good
     for damaged, why in ((text.replace("4096", "4095"), "its content does not match its sha256"),  # a valid offset
                          (text.replace('"ino":12,', ""), "its content does not match its sha256"),
                          (text.replace('"sha256"', '"sha255"'), "an envelope with the keys"),
                          (text[:text.index(',"state"')] + "}", "an envelope with the keys 'sha256', not"),
                          (json.dumps({**json.loads(text), "extra": 1}), "an envelope with the keys")):
         path.write_text(damaged)
-        assert statefile.load(path, "kernel log position", sealed=True) is None, damaged
+        assert statefile.load(path, "kernel log position") is None, damaged
         assert f"integrity check failed: {why}" in statefile.LEDGER.view()[1][-1][2]
     reasons = set()
     for depth in range(900, 1100):  # around the recursion limit, where checking may need more of it than reading
         with pytest.raises(ValueError, match="^(not JSON|integrity check failed): ") as caught:
-            statefile.decode(b'{"sha256": "x", "state": ' + b"[" * depth + b"]" * depth + b"}", sealed=True)
+            statefile.decode(b'{"sha256": "x", "state": ' + b"[" * depth + b"]" * depth + b"}")
         reasons.add(str(caught.value).split(":")[0])
     assert reasons == {"not JSON", "integrity check failed"}
     path.write_text(json.dumps(good))  # written before sealing: read as it is, and its shape still checked
-    assert statefile.load(path, "kernel log position", sealed=True) == good
+    assert statefile.load(path, "kernel log position") == good
     path.write_text(json.dumps({**good, "offset": -1}))
-    assert statefile.load(path, "kernel log position", sealed=True) is None
+    assert statefile.load(path, "kernel log position") is None
     assert "out of range" in statefile.LEDGER.view()[1][-1][2]
 
 
@@ -217,7 +217,7 @@ def test_a_save_that_fails_says_so_once_and_again_when_it_works(tmpfs: Callable[
         assert statefile.save(path, {"seq": 3})
     assert caplog.text.count("not saved") == 1 and caplog.text.count("saved again") == 1
     assert str(path) not in statefile.LEDGER.view()[0]
-    assert json.loads(path.read_text()) == {"seq": 3}
+    assert statefile.unseal(json.loads(path.read_text())) == ({"seq": 3}, True)
     assert sorted(os.listdir(path.parent)) == ["kmsg.json"]
 
 

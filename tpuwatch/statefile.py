@@ -8,13 +8,13 @@ expected shape; a file that is there but unfit is logged and recorded as
 discarded (never trusted), and the next save replaces it.  ``LEDGER`` holds
 what failed and what was discarded, for /healthz and /metrics.
 
-A file whose values steer a verdict, where a damaged digit is another valid
-value rather than a wrong shape (a learned baseline, a known-good fingerprint),
-is saved and loaded ``sealed``: ``seal()`` stores the state with its SHA-256,
-``{"sha256": HEX, "state": STATE}``, and ``unseal()`` refuses one whose digest
-does not match, so a flipped byte, a truncation or a hand edit is unfit like
-any other damage.  A file written before sealing (neither envelope key) is
-still read, and sealed at its next save.
+Every file ``save()`` writes is sealed: ``seal()`` stores the state with its
+SHA-256, ``{"sha256": HEX, "state": STATE}``, and ``load()`` refuses one whose
+digest does not match, so a flipped byte, a truncation or a hand edit is unfit
+like any other damage - it matters where one damaged digit is another valid
+value rather than a wrong shape (a learned baseline, a known-good fingerprint,
+an offset).  A file written before sealing (neither envelope key) is still
+read, and sealed at its next save.
 """
 
 from __future__ import annotations
@@ -214,7 +214,7 @@ def digest(state: Any) -> str:
 
 
 def seal(state: Any) -> dict[str, Any]:
-    """``state`` in its envelope with its digest, as ``save(..., sealed=True)`` writes it."""
+    """``state`` in its envelope with its digest, as ``save()`` writes it."""
     return {DIGEST_KEY: digest(state), STATE_KEY: state}
 
 
@@ -235,8 +235,8 @@ def unseal(document: Any) -> tuple[Any, bool]:
     return document[STATE_KEY], True
 
 
-def decode(data: bytes, max_bytes: int = MAX_BYTES, sealed: bool = False) -> tuple[Any, bool]:
-    """The JSON document in ``data``, unsealed if ``sealed`` (``unseal()``), and whether it was sealed.
+def decode(data: bytes, max_bytes: int = MAX_BYTES) -> tuple[Any, bool]:
+    """The state in the JSON document ``data``, out of its envelope (``unseal()``), and whether it was sealed.
 
     ValueError saying why it is unfit: larger than ``max_bytes``, not JSON, or a seal that does not hold.
     """
@@ -247,21 +247,20 @@ def decode(data: bytes, max_bytes: int = MAX_BYTES, sealed: bool = False) -> tup
     except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise ValueError(f"not JSON: {str(exc)[:200]}") from None
     try:
-        return unseal(document) if sealed else (document, False)
+        return unseal(document)
     except RecursionError:  # the digest's dumps runs a few frames deeper than loads did
         raise ValueError("integrity check failed: nested too deep to check") from None
 
 
-def save(path: Path | None, state: dict[str, Any], sealed: bool = False) -> bool:
-    """Write ``state`` as JSON to ``path`` atomically (``write()``), in its envelope if ``sealed``; nothing for
-    None.
+def save(path: Path | None, state: dict[str, Any]) -> bool:
+    """Write ``state``, sealed (``seal()``), as JSON to ``path`` atomically (``write()``); nothing for None.
 
     True if it was written; False (logged once per file until it works again) if the disk is full or read-only.
     """
     if path is None:
         return True
     try:
-        write(path, seal(state) if sealed else state)
+        write(path, seal(state))
     except OSError as exc:
         reason = exc.strerror or str(exc)
         if LEDGER.save_failed(path, reason):
@@ -272,10 +271,10 @@ def save(path: Path | None, state: dict[str, Any], sealed: bool = False) -> bool
     return True
 
 
-def load(path: Path | None, what: str, shape: Shape | None = POSITION, max_bytes: int = MAX_BYTES,
-         sealed: bool = False) -> dict[str, Any] | None:
-    """The JSON object saved at ``path``, if it is of ``shape`` (None: any object) and at most ``max_bytes``;
-    with ``sealed``, the state in its envelope if the digest matches (or a file from before sealing).
+def load(path: Path | None, what: str, shape: Shape | None = POSITION, max_bytes: int = MAX_BYTES
+         ) -> dict[str, Any] | None:
+    """The state ``save()`` wrote at ``path`` (its digest matching, or a file from before sealing), if it is of
+    ``shape`` (None: any object) and at most ``max_bytes``.
 
     None if there is none, or if it is unfit (logged and recorded naming ``what``): a file is never trusted.
     """
@@ -290,7 +289,7 @@ def load(path: Path | None, what: str, shape: Shape | None = POSITION, max_bytes
         discard(path, what, exc.strerror or str(exc))
         return None
     try:
-        state, _ = decode(data, max_bytes, sealed)
+        state, _ = decode(data, max_bytes)
     except ValueError as exc:
         discard(path, what, str(exc))
         return None

@@ -39,7 +39,7 @@ class TrendStateFile:
 
     def restore(self, trend: TrendAnalyzer, now: float) -> int:
         """Load the saved state into ``trend``; the number of series carried on (0 if none or unfit)."""
-        snapshot = statefile.load(self.path, "trend state", shape=None, max_bytes=MAX_BYTES, sealed=True)
+        snapshot = statefile.load(self.path, "trend state", shape=None, max_bytes=MAX_BYTES)
         if snapshot is None:
             return 0
         try:
@@ -55,7 +55,7 @@ class TrendStateFile:
     def save(self, trend: TrendAnalyzer, now: float) -> None:
         """Write ``trend``'s state atomically; a failure (full disk, read-only) is counted and logged once."""
         with self._lock:
-            if not statefile.save(self.path, trend.snapshot(now), sealed=True):  # logged there, once until it works
+            if not statefile.save(self.path, trend.snapshot(now)):  # logged there, once until it works
                 self.save_failures += 1
 
     def samples(self) -> list[Sample]:

@@ -57,7 +57,7 @@ def history_path(state_dir: str) -> Path:
 def parse(data: bytes) -> tuple[History, bool]:
     """The history in ``data`` and whether it was sealed (False: a file from before the digest); ValueError
     saying what is wrong with it."""
-    history, sealed = statefile.decode(data, MAX_BYTES, sealed=True)
+    history, sealed = statefile.decode(data, MAX_BYTES)
     if not isinstance(history, dict):
         raise ValueError(f"wrong shape: a JSON {type(history).__name__}, not an object")
     for key, devices in history.items():
@@ -161,13 +161,12 @@ class FingerprintHistory:
             removed = _entries(history, device)
             if removed:
                 kept = {key: {d: fp for d, fp in devices.items() if d != device} for key, devices in history.items()}
-                if not statefile.save(self.path, {key: devices for key, devices in kept.items() if devices},
-                                      sealed=True):
+                if not statefile.save(self.path, {key: devices for key, devices in kept.items() if devices}):
                     raise OSError(f"cannot write {self.path}")
             return Removed(self.path, removed)
 
     def _save(self, history: History) -> None:
-        statefile.save(self.path, history, sealed=True)  # a failed write is logged there, once until one works
+        statefile.save(self.path, history)  # a failed write is logged there, once until one works
 
     def _note(self, step: str, problem: str | None) -> bool:
         """Keep ``problem`` as the last of ``step`` (read, lock; None clears it); True if it is to be told: not

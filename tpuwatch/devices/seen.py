@@ -37,7 +37,7 @@ class SeenThisBoot:
         self.chips: dict[str, tuple[str, str | None]] = {}  # device -> (chip, pci)
         self._links: dict[str, set[int]] = {}  # PCI address (else "device N") -> links seen active
         self._dirty = False
-        state = statefile.load(self._path, "devices seen this boot", SHAPE, sealed=True)
+        state = statefile.load(self._path, "devices seen this boot", SHAPE)
         if state is None or state.get("boot_id") != boot_id or state.get("backend") != backend:
             return
         for device, chip in state.get("chips", {}).items():
@@ -82,8 +82,7 @@ class SeenThisBoot:
         statefile.save(self._path, {
             "boot_id": self._boot_id, "backend": self._backend,
             "chips": {device: {"chip": chip[:128], "pci": pci or ""} for device, (chip, pci) in self.chips.items()},
-            "links": {key: ",".join(map(str, sorted(links))) for key, links in self._links.items() if links}},
-            sealed=True)
+            "links": {key: ",".join(map(str, sorted(links))) for key, links in self._links.items() if links}})
 
 
 def is_number(text: str) -> bool:

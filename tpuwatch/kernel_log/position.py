@@ -40,7 +40,7 @@ class Position:
 
     def load(self) -> dict[str, Any] | None:
         """The saved position if it is usable, else None (the reason logged and recorded as discarded)."""
-        state = statefile.load(self.path, WHAT, shape=None, max_bytes=MAX_POSITION_BYTES, sealed=True)
+        state = statefile.load(self.path, WHAT, shape=None, max_bytes=MAX_POSITION_BYTES)
         problem = self._check(state) if state is not None else None
         if problem is not None:
             statefile.discard(self.path, WHAT, f"wrong shape: {problem}")  # type: ignore[arg-type] # path is set
@@ -52,7 +52,7 @@ class Position:
         """Save ``state`` atomically unless it is what was saved last; False when the write failed (counted)."""
         if self.path is None or state == self._saved:
             return True
-        if not statefile.save(self.path, state, sealed=True):  # logged once per outage there
+        if not statefile.save(self.path, state):  # logged once per outage there
             self.failures += 1
             return False
         self._saved = dict(state)

@@ -60,7 +60,7 @@ class KubernetesAgent:
         self.section, self.node, self.client = section, node, client
         self.state_path = state_dir / STATE_FILE
         self.requests_dir = state_dir / REQUESTS_DIR
-        state = statefile.load(self.state_path, "kubernetes state", shape=None, sealed=True) or {}
+        state = statefile.load(self.state_path, "kubernetes state", shape=None) or {}
         self.table = condition_table(section)
         self.book = ConditionBook(self.table, section.clear_after, time.time())
         self.gate = PatchGate(section.heartbeat)
@@ -300,7 +300,7 @@ class KubernetesAgent:
         state = {"ladders": self.ladders.to_json(), "acks": self.acks}
         if state == self._saved:
             return
-        if statefile.save(self.state_path, state, sealed=True):  # a failure is logged there, once until one works
+        if statefile.save(self.state_path, state):  # a failure is logged there, once until one works
             self._saved = json.loads(json.dumps(state))
         else:
             self.save_failures += 1
