@@ -38,14 +38,20 @@ def artifacts(tmp_path: Path) -> Path:
 def in_terminal(config: Path) -> str:
     """A shell line: a marker, top, then its exit status and the terminal's settings once it has quit."""
     return (f"printf 'before top\\n'; {sys.executable} -m tpuwatch top --config {config}; echo \"exit=$?\"; "
-            "stty -a | tr ';' '\\n' | tr ' ' '\\n' | grep -x -E -e '-?(icanon|echo)' | tr '\\n' ' '; echo; "
+            "stty -a | tr ';' '\\n' | tr ' ' '\\n' | grep -x -E -e '-?(icanon|echo)' | tr '\\n' ' '; echo '<- flags'; "
             "exec sleep 600")
 
 
 def terminal_flags(pane: str) -> set[str]:
     """The flags stty printed on the line after top's exit status ("-echo" for echo off)."""
     lines = pane.splitlines()
-    return set(lines[next(k for k, line in enumerate(lines) if line.startswith("exit=")) + 1].split())
+    return set(lines[next(k for k, line in enumerate(lines) if line.startswith("exit=")) + 1].split()) - {"<-", "flags"}
+
+
+def wait_for_exit(terminal: Tmux) -> str:
+    """The pane once top has quit and the shell has printed its exit status and the terminal's flags after it (the
+    two lines are printed apart: waiting for the first alone can catch the pane between them)."""
+    return terminal.wait_for("<- flags")
 
 
 def start_terminal(config: Path) -> Tmux:
@@ -93,7 +99,8 @@ def test_top_draws_the_chips_live_and_quits_on_q_restoring_the_terminal(
         (folder / "top.txt").write_text(coloured)
         screenshot(coloured, folder)
         terminal.keys("q")
-        after = terminal.wait_for("exit=0")
+        after = wait_for_exit(terminal)
+        assert "exit=0" in after, after
         assert "before top" in after and "tpuwatch top ·" not in after  # the screen it found, back
         assert terminal_flags(after) == {"icanon", "echo"}, after  # cooked mode and echo, as before
     finally:
@@ -107,7 +114,8 @@ def test_top_quits_on_ctrl_c_restoring_the_terminal(start_daemon: Callable[..., 
     try:
         terminal.wait_for(f"from the daemon at {daemon.url}")
         terminal.keys("C-c")
-        after = terminal.wait_for("exit=0")
+        after = wait_for_exit(terminal)
+        assert "exit=0" in after, after
         assert "before top" in after and "Traceback" not in after
         assert terminal_flags(after) == {"icanon", "echo"}, after  # cooked mode and echo, as before
     finally:
