@@ -45,7 +45,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Measure the tpuwatch of this checkout, whatever else is installed (here and in the timed subprocesses).
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(REPO_ROOT)]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-from tpuwatch.kernel_log.rules import load_rules  # noqa: E402
+from tpuwatch.kernel_log.rulefile import load_rules  # noqa: E402
 
 from common import BENCHMARKS_MD, cpu_model, write_section  # noqa: E402
 
@@ -194,7 +194,7 @@ LOGSCAN = [sys.executable, "-c", ("import argparse, sys\n"
 # kmsg source does), then fed one by one; prints records, events and seconds.
 COLLECTOR = [sys.executable, "-c", (
     "import sys, time\nfrom tpuwatch.kernel_log.records import parse_kmsg, parse_line, KMSG_HEAD_RE\n"
-    "from tpuwatch.kernel_log.rules import load_rules\n"
+    "from tpuwatch.kernel_log.rulefile import load_rules\n"
     "lines = open(sys.argv[1], encoding='utf-8').read().split('\\n')[:-1]\nrecords = []\n"
     "for line in lines:\n"
     "    if line.startswith(' ') and records and records[-1][1]:\n        records[-1][0].append(line)\n"

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout
 from tpuwatch.config import parse  # noqa: E402
 from tpuwatch.kernel_log.collector import BUDGET_SHARE, KernelLogCollector, build_collector  # noqa: E402
 from tpuwatch.kernel_log.filesource import FileSource  # noqa: E402
-from tpuwatch.kernel_log.rules import load_rules  # noqa: E402
+from tpuwatch.kernel_log.rulefile import load_rules  # noqa: E402
 
 from common import BENCHMARKS_MD, cpu_model, write_section  # noqa: E402
 

@@ -27,7 +27,7 @@ from tpuwatch.kernel_log.attribution import (
 from tpuwatch.kernel_log.collector import build_collector
 from tpuwatch.kernel_log.events import make_event
 from tpuwatch.kernel_log.records import Record
-from tpuwatch.kernel_log.rules import load_rules
+from tpuwatch.kernel_log.rulefile import load_rules
 
 RULES = load_rules([])
 

@@ -27,7 +27,9 @@ from tpuwatch.kernel_log.events import KernelEvent, StormFilter
 from tpuwatch.kernel_log.filesource import FileSource
 from tpuwatch.kernel_log.position import Position
 from tpuwatch.kernel_log.records import Record
-from tpuwatch.kernel_log.rules import Match, RuleSet, load_rules
+from tpuwatch.kernel_log.rule import Match
+from tpuwatch.kernel_log.rulefile import load_rules
+from tpuwatch.kernel_log.rules import RuleSet
 from tpuwatch.kernel_log.sieve import BacklogSieve
 from tpuwatch.kernel_log.sources import KmsgSource, Source, read_boot_id
 

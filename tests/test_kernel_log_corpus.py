@@ -17,7 +17,7 @@ from test_kernel_log_resilience import journal_entry, write_journal
 from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver, prefix_device
 from tpuwatch.kernel_log.events import make_event
 from tpuwatch.kernel_log.records import Record, parse_kmsg, parse_line
-from tpuwatch.kernel_log.rules import load_rules
+from tpuwatch.kernel_log.rulefile import load_rules
 from tpuwatch.kernel_log.scan import ScanStats, scan
 
 from conftest import require_tool

@@ -10,7 +10,8 @@ from pathlib import Path
 from tpuwatch.kernel_log import matcher as matcher_module
 from tpuwatch.kernel_log.records import Record
 from tpuwatch.kernel_log.rule import Match
-from tpuwatch.kernel_log.rules import RuleSet, load_rules
+from tpuwatch.kernel_log.rulefile import load_rules
+from tpuwatch.kernel_log.rules import RuleSet
 from tpuwatch.kernel_log.scan import ScanStats, scan
 
 RULES = load_rules([])

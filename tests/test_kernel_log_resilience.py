@@ -23,7 +23,7 @@ from tpuwatch.kernel_log.collector import KernelLogCollector
 from tpuwatch.kernel_log.filesource import FileSource
 from tpuwatch.kernel_log.position import Position
 from tpuwatch.kernel_log.records import MAX_MESSAGE_CHARS, Record
-from tpuwatch.kernel_log.rules import load_rules
+from tpuwatch.kernel_log.rulefile import load_rules
 from tpuwatch.kernel_log.sources import JournalSource, KmsgSource, read_boot_id
 
 from conftest import SIM_FAST, DaemonProcess, require_tool, saved_state, wait_until, write_selftest_rule

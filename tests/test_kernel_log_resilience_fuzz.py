@@ -23,7 +23,7 @@ from test_kernel_log_resilience import journal_entry, journal_module, write_jour
 from tpuwatch.kernel_log.collector import KernelLogCollector
 from tpuwatch.kernel_log.filesource import FileSource
 from tpuwatch.kernel_log.records import MAX_MESSAGE_CHARS, parse_kmsg, parse_line
-from tpuwatch.kernel_log.rules import load_rules
+from tpuwatch.kernel_log.rulefile import load_rules
 from tpuwatch.kernel_log.sources import JournalSource, KmsgSource, Source, read_boot_id
 
 from conftest import saved_state, write_selftest_rule

@@ -17,7 +17,8 @@ from tpuwatch.kernel_log.records import (
     parse_line,
     pci_of_kernel_device,
 )
-from tpuwatch.kernel_log.rules import SHIPPED_DIR, RuleError, literal_alternation, load_rules
+from tpuwatch.kernel_log.rulefile import SHIPPED_DIR, RuleError, load_rules
+from tpuwatch.kernel_log.rules import literal_alternation
 
 DATA = Path(__file__).parent / "testdata" / "kernel_log"
 CASES: dict[str, Any] = yaml.safe_load((DATA / "cases.yaml").read_text())

@@ -17,7 +17,7 @@ from tpuwatch.kernel_log import scan as scan_module
 from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver
 from tpuwatch.kernel_log.events import KernelEvent
 from tpuwatch.kernel_log.records import MAX_LINE_BYTES
-from tpuwatch.kernel_log.rules import load_rules
+from tpuwatch.kernel_log.rulefile import load_rules
 from tpuwatch.kernel_log.scan import ScanStats, scan
 
 DATA = Path(__file__).parent / "testdata" / "kernel_log"

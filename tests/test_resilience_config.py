@@ -36,7 +36,7 @@ from tpuwatch import cli, yamlfile
 from tpuwatch import config as config_module
 from tpuwatch.alerting.rules import default_rules_text
 from tpuwatch.config import Config
-from tpuwatch.kernel_log.rules import SHIPPED_DIR
+from tpuwatch.kernel_log.rulefile import SHIPPED_DIR
 from tpuwatch.schema import ConfigError, dump
 
 from certs import make_tls_files

@@ -176,7 +176,7 @@ def _check_referenced_files(config: Config) -> None:
     """What ``run`` reads beside the config: the web config, alert and kernel-log rule files, secret files; and
     whether it can keep its state in state_dir."""
     from tpuwatch.alerting.service import rules_and_notifiers
-    from tpuwatch.kernel_log.rules import load_rules
+    from tpuwatch.kernel_log.rulefile import load_rules
     from tpuwatch.webconfig import load_web_config
 
     load_web_config(config.web_config)

@@ -23,7 +23,8 @@ from tpuwatch.config import Config
 from tpuwatch.kernel_log.events import KernelEvent, StormFilter, make_event
 from tpuwatch.kernel_log.filesource import FileSource, absent, open_regular
 from tpuwatch.kernel_log.records import SKIP_REASONS, Record
-from tpuwatch.kernel_log.rules import MAX_WITHIN, RuleSet, load_rules
+from tpuwatch.kernel_log.rulefile import MAX_WITHIN, load_rules
+from tpuwatch.kernel_log.rules import RuleSet
 from tpuwatch.kernel_log.sieve import MAX_PICKED, BacklogSieve
 from tpuwatch.kernel_log.sources import (
     JournalSource,

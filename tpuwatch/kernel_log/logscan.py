@@ -25,7 +25,8 @@ from tpuwatch.config import Config
 from tpuwatch.devices import select_backend
 from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver, device_lookup
 from tpuwatch.kernel_log.events import KernelEvent
-from tpuwatch.kernel_log.rules import SEVERITIES, load_rules
+from tpuwatch.kernel_log.rule import SEVERITIES
+from tpuwatch.kernel_log.rulefile import load_rules
 from tpuwatch.kernel_log.scan import ScanStats, scan
 from tpuwatch.schema import ConfigError
 

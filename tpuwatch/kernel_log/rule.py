@@ -1,4 +1,4 @@
-"""One compiled kernel-log rule and what it finds in one message (see rules.py for the file format)."""
+"""One compiled kernel-log rule and what it finds in one message (see rulefile.py for the file format)."""
 
 from __future__ import annotations
 
