@@ -11,7 +11,8 @@ import pytest
 
 from tpuwatch.analysis import analyze
 from tpuwatch.analysis.inputs import csv_points
-from tpuwatch.analysis.leak import LeakDetector, LeakParams, mann_kendall_p, theil_sen
+from tpuwatch.analysis.leak import LeakDetector, LeakParams
+from tpuwatch.analysis.robust import mann_kendall_p, theil_sen
 
 GIB = float(1 << 30)
 CAPACITY = 16 * GIB

@@ -28,7 +28,8 @@ from typing import IO, Any
 import requests
 
 from tpuwatch.analysis.inputs import InputError, Point, csv_points, describe, parse_prometheus, results
-from tpuwatch.analysis.leak import LeakDetector, LeakParams, theil_sen
+from tpuwatch.analysis.leak import LeakDetector, LeakParams
+from tpuwatch.analysis.robust import theil_sen
 from tpuwatch.config import Config
 from tpuwatch.hw.units import GIB, KIB, MIB
 from tpuwatch.schema import parse_duration
