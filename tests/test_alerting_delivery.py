@@ -81,7 +81,9 @@ def test_receiver_down_for_a_while_then_back_gets_everything(receivers: Any, mak
     wait_until(lambda: len(hook.requests) == 6, 10, "every notification")
     devices = sorted(a["labels"]["device"] for body in hook.json() for a in body["alerts"])
     assert devices == ["0", "1", "2", "3", "4", "5"]
-    assert metric(alerting, "tpuwatch_notification_queue_length", receiver="hook") == 0
+    # The receiver has the last POST before the worker hears its answer and removes the row: wait for that.
+    wait_until(lambda: metric(alerting, "tpuwatch_notification_queue_length", receiver="hook") == 0, 5,
+               "an empty queue")
     assert metric(alerting, "tpuwatch_notifications_total", receiver="hook", result="failed") >= 4
 
 
@@ -111,7 +113,8 @@ def test_circuit_opens_after_consecutive_failures_then_closes(receivers: Any, ma
     assert alerting.delivery.step("flaky", time.time()) > 0
     assert dropping.attempts == attempts
     wait_until(lambda: dropping.requests, 5, "delivery after the reset time")
-    assert metric(alerting, "tpuwatch_notifier_circuit_open", receiver="flaky") == 0
+    wait_until(lambda: metric(alerting, "tpuwatch_notifier_circuit_open", receiver="flaky") == 0, 5,
+               "the circuit closed by that answer")
 
 
 def test_old_notifications_expire_counted_and_logged(receivers: Any, make_alerting: Any,
@@ -151,7 +154,8 @@ def test_full_outbox_refuses_new_work_loudly_and_keeps_the_old(receivers: Any, m
         conn.execute("UPDATE outbox SET next_attempt = 0")
     alerting.start()
     wait_until(lambda: any(b.get("alerts") for b in hook.json() if isinstance(b, dict)), 10, "the refused alert")
-    assert metric(alerting, "tpuwatch_notification_queue_length", receiver="hook") == 0
+    wait_until(lambda: metric(alerting, "tpuwatch_notification_queue_length", receiver="hook") == 0, 5,
+               "an empty queue")
 
 
 def chip_down(samples: list[Sample], device: int) -> list[Sample]:
