@@ -119,6 +119,33 @@ def test_a_waiting_event_is_dropped_for_the_rule_that_reports_its_fault() -> Non
     assert _feed(RULES, [logged[0], NOISE]) == [(1, "mce_logged", "info")]
 
 
+XID = "NVRM: Xid (PCI:0000:68:00): 109, pid=1297, name=rustdesk, Ch 00000001, errorString CTX SWITCH TIMEOUT"
+INIT_FAILED = "NVRM: GPU 0000:68:00.0: RmInitAdapter failed! (0x25:0xffff:1470)"
+
+
+def test_a_boot_or_driver_load_starts_afresh() -> None:
+    # Just after the Xid, the init failure is that fault's (it waits, and the Xid as severe stands for it) ...
+    assert _feed(RULES, [XID, INIT_FAILED]) == [(1, "nvidia_xid", "critical")]
+    # ... but not across a boot or a reload of the driver: the GPU that no longer initialises is news.
+    for restart in ("Linux version 6.1.0-28-amd64 (debian-kernel@lists.debian.org) (gcc-12 (Debian 12.2.0-14))",
+                    "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.154.05  Thu Dec 28 15:37:48 UTC 2023"):
+        assert _feed(RULES, [XID, restart, INIT_FAILED, INIT_FAILED]) == [(1, "nvidia_xid", "critical"),
+                                                                           (3, "nvrm_error", "critical")]
+        text = "\n".join([XID, NOISE, restart, INIT_FAILED]).encode() + b"\n"  # logscan: only keyword lines fed
+        assert [(e.rule, e.line) for e in scan(io.BytesIO(text), RULES, lambda pci: None, ScanStats())] == [
+            ("nvidia_xid", 1), ("nvrm_error", 4)]
+
+
+def test_a_gpu_gone_takes_its_other_functions_with_it() -> None:
+    gone = "NVRM: Xid (PCI:0000:09:00): 79, pid=0, GPU has fallen off the bus."
+    usb = "xhci_hcd 0000:09:00.2: Refused to change power state, currently in D3"
+    other = "vfio-pci 0000:00:05.0: Refused to change power state, currently in D3"
+    assert _feed(RULES, [gone, usb, usb]) == [(1, "nvidia_xid", "critical")]
+    # Another device's function is not the GPU's, however close in the log.
+    assert _feed(RULES, [gone, other]) == [(1, "nvidia_xid", "critical"), (2, "pci_reset_failed", "warning")]
+    assert _feed(RULES, [usb]) == [(1, "pci_reset_failed", "warning")]
+
+
 SUPERSEDED = r"""
 rules:
   - {name: detail, regex: 'DETAIL (?P<sev>\w+)', keywords: [DETAIL], severity: info, hold: 4,

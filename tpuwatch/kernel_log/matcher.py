@@ -6,6 +6,8 @@ and that stand for it when its first line was lost (``follow``), and an event
 that waits for the lines after it (``hold``, a CPER block's ``device_id:``).
 State is a few records deep: at most ``MAX_OPEN_FAULTS`` open faults per rule,
 ``MAX_HELD`` waiting events and the events behind them, the last ``lines - 1`` messages.
+A boot or a reload of the NVIDIA driver (``RESTARTS``) ends it all: what came
+before can neither absorb nor stand for what comes after.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from tpuwatch.kernel_log.attribution import device_key, pci_of_key
+from tpuwatch.kernel_log.attribution import device_key, pci_of_key, prefix_device
 from tpuwatch.kernel_log.records import Record
 from tpuwatch.kernel_log.rule import RANK, Match
 
@@ -23,6 +25,10 @@ if TYPE_CHECKING:
 
 MAX_OPEN_FAULTS = 32
 MAX_HELD = 64
+# Messages that start afresh: the kernel's banner at boot (start_kernel) and nvidia_init_module()'s at a load of
+# the driver; they are among the prefilter's keywords, so that logscan feeds them.
+RESTARTS = ("Linux version ", "VRM: loading NVIDIA UNIX")
+_RESTART_STARTS = ("Linux version ", "NVRM: loading NVIDIA UNIX")
 
 
 class _Fault:
@@ -42,21 +48,25 @@ class _Fault:
 class _Held:
     """An event waiting for the lines after it; ``reported``: (rank, pci) of the events of rules that supersede
     it seen just before it (it is dropped if one of them is as severe and names the same device, or it names
-    none)."""
+    none); ``device``: the PCI function the message's own prefix names ("vfio-pci 0000:00:05.0: ...")."""
 
-    __slots__ = ("rule", "match", "record", "index", "reported")
+    __slots__ = ("rule", "match", "record", "index", "reported", "device")
 
     def __init__(self, rule: int, match: Match, record: Record, index: int,
-                 reported: list[tuple[int, str | None]]) -> None:
+                 reported: list[tuple[int, str | None]], device: str | None) -> None:
         self.rule = rule
         self.match = match
         self.record = record
         self.index = index
         self.reported = reported
+        self.device = device
 
     def superseded(self, rank: int, pci: str | None) -> bool:
-        """True if a report of this rank and device stands for this event (which may name no device)."""
-        return rank >= RANK[self.match.severity] and (pci == self.match.pci or self.match.pci is None)
+        """True if a report of this rank and device stands for this event: the same device or, for a report on
+        function 0, another function of that device (a GPU gone takes its USB and audio functions with it); an
+        event that names no device is any device's."""
+        own = self.match.pci or self.device
+        return rank >= RANK[self.match.severity] and (own is None or pci == own or _sibling(pci, own))
 
 
 class StreamMatcher:
@@ -148,6 +158,8 @@ class StreamMatcher:
 
     def _match(self, record: Record) -> list[Match]:
         index, message, rules = self._index, record.message, self._rules
+        if message.startswith(_RESTART_STARTS):
+            return self._restart()
         primary, follow = self.rules.candidates(message)
         matches: list[tuple[int, Match]] = []
         for i in sorted(primary) if len(primary) > 1 else primary:
@@ -228,7 +240,9 @@ class StreamMatcher:
         if rule.hold:
             reported = [(last[1], last[2]) for j in self.rules.superseded_by[i]
                         if (last := self._last.get(j)) is not None and last[0] >= index - rule.hold]
-            held = _Held(i, match, match.record or record, start, reported)
+            prefix = prefix_device(record.message)  # the message's own prefix: a DEVICE= tag names more than that
+            held = _Held(i, match, match.record or record, start, reported,
+                         pci_of_key(prefix[1]) if prefix is not None else None)
             if len(self._held) >= MAX_HELD:
                 self._let_go(self._held[0], out)
             self._held.append(held)
@@ -254,6 +268,18 @@ class StreamMatcher:
                 return fault
         return None
 
+    def _restart(self) -> list[Match]:
+        """A boot or driver load: every waiting event ends, and no fault or report stays open."""
+        out: list[Match] = []
+        for held in list(self._held):
+            self._let_go(held, out)
+        self._open.clear()
+        self._latest.clear()
+        self._last.clear()
+        if self._context is not None:
+            self._context.clear()
+        return out
+
     def _joined(self, i: int, record: Record) -> Match | None:
         """Rule ``i`` on this record joined with the ones before it: a match that starts before it and ends in it."""
         rule = self._rules[i]
@@ -277,6 +303,11 @@ class StreamMatcher:
         if not any(held.superseded(rank, pci) for rank, pci in held.reported):
             match = held.match
             out.append(Match(match.rule, match.severity, match.pci, match.xid, match.fields, held.record, held.index))
+
+
+def _sibling(pci: str | None, own: str) -> bool:
+    """True if ``pci`` is function 0 of the device ``own`` is another function of ("0000:09:00.0", "0000:09:00.3")."""
+    return pci is not None and pci.endswith(".0") and own[:-1] == pci[:-1]
 
 
 def _nothing(message: str) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import Any
 
-from tpuwatch.kernel_log.matcher import StreamMatcher
+from tpuwatch.kernel_log.matcher import RESTARTS, StreamMatcher
 from tpuwatch.kernel_log.rule import Match, Rule
 
 # Per keyword: searches of rule (and stand-alone follow) regexes; (rule indexes, search) of other follow regexes;
@@ -36,7 +36,7 @@ class RuleSet:
                 primary.setdefault(keyword, set()).add(index)
             for keyword in rule.follow.keywords if rule.follow else ():
                 follow.setdefault(keyword, set()).add(index)
-        keywords = sorted({*primary, *follow})
+        keywords = sorted({*primary, *follow, *RESTARTS}) if primary or follow else []
         self._dispatch = {k: (frozenset(primary.get(k, ())), frozenset(follow.get(k, ()))) for k in keywords}
         self._partners = {k: _overlapping(k, keywords) for k in keywords}
         self.unkeyed = frozenset(i for i, r in enumerate(self.rules) if not r.keywords)
@@ -61,7 +61,7 @@ class RuleSet:
         follows: dict[str, tuple[set[int], Callable[[str], object]]] = {}
         for keyword in keywords:
             primary, follow = self._dispatch[keyword]
-            if any(self.rules[i].lines > 1 for i in primary):
+            if keyword in RESTARTS or any(self.rules[i].lines > 1 for i in primary):
                 return None
             patterns: list[tuple[int | None, re.Pattern[str]]] = [(None, self.rules[i].regex) for i in primary]
             for i in follow:
