@@ -126,7 +126,9 @@ def test_old_notifications_expire_counted_and_logged(receivers: Any, make_alerti
         fire(alerting, [0, 1])
         wait_until(lambda: metric(alerting, "tpuwatch_notifications_total", receiver="hook", result="expired") == 2,
                    5, "expiry")
-    assert "receiver hook: 2 notification(s) expired undelivered after 1s" in caplog.text
+        # The expiry is counted before it is logged: wait for the line too.
+        wait_until(lambda: "receiver hook: 2 notification(s) expired undelivered after 1s" in caplog.text, 5,
+                   "the expiry logged")
     assert metric(alerting, "tpuwatch_notification_queue_length", receiver="hook") == 0
 
 
@@ -179,6 +181,8 @@ def test_restart_neither_reannounces_nor_forgets_to_resolve(receivers: Any, make
     second.start()
     second.evaluate(ecc([2]))  # chip 5 is back; chip 2's error is still within the rule's hour
     wait_until(lambda: len(hook.requests) == 3, 5, "the resolved notification")
+    # The receiver has the POST before the worker hears its answer and removes the row: wait for that.
+    wait_until(lambda: delivered(second) == 1, 5, "the resolved notification acknowledged")
     # On the dispatcher's own clock, past group_wait and group_interval: a re-announcement would be queued now.
     second.flush(time.time() + 2.0)
     assert second.db.queue_stats() == {} and len(hook.requests) == 3
@@ -256,7 +260,10 @@ def test_alertmanager_receives_resends_and_forwards_resolution(make_alerting: An
     assert sorted(a["labels"]["alertname"] for a in listed) == ["AcceleratorEccUncorrectable", "AcceleratorLost"]
     # The second Alertmanager is down: only its queue grows, the first keeps being re-sent to.
     wait_until(lambda: (delivered(alerting, "am/0") or 0) >= 2, 5, "a re-send")
-    assert metric(alerting, "tpuwatch_notification_queue_length", receiver="am/1") == 1  # superseded, not piled
+    # Superseded, not piled: a re-send replaces the queued message, except one claimed by a failing attempt at
+    # that moment, which the next re-send replaces (a pile would only grow).
+    wait_until(lambda: metric(alerting, "tpuwatch_notification_queue_length", receiver="am/1") == 1, 5,
+               "one message queued for the Alertmanager that is down")
     alerting.evaluate(ecc([4]))  # chip 3 is back
     wait_until(lambda: any(b["status"] == "resolved" and b["groupLabels"]["alertname"] == "AcceleratorLost"
                            for b in hook.json()), 10, "resolution forwarded")
@@ -281,7 +288,9 @@ def test_secrets_stay_out_of_logs_metrics_and_config_show(receivers: Any, tmp_pa
         with caplog.at_level(logging.DEBUG):
             alerting.start()
             fire(alerting, [0])
-            wait_until(lambda: broken.attempts >= 4, 5, "failed attempts")
+            # The receiver counts an attempt before it answers; the failure is logged once its answer is heard.
+            wait_until(lambda: broken.attempts >= 4 and "receiver hook:" in caplog.text
+                       and "receiver pd:" in caplog.text, 5, "failed attempts, logged")
             exported = generate_latest(build_registry(alerting.samples)).decode()
         shown = run_cli("config", "show", "--config", str(path)).stdout
         rows = sqlite3.connect(alerting.db.path).execute("SELECT body FROM outbox").fetchall()

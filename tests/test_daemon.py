@@ -327,7 +327,9 @@ def test_a_simulated_fault_pages_through_the_webhook(start_daemon: Callable[...,
         assert listed.returncode == 0, listed.stderr
         assert any(a["labels"]["alertname"] == "AcceleratorEccUncorrectable"
                    for a in json.loads(listed.stdout)["alerts"])
-        assert metric(daemon, 'tpuwatch_alerts{alertname="AcceleratorEccUncorrectable",severity="critical"}') >= 1
+        # /metrics is rendered at the end of the cycle that fired the alert, which its POST can overtake.
+        wait_until(lambda: (metric(daemon, 'tpuwatch_alerts{alertname="AcceleratorEccUncorrectable",'
+                                   'severity="critical"}') or 0) >= 1, what="the firing alert in /metrics")
     finally:
         hook.close()
 
@@ -349,7 +351,9 @@ def test_reloads_do_not_leak_file_descriptors(start_daemon: Callable[..., Daemon
                              "devices": {"backend": "sim", "sim": {"count": count}}})
         daemon.signal(signal.SIGHUP)
         wait_until(lambda: len(up_devices(daemon)) == count, what=f"the reload to {count} chips")
-    assert kmsg_fds() == 1
+    # A cycle of the new collectors can be rendered before the reload closes the old ones: wait for that (a
+    # leaked descriptor would stay open).
+    wait_until(lambda: kmsg_fds() == 1, what="one /dev/kmsg descriptor")
 
 
 def test_stopping_kills_a_running_canary_worker(start_daemon: Callable[..., DaemonProcess], tmp_path: Path) -> None:

@@ -177,8 +177,15 @@ def test_prometheus_scrapes_every_daemon_and_loads_the_rules(fleet: Fleet) -> No
     targets = {f"127.0.0.1:{d.port}" for d in (fleet.a, fleet.b, fleet.c)}
     wait_until(lambda: {r["metric"]["instance"] for r in fleet.query('up{job="tpuwatch"} == 1')} == targets,
                timeout=15, what="every target scraped")
-    groups = requests.get(f"{fleet.prometheus}/api/v1/rules", timeout=5).json()["data"]["groups"]
-    assert {g["name"] for g in groups} == {"tpuwatch-fleet", "tpuwatch-canary", "tpuwatch-kubernetes"}
+
+    def rule_groups() -> list[dict[str, Any]]:
+        return requests.get(f"{fleet.prometheus}/api/v1/rules", timeout=5).json()["data"]["groups"]
+
+    assert {g["name"] for g in rule_groups()} == {"tpuwatch-fleet", "tpuwatch-canary", "tpuwatch-kubernetes"}
+    # A rule's health is "unknown" until its group's first evaluation, on a clock of its own, apart from the scrapes.
+    wait_until(lambda: all(r["health"] != "unknown" for g in rule_groups() for r in g["rules"]), timeout=15,
+               what="every rule evaluated once")
+    groups = rule_groups()
     assert all(r["health"] == "ok" for g in groups for r in g["rules"]), groups
 
 
