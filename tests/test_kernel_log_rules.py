@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tpuwatch.kernel_log.events import make_event
+from tpuwatch.kernel_log.prefilter import literal_alternation
 from tpuwatch.kernel_log.records import (
     Record,
     normalise_pci,
@@ -18,7 +19,6 @@ from tpuwatch.kernel_log.records import (
     pci_of_kernel_device,
 )
 from tpuwatch.kernel_log.rulefile import SHIPPED_DIR, RuleError, load_rules
-from tpuwatch.kernel_log.rules import literal_alternation
 
 DATA = Path(__file__).parent / "testdata" / "kernel_log"
 CASES: dict[str, Any] = yaml.safe_load((DATA / "cases.yaml").read_text())

@@ -1,9 +1,9 @@
 """Kernel log rules matched behind one keyword prefilter: a ``RuleSet`` finds the lines and messages rules may
 match, and gives each stream of records its ``StreamMatcher``.
 
-All keywords of all rules form one prefilter (a literal alternation, factored
-as a trie), and a hit dispatches to the rules whose keyword it is; the rule
-file format and its loading are in ``rulefile``.
+All keywords of all rules form one prefilter (``prefilter.Prefilter``), and a
+hit dispatches to the rules whose keyword it is; the rule file format and its
+loading are in ``rulefile``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from operator import itemgetter
-from typing import Any
 
 from tpuwatch.kernel_log.matcher import RESTARTS, StreamMatcher
+from tpuwatch.kernel_log.prefilter import Prefilter, literal_alternation
 from tpuwatch.kernel_log.rule import Match, Rule
 
 # Per keyword: searches of rule (and stand-alone follow) regexes; (rule indexes, search) of other follow regexes;
@@ -38,10 +38,10 @@ class RuleSet:
                 follow.setdefault(keyword, set()).add(index)
         keywords = sorted({*primary, *follow, *RESTARTS}) if primary or follow else []
         self._dispatch = {k: (frozenset(primary.get(k, ())), frozenset(follow.get(k, ()))) for k in keywords}
-        self._partners = {k: _overlapping(k, keywords) for k in keywords}
+        self.prefilter = Prefilter(keywords) if keywords else None
+        self._partners = self.prefilter.hides if self.prefilter is not None else {}
         self.unkeyed = frozenset(i for i, r in enumerate(self.rules) if not r.keywords)
         self.unkeyed_follow = frozenset(i for i, r in enumerate(self.rules) if r.follow and not r.follow.keywords)
-        self.prefilter = re.compile(literal_alternation(keywords)) if keywords else None
         self._multiline = frozenset(i for i, r in enumerate(self.rules) if r.lines > 1)
         multiline_keywords = sorted({k for i in self._multiline for k in self.rules[i].keywords})
         self._multiline_search = re.compile(literal_alternation(multiline_keywords)).search if multiline_keywords \
@@ -49,7 +49,7 @@ class RuleSet:
         names = {rule.name: i for i, rule in enumerate(self.rules)}
         self.superseded_by = [frozenset(names[n] for n in r.superseded_by if n in names) for r in self.rules]
         self.checks = {k: self._checks({k}) for k in keywords}
-        # Keywords a find of this one can hide (they overlap it): their checks count when they are in the line.
+        # Keywords a find of this one can stand for (``Prefilter.hides``): their checks count when they are in the line.
         self.partner_checks = {k: tuple((p, self.checks[p]) for p in self._partners[k]) for k in keywords}
 
     def _checks(self, keywords: set[str]) -> Checks | None:
@@ -85,12 +85,12 @@ class RuleSet:
         primary, follow = self.unkeyed, self.unkeyed_follow
         if self.prefilter is None:
             return primary, follow
-        found = {m.group() for m in self.prefilter.finditer(message)}
+        found = self.prefilter.found(message)
         if len(found) == 1 and not (primary or follow):  # the common case: one keyword, nothing to add to it
             (keyword,) = found
             if not self._partners[keyword]:
                 return self._dispatch[keyword]
-        for keyword in list(found):  # a keyword overlapping a found one is not found again: look for it
+        for keyword in list(found):  # a keyword a found one can stand for is not found again: look for it
             if partners := self._partners[keyword]:
                 found.update(k for k in partners if k in message)
         for keyword in found:
@@ -116,7 +116,7 @@ class RuleSet:
 
     def keyed_hits(self, text: str) -> list[tuple[int, str]]:
         """``hits`` with the keyword found at each (``""`` for an unkeyed rule's regex hit), sorted by offset."""
-        found = [(m.start(), m.group()) for m in self.prefilter.finditer(text)] if self.prefilter is not None else []
+        found = self.prefilter.finds(text) if self.prefilter is not None else []
         if self.unkeyed or self.unkeyed_follow:
             for index in self.unkeyed:
                 found.extend((m.start(), "") for m in self.rules[index].regex.finditer(text))
@@ -128,20 +128,21 @@ class RuleSet:
         return found
 
     def can_match(self, message: str, expects: Callable[[int], bool] | None = None,
-                  found: re.Match[str] | None = None) -> bool:
+                  found: tuple[str, int] | None = None) -> bool:
         """False if no rule's regex or follow regex can match ``message`` (a record's whole message, or one raw
         line of the forms ``checks`` hold for): its keywords lead only to regexes that do not match it.  With
         ``expects`` (rule index -> has a fault open), a follow regex counts only for a rule that expects it;
-        ``found``: the prefilter's first find in ``message``, when the caller has it."""
+        ``found``: the prefilter's first find in ``message`` (``Prefilter.search``), when the caller has it."""
         if self.prefilter is None or self.unkeyed or self.unkeyed_follow:
             return True
         search = self.prefilter.search
         if found is None:
             found = search(message)
         while found is not None:
-            if self.line_may_match(found.group(), message, expects):
+            keyword, resume = found
+            if self.line_may_match(keyword, message, expects):
                 return True
-            found = search(message, found.end())
+            found = search(message, resume)
         return False
 
     def line_may_match(self, keyword: str, text: str, expects: Callable[[int], bool] | None = None) -> bool:
@@ -195,37 +196,3 @@ def looks_outside(pattern: str) -> bool:
         return True
     bare = _CHAR_CLASS_RE.sub("", re.sub(r"\\.", "_", pattern))
     return "^" in bare or "$" in bare or "(?<=" in bare or "(?<!" in bare
-
-
-def _overlapping(keyword: str, keywords: list[str]) -> tuple[str, ...]:
-    """The other keywords a match of ``keyword`` can hide from a left-to-right search: those inside it, or starting
-    inside it (a suffix of it is their prefix)."""
-    suffixes = tuple(keyword[i:] for i in range(1, len(keyword)))
-    return tuple(k for k in keywords if k != keyword and (k in keyword or k.startswith(suffixes)))
-
-
-def literal_alternation(words: list[str]) -> str:
-    """A regex matching any of ``words``, factored as a trie so that the engine tries few branches per position."""
-    trie: dict[str, Any] = {}
-    for word in words:
-        node = trie
-        for char in word:
-            node = node.setdefault(char, {})
-        node[""] = {}
-
-    def build(node: dict[str, Any]) -> str:
-        branches = []
-        for char, child in sorted(node.items()):
-            if not char:
-                continue
-            run = char
-            while len(child) == 1 and "" not in child:  # a run without branches: one literal, no deeper call
-                ((more, child),) = child.items()
-                run += more
-            branches.append(re.escape(run) + build(child))
-        if not branches:
-            return ""
-        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
-        return f"(?:{body})?" if "" in node else body
-
-    return build(trie)

@@ -19,8 +19,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from tpuwatch.kernel_log.prefilter import literal_alternation
 from tpuwatch.kernel_log.records import KMSG_HEAD
-from tpuwatch.kernel_log.rules import RuleSet, literal_alternation
+from tpuwatch.kernel_log.rules import RuleSet
 
 MAX_PICKED = 4096  # lines picked out of one skip: each is read and matched like any other record
 # What varies from one repeat of a message to the next: a kmsg head, a syslog head, a [timestamp] (each right
