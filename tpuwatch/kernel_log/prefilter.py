@@ -61,29 +61,24 @@ class Prefilter:
         for suffix, end in ends:
             by_first.setdefault(suffix[0], []).append((suffix[1:], end))
         self.regex = re.compile("|".join(f"{re.escape(first)}(?={_trie(rest)})"
-                                         for first, rest in sorted(by_first.items()))) if ends else None
-        self.hides = {keyword: _hidden(keyword, self.keywords, self.anchor) for keyword in self.keywords}
+                                         for first, rest in sorted(by_first.items())) or "(?!)")
+        self.search = self.regex.search  # the first find at or after a position: see ``keyword``
+        self.hides = {keyword: _hidden(keyword, by_suffix, self.anchor) for keyword in self.keywords}
 
     def finds(self, text: str) -> list[tuple[int, str]]:
         """Each keyword found in ``text``, as (offset, keyword), sorted."""
-        if self.regex is None:
-            return []
         names, anchor = self._names, self.anchor
         found = [(m.start() - anchor[keyword], keyword)
                  for m in self.regex.finditer(text) for keyword in (names[m.lastgroup],)]  # type: ignore[index]
         found.sort()
         return found
 
-    def search(self, text: str, pos: int = 0) -> tuple[str, int] | None:
-        """The first keyword found at or after anchor position ``pos``, and where to search for the next one."""
-        if self.regex is None or (m := self.regex.search(text, pos)) is None:
-            return None
-        return self._names[m.lastgroup], m.end()  # type: ignore[index]
+    def keyword(self, found: re.Match[str]) -> str:
+        """The keyword of a match of ``search`` (the match is its anchor character; search on from its end)."""
+        return self._names[found.lastgroup]  # type: ignore[index]
 
     def found(self, text: str) -> set[str]:
         """The keywords found in ``text`` (each may stand for those it ``hides``)."""
-        if self.regex is None:
-            return set()
         names = self._names
         return {names[m.lastgroup] for m in self.regex.finditer(text)}  # type: ignore[index]
 
@@ -104,18 +99,14 @@ def _anchors(keywords: tuple[str, ...]) -> dict[str, int]:
                          key=lambda i: (_weight(keyword[i]), i)) for keyword in keywords}
 
 
-def _hidden(keyword: str, keywords: tuple[str, ...], anchor: dict[str, int]) -> tuple[str, ...]:
+def _hidden(keyword: str, by_suffix: dict[str, list[str]], anchor: dict[str, int]) -> tuple[str, ...]:
     """The other keywords a find of ``keyword`` can stand for: found at the same anchor position, a longer match
-    (or, for one as long, the one tried first) wins.  Such a keyword's part from its anchor on begins this one's,
-    and the parts before the anchors agree."""
+    (or, for one as long, the one tried first) wins.  Such a keyword's part from its anchor on (``by_suffix``
+    keys) begins this one's, and the parts before the anchors agree."""
     suffix, prefix = keyword[anchor[keyword]:], keyword[:anchor[keyword]]
-    out = []
-    for other in keywords:
-        other_suffix, other_prefix = other[anchor[other]:], other[:anchor[other]]
-        if other != keyword and suffix.startswith(other_suffix) and (
-                prefix.endswith(other_prefix) or other_prefix.endswith(prefix)):
-            out.append(other)
-    return tuple(out)
+    return tuple(other for end in range(1, len(suffix) + 1) for other in by_suffix.get(suffix[:end], ())
+                 if other != keyword and (prefix.endswith(other[:anchor[other]])
+                                          or other[:anchor[other]].endswith(prefix)))
 
 
 def literal_alternation(words: list[str]) -> str:
