@@ -6,6 +6,7 @@ passed explicitly to ``step()`` so that hold times and lease expiry are tested w
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
@@ -158,6 +159,27 @@ def test_kubeconfig_errors_name_the_problem(tmp_path: Path) -> None:
     path.write_text("current-context: x\ncurrent-context: y\n")  # read by the one bounded YAML loader
     with pytest.raises(ConfigError, match=rf"^kubernetes\.kubeconfig: {path}: line 2, column 1: duplicate key"):
         from_kubeconfig(str(path))
+
+
+def test_inline_kubeconfig_credentials_live_in_a_private_dir_removed_on_close(tmp_path: Path) -> None:
+    tls = make_tls_files(tmp_path)
+    with ApiServer(tls=tls) as api:
+        api.add_node("node-0")
+        path = api.write_kubeconfig(tmp_path / "kubeconfig", tls.ca_cert)
+        plain = from_kubeconfig(str(path))
+        assert plain.scratch is None  # nothing inline: no directory made
+        data = json.loads(path.read_text())
+        cluster = data["clusters"][0]["cluster"]
+        cluster["certificate-authority-data"] = base64.b64encode(Path(cluster.pop("certificate-authority"))
+                                                                 .read_bytes()).decode()
+        path.write_text(json.dumps(data))
+        inline = from_kubeconfig(str(path))
+        assert inline.scratch is not None and inline.ca_file == str(Path(inline.scratch, "certificate-authority"))
+        assert os.stat(inline.scratch).st_mode & 0o777 == 0o700 and os.stat(inline.ca_file).st_mode & 0o777 == 0o600
+        client = KubeClient(inline, 5)
+        assert client.get_node("node-0")["metadata"]["name"] == "node-0"  # TLS verified with the decoded CA
+        client.close()
+    assert not os.path.exists(inline.scratch)  # the decoded credentials do not outlive the client
 
 
 def test_tls_kubeconfig_client_and_kubectl_read_the_same_node(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,7 @@ class Credentials:
     token_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
+    scratch: str | None = None  # a private directory of decoded inline files, removed by ``KubeClient.close``
 
 
 def in_cluster(env: dict[str, str] | None = None, root: Path = SERVICE_ACCOUNT) -> Credentials:
@@ -79,7 +81,8 @@ def from_kubeconfig(path: str, scratch: Path | None = None) -> Credentials:
     """The current context's cluster and user of a kubeconfig file; ConfigError naming what is wrong.
 
     The file is read by the bounded loader of every YAML file (``tpuwatch.yamlfile``).  Inline ``*-data``
-    certificates and keys are written to private files under ``scratch`` (a temp dir).
+    certificates and keys are written to private files under ``scratch``, else in a private temp dir made only
+    then and removed by ``KubeClient.close``.
     """
     where = "kubernetes.kubeconfig"
     try:
@@ -100,11 +103,13 @@ def from_kubeconfig(path: str, scratch: Path | None = None) -> Credentials:
     if not cluster.get("server"):
         raise ConfigError(where, f"{path}: cluster {context.get('cluster')!r} has no server")
     base = Path(path).resolve().parent
-    scratch = scratch or Path(tempfile.mkdtemp(prefix="tpuwatch-kube-"))
+    made: list[Path] = []  # the scratch directory this call made (only when a file is inline)
 
     def file_of(key: str, entry: dict[str, Any]) -> str | None:
         if entry.get(f"{key}-data"):
-            target = scratch / key
+            if scratch is None and not made:
+                made.append(Path(tempfile.mkdtemp(prefix="tpuwatch-kube-")))
+            target = (scratch or made[0]) / key
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(base64.b64decode(entry[f"{key}-data"]))
@@ -112,10 +117,16 @@ def from_kubeconfig(path: str, scratch: Path | None = None) -> Credentials:
         value = entry.get(key)
         return str(base / value) if value else None
 
-    return Credentials(str(cluster["server"]).rstrip("/"), file_of("certificate-authority", cluster),
-                       not cluster.get("insecure-skip-tls-verify", False), user.get("token"),
-                       str(base / user["tokenFile"]) if user.get("tokenFile") else None,
-                       file_of("client-certificate", user), file_of("client-key", user))
+    try:
+        files = (file_of("certificate-authority", cluster), file_of("client-certificate", user),
+                 file_of("client-key", user))
+    except BaseException:
+        if made:
+            shutil.rmtree(made[0], ignore_errors=True)
+        raise
+    return Credentials(str(cluster["server"]).rstrip("/"), files[0], not cluster.get("insecure-skip-tls-verify", False),
+                       user.get("token"), str(base / user["tokenFile"]) if user.get("tokenFile") else None,
+                       files[1], files[2], str(made[0]) if made else None)
 
 
 class KubeClient:
@@ -132,8 +143,10 @@ class KubeClient:
             self.session.cert = (credentials.cert_file, credentials.key_file)
 
     def close(self) -> None:
-        """Close pooled connections."""
+        """Close pooled connections; remove the decoded inline credentials."""
         self.session.close()
+        if self.credentials.scratch:
+            shutil.rmtree(self.credentials.scratch, ignore_errors=True)
 
     def _token(self) -> str | None:
         if self.credentials.token_file:  # projected tokens rotate: read it afresh every call
