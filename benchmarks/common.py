@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import compileall
+import os
 import platform
 import re
 from datetime import datetime
@@ -11,6 +13,15 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS_MD = REPO_ROOT / "BENCHMARKS.md"
 _HEADER = ("# tpuwatch benchmarks\n\nEach section is written by one script under benchmarks/ "
            "(`python benchmarks/run.py` runs them all) and states its command, machine and date.\n")
+
+
+def checkout_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this environment) for a Python child that runs this checkout's tpuwatch as an installed
+    one runs: first on its path, its bytecode compiled beforehand into the checkout's __pycache__ directories, as
+    pip and Debian compile it at install (a child compiling at import instead spends time and resident memory on
+    it; with PYTHONDONTWRITEBYTECODE it would do so at every start)."""
+    compileall.compile_dir(str(REPO_ROOT / "tpuwatch"), quiet=1)
+    return {**(os.environ if base is None else base), "PYTHONPATH": str(REPO_ROOT)}
 
 
 def write_section(topic: str, markdown: str, path: Path = BENCHMARKS_MD) -> None:

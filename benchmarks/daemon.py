@@ -45,7 +45,7 @@ from pathlib import Path
 
 import requests
 
-from common import BENCHMARKS_MD, REPO_ROOT, cpu_model, write_section
+from common import BENCHMARKS_MD, REPO_ROOT, checkout_env, cpu_model, write_section
 
 sys.path.insert(0, str(REPO_ROOT))  # measure the tpuwatch of this checkout, whatever else is installed
 import tpuwatch  # noqa: E402
@@ -296,8 +296,7 @@ def start_child(name: str, argv: list[str], port: int, workdir: Path) -> Child:
     """Start a server with its output in a log file under ``workdir``."""
     log_path = workdir / f"{name}.log"
     with open(log_path, "wb") as log:
-        # PYTHONPATH: measure the tpuwatch of this checkout, whatever else is installed.
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+        env = checkout_env()  # the tpuwatch of this checkout, whatever else is installed
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                    cwd=workdir, env=env, preexec_fn=die_with_parent)
     progress(f"started {name} (pid {process.pid}) on 127.0.0.1:{port}: {shlex.join(argv)}")

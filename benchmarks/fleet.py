@@ -43,7 +43,7 @@ from typing import Any
 import requests
 import yaml
 
-from common import BENCHMARKS_MD, REPO_ROOT, cpu_model, write_section
+from common import BENCHMARKS_MD, REPO_ROOT, checkout_env, cpu_model, write_section
 
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 
@@ -356,7 +356,7 @@ print(rss() - before)
 def import_cost(python: str, official: bool) -> int:
     """Median resident KiB that importing a Kubernetes client adds to ``python`` after requests and yaml."""
     code = FOOTPRINT.format(official=official)
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = checkout_env()
     runs = [int(subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, env=env,
                                timeout=120).stdout) for _ in range(3)]
     return int(statistics.median(runs))

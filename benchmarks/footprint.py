@@ -57,7 +57,7 @@ from daemon import (
     wait_ready,
 )
 
-from common import BENCHMARKS_MD, machine_and_command, write_section
+from common import BENCHMARKS_MD, checkout_env, machine_and_command, write_section
 
 sys.path.insert(0, str(REPO_ROOT))
 from tpuwatch import config as config_module  # noqa: E402
@@ -133,7 +133,7 @@ def smaps(pid: int, top: int = 8) -> list[tuple[str, int]]:
 def import_steps() -> list[tuple[str, int, int]]:
     """(module, VmRSS KiB after importing it, modules loaded) in a fresh interpreter, step by step."""
     out = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, *IMPORTS], capture_output=True, text=True,
-                         check=True, cwd=REPO_ROOT, env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"})
+                         check=True, cwd=REPO_ROOT, env=checkout_env({"PATH": "/usr/bin:/bin"}))
     return [tuple(step) for step in json.loads(out.stdout)]  # type: ignore[misc]
 
 

@@ -44,10 +44,11 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # Measure the tpuwatch of this checkout, whatever else is installed (here and in the timed subprocesses).
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(REPO_ROOT)]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
 from tpuwatch.kernel_log.rulefile import load_rules  # noqa: E402
 
-from common import BENCHMARKS_MD, cpu_model, write_section  # noqa: E402
+from common import BENCHMARKS_MD, checkout_env, cpu_model, write_section  # noqa: E402
+
+ENV = checkout_env()
 
 NOISE = [
     "e1000e 0000:00:1f.6 eno1: NIC Link is Up 1000 Mbps Full Duplex, Flow Control: Rx/Tx",
@@ -255,12 +256,8 @@ def main() -> int:
     patterns = [to_ere(r.regex.pattern) for r in rules] + [to_ere(r.follow.regex.pattern) for r in rules if r.follow]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        # Bytecode as an installed package has it (pip and Debian compile it): written on the first run, here.
-        ENV.pop("PYTHONDONTWRITEBYTECODE", None)
-        ENV["PYTHONPYCACHEPREFIX"] = str(Path(tmp, "pycache"))
         empty = Path(tmp, "empty.log")
         empty.write_bytes(b"")
-        timed(pin + LOGSCAN + [str(empty), "--json"])
         startup = min(timed(pin + LOGSCAN + [str(empty), "--json"])[0] for _ in range(max(repeats, 3)))
         for name, dense in (("busy host", False), ("keyword-dense", True)):
             path = Path(tmp, f"{'dense' if dense else 'busy'}.log")
