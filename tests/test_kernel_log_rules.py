@@ -28,7 +28,7 @@ DOCUMENTED_RULES = {"nvidia_xid", "gpu_fell_off_bus", "pcie_aer_corrected", "pci
 SHIPPED_RULES = DOCUMENTED_RULES | {"nvrm_error", "pci_reset_failed", "mce_logged", "cper_recoverable",
                                     "cper_corrected", "memory_failure", "hard_lockup", "rcu_stall", "workqueue_lockup",
                                     "kernel_panic", "kernel_oops", "amdgpu_error", "amdgpu_smu_error",
-                                    "nvswitch_sxid", "habanalabs_error", "cpu_thermal_throttle"}
+                                    "nvswitch_sxid", "habanalabs_error", "cpu_thermal_throttle", "nmi_error"}
 RULES = load_rules([])
 
 MATCHES = [(rule, case) for rule, cases in CASES.items() for case in cases["match"]]
