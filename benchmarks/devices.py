@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from concurrent import futures
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,7 @@ def tpu_info_read(address: str, generation: str) -> None:
 
 
 def tpu_rows(root: Path, reads: int) -> list[tuple[str, float, float]]:
-    rows = []
+    rows: list[tuple[str, float, float]] = []
     for generation, label, runtime in (
             ("v6e", "instant runtime", Runtime("v6e", "busy")),
             ("v6e", "runtime taking 20 ms per call", DelayedRuntime("v6e", 0.02)),
@@ -117,7 +118,7 @@ def tpu_rows(root: Path, reads: int) -> list[tuple[str, float, float]]:
             first = backend.read()
             assert len(first) == 4 and first[3].runtime_metrics, first[3].sources
             ours = median_ms(backend.read, reads)
-            anchor = median_ms(lambda a=address, g=generation: tpu_info_read(a, g), reads)
+            anchor = median_ms(partial(tpu_info_read, address, generation), reads)
         finally:
             server.stop(grace=None)
         rows.append((f"{generation} × 4, {label}", anchor, ours))

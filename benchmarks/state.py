@@ -116,8 +116,12 @@ def main() -> int:
         if messages != (MEMORY_MAX_BYTES * 3 // 4 >> 20) * 16:
             raise RuntimeError(f"the round trip lost messages: {messages} left")
         copy = root / "copy.db"
-        backup = median_seconds(lambda: (copy.unlink(missing_ok=True), sqlite3_cli(str(small), f".backup {copy}")),
-                                args.repeats)
+
+        def backup_once() -> None:
+            copy.unlink(missing_ok=True)
+            sqlite3_cli(str(small), f".backup {copy}")
+
+        backup = median_seconds(backup_once, args.repeats)
         progress(f"memory and back: {trip:.3f} s, sqlite3 .backup {backup:.3f} s")
 
         probe_dir = root / "probe"
