@@ -5,8 +5,8 @@ character at a time, and starts a match attempt wherever a character can
 begin a keyword.  Kernel logs are full of the capitals most keywords begin
 with (CPU, PCI, ACPI), so the prefilter enters each keyword at its *anchor*
 instead: a position whose character is rare in kernel logs, from a small set
-of characters that together cover every keyword (chosen greedily, rarest per
-keyword covered first).  The regex matches only the anchor character and
+of characters that together cover every keyword (chosen greedily: first the
+character that costs least per keyword it covers).  The regex matches only the anchor character and
 looks ahead for the rest of the keyword, then behind for the whole of it, so
 each find is exact and finds may overlap; at one anchor position the longest
 keyword wins, and ``hides`` says which other keywords it may then stand for.
