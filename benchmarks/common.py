@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import compileall
+import functools
 import os
 import platform
 import re
@@ -20,8 +21,14 @@ def checkout_env(base: dict[str, str] | None = None) -> dict[str, str]:
     one runs: first on its path, its bytecode compiled beforehand into the checkout's __pycache__ directories, as
     pip and Debian compile it at install (a child compiling at import instead spends time and resident memory on
     it; with PYTHONDONTWRITEBYTECODE it would do so at every start)."""
-    compileall.compile_dir(str(REPO_ROOT / "tpuwatch"), quiet=1)
+    _compile_checkout()
     return {**(os.environ if base is None else base), "PYTHONPATH": str(REPO_ROOT)}
+
+
+@functools.cache
+def _compile_checkout() -> None:
+    """Compile tpuwatch's bytecode, once per benchmark process."""
+    compileall.compile_dir(str(REPO_ROOT / "tpuwatch"), quiet=1)
 
 
 def write_section(topic: str, markdown: str, path: Path = BENCHMARKS_MD) -> None:

@@ -292,9 +292,9 @@ records each in dmesg `[seconds]`, `-T`, syslog and raw kmsg forms (kmsg records
 {dense_m['mb']:.0f} MB: 40% NVRM, AER, EDAC, mce, amdgpu and vfio banner and detail lines that share words with
 the rules). Each pinned to one core ({"taskset -c 0" if pin else "not pinned: no taskset"}), best of {repeats},
 in the same run. logscan times are wall times of the whole command, starting Python and importing tpuwatch
-(its bytecode compiled, as installed) included ({startup:.2f} s on an empty file; the rate after it is in brackets). The collector path feeds the
-log's records (parsed beforehand, as the sources hand them over) one by one through `RuleSet.stream().feed()`,
-the matcher the daemon's collector uses.
+(its bytecode compiled, as installed) included ({startup:.2f} s on an empty file; the rate after it is in
+brackets). The collector path feeds the log's records (parsed beforehand, as the sources hand them over) one by
+one through `RuleSet.stream().feed()`, the matcher the daemon's collector uses.
 
 | | Time | Lines/s | Speed vs grep | Peak RSS | Found |
 |---|---|---|---|---|---|

@@ -6,10 +6,11 @@ begin a keyword.  Kernel logs are full of the capitals most keywords begin
 with (CPU, PCI, ACPI), so the prefilter enters each keyword at its *anchor*
 instead: a position whose character is rare in kernel logs, from a small set
 of characters that together cover every keyword (chosen greedily: first the
-character that costs least per keyword it covers).  The regex matches only the anchor character and
-looks ahead for the rest of the keyword, then behind for the whole of it, so
-each find is exact and finds may overlap; at one anchor position the longest
-keyword wins, and ``hides`` says which other keywords it may then stand for.
+character that costs least per keyword it covers).  The regex matches only
+the anchor character and looks ahead for the rest of the keyword, then behind
+for the whole of it, so each find is exact and finds may overlap; at one
+anchor position the longest keyword wins, and ``hides`` says which other
+keywords it may then stand for.
 """
 
 from __future__ import annotations
@@ -68,10 +69,8 @@ class Prefilter:
     def finds(self, text: str) -> list[tuple[int, str]]:
         """Each keyword found in ``text``, as (offset, keyword), sorted."""
         names, anchor = self._names, self.anchor
-        found = [(m.start() - anchor[keyword], keyword)
-                 for m in self.regex.finditer(text) for keyword in (names[m.lastgroup],)]  # type: ignore[index]
-        found.sort()
-        return found
+        return sorted((m.start() - anchor[keyword], keyword) for m in self.regex.finditer(text)
+                      if (keyword := names[m.lastgroup]))  # type: ignore[index]
 
     def keyword(self, found: re.Match[str]) -> str:
         """The keyword of a match of ``search`` (the match is its anchor character; search on from its end)."""

@@ -77,12 +77,12 @@ def in_cluster_namespace(root: Path = SERVICE_ACCOUNT) -> str | None:
         return None
 
 
-def from_kubeconfig(path: str, scratch: Path | None = None) -> Credentials:
+def from_kubeconfig(path: str) -> Credentials:
     """The current context's cluster and user of a kubeconfig file; ConfigError naming what is wrong.
 
     The file is read by the bounded loader of every YAML file (``tpuwatch.yamlfile``).  Inline ``*-data``
-    certificates and keys are written to private files under ``scratch``, else in a private temp dir made only
-    then and removed by ``KubeClient.close``.
+    certificates and keys are written to files in a private temp dir, made only for them and removed by
+    ``KubeClient.close``.
     """
     where = "kubernetes.kubeconfig"
     try:
@@ -103,13 +103,13 @@ def from_kubeconfig(path: str, scratch: Path | None = None) -> Credentials:
     if not cluster.get("server"):
         raise ConfigError(where, f"{path}: cluster {context.get('cluster')!r} has no server")
     base = Path(path).resolve().parent
-    made: list[Path] = []  # the scratch directory this call made (only when a file is inline)
+    files = (("certificate-authority", cluster), ("client-certificate", user), ("client-key", user))
+    scratch = Path(tempfile.mkdtemp(prefix="tpuwatch-kube-")) if any(
+        entry.get(f"{key}-data") for key, entry in files) else None
 
     def file_of(key: str, entry: dict[str, Any]) -> str | None:
-        if entry.get(f"{key}-data"):
-            if scratch is None and not made:
-                made.append(Path(tempfile.mkdtemp(prefix="tpuwatch-kube-")))
-            target = (scratch or made[0]) / key
+        if scratch is not None and entry.get(f"{key}-data"):
+            target = scratch / key
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as handle:
                 handle.write(base64.b64decode(entry[f"{key}-data"]))
@@ -118,15 +118,14 @@ def from_kubeconfig(path: str, scratch: Path | None = None) -> Credentials:
         return str(base / value) if value else None
 
     try:
-        files = (file_of("certificate-authority", cluster), file_of("client-certificate", user),
-                 file_of("client-key", user))
+        ca_file, cert_file, key_file = (file_of(key, entry) for key, entry in files)
     except BaseException:
-        if made:
-            shutil.rmtree(made[0], ignore_errors=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
         raise
-    return Credentials(str(cluster["server"]).rstrip("/"), files[0], not cluster.get("insecure-skip-tls-verify", False),
+    return Credentials(str(cluster["server"]).rstrip("/"), ca_file, not cluster.get("insecure-skip-tls-verify", False),
                        user.get("token"), str(base / user["tokenFile"]) if user.get("tokenFile") else None,
-                       files[1], files[2], str(made[0]) if made else None)
+                       cert_file, key_file, str(scratch) if scratch is not None else None)
 
 
 class KubeClient:
