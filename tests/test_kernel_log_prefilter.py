@@ -1,16 +1,22 @@
-"""The keyword prefilter: exact finds entered at rare characters, and which keywords a find can stand for."""
+"""The keyword prefilter, both implementations: the native automaton finds every occurrence; the regex finds each
+exactly, entered at rare characters, and says which keywords a find can stand for."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
 
+from tpuwatch.kernel_log import prefilter as prefilter_module
 from tpuwatch.kernel_log.prefilter import PER_100K, Prefilter
 from tpuwatch.kernel_log.rulefile import load_rules
 
 SHIPPED = load_rules([])
 SHIPPED_KEYWORDS = sorted(SHIPPED.prefilter.keywords) if SHIPPED.prefilter is not None else []
+BUILT = prefilter_module.Automaton is not None
+IMPLEMENTATIONS = [pytest.param(True, id="native", marks=pytest.mark.skipif(not BUILT, reason="not built")),
+                   pytest.param(False, id="regex")]
 
 
 def _occurrences(text: str, keyword: str) -> list[int]:
@@ -22,33 +28,45 @@ def _occurrences(text: str, keyword: str) -> list[int]:
 
 
 def _check(prefilter: Prefilter, text: str) -> None:
-    """Every find is a keyword where it says; every keyword in the text is found or stood for by a find there."""
+    """Every find is a keyword where it says; every keyword in the text is found (natively: each occurrence is a
+    find) or stood for by a find there."""
     finds = prefilter.finds(text)
     assert finds == sorted(finds)
     for offset, keyword in finds:
         assert text.startswith(keyword, offset), (text, offset, keyword)
     found = prefilter.found(text)
     assert found == {keyword for _, keyword in finds}
+    if prefilter.native:
+        assert finds == sorted((at, k) for k in prefilter.keywords for at in _occurrences(text, k))
     for keyword in prefilter.keywords:
         for offset in _occurrences(text, keyword):
             assert (offset, keyword) in finds or any(
                 keyword in prefilter.hides[other] for _, other in finds), (text, keyword, offset)
 
 
+def test_the_native_matcher_is_built_where_the_tests_run_in_ci() -> None:
+    """CI builds it (setup.py build_ext); without it every native test below would be skipped unseen."""
+    if os.environ.get("TPUWATCH_REQUIRE_TOOLS") == "1":
+        assert BUILT, "tpuwatch/kernel_log/_keywords.c is not built: run python setup.py build_ext --inplace"
+    assert Prefilter(["x"]).native is BUILT and not Prefilter(["x"], native=False).native
+
+
+@pytest.mark.parametrize("native", IMPLEMENTATIONS)
 @pytest.mark.parametrize("seed", range(40))
-def test_finds_are_exact_and_miss_no_keyword(seed: int) -> None:
+def test_finds_are_exact_and_miss_no_keyword(seed: int, native: bool) -> None:
     rng = random.Random(seed)
     alphabet = "abAB :x"
     keywords = sorted({"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))) for _ in range(12)})
-    prefilter = Prefilter(keywords)
+    prefilter = Prefilter(keywords, native=native)
+    assert prefilter.native is native
     for _ in range(30):
         pieces = [rng.choice(keywords) if rng.random() < 0.5 else rng.choice(alphabet) for _ in range(12)]
         _check(prefilter, "".join(pieces))
 
 
-def test_shipped_keywords_are_found_in_lines_that_hold_several() -> None:
-    prefilter = SHIPPED.prefilter
-    assert prefilter is not None
+@pytest.mark.parametrize("native", IMPLEMENTATIONS)
+def test_shipped_keywords_are_found_in_lines_that_hold_several(native: bool) -> None:
+    prefilter = Prefilter(SHIPPED_KEYWORDS, native=native)
     rng = random.Random(7)
     for _ in range(300):
         chosen = rng.sample(SHIPPED_KEYWORDS, 3)
@@ -57,21 +75,61 @@ def test_shipped_keywords_are_found_in_lines_that_hold_several() -> None:
         _check(prefilter, f"[ 1.5] {text} [ 2.0] {''.join(chosen)}\n")
 
 
-def test_overlapping_keywords_are_each_found() -> None:
-    prefilter = Prefilter(["BUG", "BUG: soft lockup", "Oops", "is NOT usable", "NOT usable"])
+@pytest.mark.parametrize("native", IMPLEMENTATIONS)
+def test_overlapping_keywords_are_each_found(native: bool) -> None:
+    prefilter = Prefilter(["BUG", "BUG: soft lockup", "Oops", "is NOT usable", "NOT usable"], native=native)
     text = "BUG: soft lockup - CPU#3 stuck; Oops: GPU 0 is NOT usable"
-    assert prefilter.finds(text) == [(0, "BUG: soft lockup"), (32, "Oops"), (44, "is NOT usable")]
-    assert "BUG" in prefilter.hides["BUG: soft lockup"] and "NOT usable" in prefilter.hides["is NOT usable"]
+    if native:
+        assert prefilter.finds(text) == [(0, "BUG"), (0, "BUG: soft lockup"), (32, "Oops"), (44, "is NOT usable"),
+                                         (47, "NOT usable")]
+    else:
+        assert prefilter.finds(text) == [(0, "BUG: soft lockup"), (32, "Oops"), (44, "is NOT usable")]
+        assert "BUG" in prefilter.hides["BUG: soft lockup"] and "NOT usable" in prefilter.hides["is NOT usable"]
     assert prefilter.finds("BUG: scheduling while atomic") == [(0, "BUG")]
-    found = prefilter.search("x NOT usable")
-    assert found is not None and prefilter.keyword(found) == "NOT usable" and found.end() == 4  # past its anchor
-    assert Prefilter([]).finds(text) == [] and Prefilter([]).search(text) is None
+    assert prefilter.finds("x NOT usable") == [(2, "NOT usable")]
+    assert Prefilter([], native=native).finds(text) == []
+
+
+@pytest.mark.parametrize("native", IMPLEMENTATIONS)
+def test_texts_of_every_string_width_and_keywords_beyond_latin_1(native: bool) -> None:
+    """A block with a replaced bad byte (U+FFFD) or an emoji is a 2- or 4-byte str; keywords may be any text."""
+    prefilter = Prefilter(["Xid", "temp \u2192 hot", "caf\xe9", "\U0001f525 fire"], native=native)
+    for filler in ("", "\ufffd", "\U0001f600"):
+        text = f"{filler}NVRM: Xid 79 caf\xe9 temp \u2192 hot {filler}\U0001f525 fire Xi"
+        _check(prefilter, text)
+        assert prefilter.found(text) == set(prefilter.keywords)
+        assert prefilter.finds(f"{filler}temp \u2190 hot caf\xe8") == []
+
+
+@pytest.mark.skipif(not BUILT, reason="not built")
+def test_the_native_matcher_takes_a_slice_and_long_texts() -> None:
+    automaton = prefilter_module.Automaton(("ab", "b"))
+    assert automaton.finds("abab", 1) == [(1, "b"), (2, "ab"), (3, "b")]
+    assert automaton.finds("abab", 0, 3) == [(0, "ab"), (1, "b")] and automaton.finds("abab", 3, 1) == []
+    assert automaton.finds("abab", -5, 99) == automaton.finds("abab")
+    text = "x" * 200_000 + "ab" + "\ufffd"  # long enough to be scanned with the GIL released; 2 bytes a character
+    assert automaton.finds(text) == [(200_000, "ab"), (200_001, "b")]
+
+
+@pytest.mark.skipif(not BUILT, reason="not built")
+def test_the_native_matcher_refuses_what_it_cannot_build_and_the_prefilter_takes_the_regex() -> None:
+    automaton_type = prefilter_module.Automaton
+    with pytest.raises(TypeError):
+        automaton_type(("ok", ""))
+    with pytest.raises(TypeError):
+        automaton_type(["a list"])
+    with pytest.raises(TypeError):
+        automaton_type(("x",)).finds(b"bytes")
+    huge = [chr(0x100 + i) * 64 for i in range(600)]  # 600 distinct characters x 38,400 states: too big a table
+    with pytest.raises(ValueError):
+        automaton_type(tuple(huge))
+    prefilter = Prefilter(huge)
+    assert not prefilter.native and prefilter.finds("x" + huge[5]) == [(1, huge[5])]
 
 
 def test_keywords_are_not_entered_at_the_commonest_characters_of_kernel_logs() -> None:
-    """A match attempt starts at each character that can begin a find: none of them should be common."""
-    prefilter = SHIPPED.prefilter
-    assert prefilter is not None
+    """A regex match attempt starts at each character that can begin a find: none of them should be common."""
+    prefilter = Prefilter(SHIPPED_KEYWORDS, native=False)
     entered = {keyword[prefilter.anchor[keyword]] for keyword in prefilter.keywords}
     commonest = set(sorted(PER_100K, key=PER_100K.__getitem__, reverse=True)[:24])
     assert not entered & commonest, sorted(entered & commonest)
@@ -79,6 +137,7 @@ def test_keywords_are_not_entered_at_the_commonest_characters_of_kernel_logs() -
     assert sum(PER_100K.get(char, 0) for char in entered) < 0.6 * sum(PER_100K.get(char, 0) for char in first)
 
 
-def test_a_keyword_of_regex_syntax_is_a_literal() -> None:
-    prefilter = Prefilter(["x.y", "(?", "\\d", "a+"])
+@pytest.mark.parametrize("native", IMPLEMENTATIONS)
+def test_a_keyword_of_regex_syntax_is_a_literal(native: bool) -> None:
+    prefilter = Prefilter(["x.y", "(?", "\\d", "a+"], native=native)
     assert prefilter.finds("xzy x.y (? \\d 5 aa+") == [(4, "x.y"), (8, "(?"), (11, "\\d"), (17, "a+")]

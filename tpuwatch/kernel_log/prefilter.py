@@ -1,22 +1,30 @@
-"""Where rule keywords are in a text: one compiled search for all of them, entered at rare characters.
+"""Where rule keywords are in a text: every keyword found in one pass.
 
-A search for many literals in Python's ``re`` steps through the text one
-character at a time, and starts a match attempt wherever a character can
-begin a keyword.  Kernel logs are full of the capitals most keywords begin
-with (CPU, PCI, ACPI), so the prefilter enters each keyword at its *anchor*
-instead: a position whose character is rare in kernel logs, from a small set
-of characters that together cover every keyword (chosen greedily: first the
-character that costs least per keyword it covers).  The regex matches only
-the anchor character and looks ahead for the rest of the keyword, then behind
-for the whole of it, so each find is exact and finds may overlap; at one
-anchor position the longest keyword wins, and ``hides`` says which other
-keywords it may then stand for.
+Two implementations find the same keywords.  The native one (``_keywords.c``,
+built by setup.py when a C compiler is at hand) is an Aho-Corasick automaton:
+one table step per character, every occurrence of every keyword reported.  The
+pure-Python one, used when the native one is not built, is one compiled regex.
+Python's ``re`` steps through a text one character at a time and starts a
+match attempt wherever a character can begin a keyword; kernel logs are full of
+the capitals most keywords begin with (CPU, PCI, ACPI), so the regex enters
+each keyword at its *anchor* instead: a position whose character is rare in
+kernel logs, from a small set of characters that together cover every keyword
+(chosen greedily: first the character that costs least per keyword it covers).
+It matches only the anchor character and looks ahead for the rest of the
+keyword, then behind for the whole of it, so each find is exact and finds may
+overlap; at one anchor position the longest keyword wins, and ``hides`` says
+which other keywords it may then stand for.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+
+try:
+    from tpuwatch.kernel_log._keywords import Automaton
+except ImportError:  # not built (no C compiler at install): the regex below finds the same keywords
+    Automaton = None  # type: ignore[assignment,misc]
 
 # How often each printable ASCII character occurs in everyday kernel log lines, per 100,000 characters: counted
 # over the lines of the real logs in tests/testdata/kernel_log/corpus.yaml that give no event.  A character not
@@ -40,10 +48,24 @@ def _weight(char: str) -> float:
 
 
 class Prefilter:
-    """One search for ``keywords`` (see the module docstring)."""
+    """One search for ``keywords`` (see the module docstring); ``native=False`` takes the regex even where the
+    native matcher is built."""
 
-    def __init__(self, keywords: Iterable[str]) -> None:
+    def __init__(self, keywords: Iterable[str], native: bool = True) -> None:
         self.keywords = tuple(sorted(set(keywords)))
+        self.finds: Callable[[str], list[tuple[int, str]]]
+        """Each keyword found in a text, as (offset, keyword), sorted."""
+        self.hides: dict[str, tuple[str, ...]]
+        """The other keywords a find of each keyword may stand for (where it is found, they were not looked for)."""
+        self.native = native and Automaton is not None
+        if self.native:
+            try:
+                self.finds = Automaton(self.keywords).finds
+            except ValueError:  # keywords too many for its table (16 MiB at most): the regex takes them
+                self.native = False
+            else:
+                self.hides = {keyword: () for keyword in self.keywords}  # every occurrence is found
+                return
         self.anchor = _anchors(self.keywords)  # keyword -> the offset of its anchor character in it
         self._names: dict[str, str] = {}
         ends: list[tuple[str, str]] = []
@@ -63,23 +85,17 @@ class Prefilter:
             by_first.setdefault(suffix[0], []).append((suffix[1:], end))
         self.regex = re.compile("|".join(f"{re.escape(first)}(?={_trie(rest)})"
                                          for first, rest in sorted(by_first.items())) or "(?!)")
-        self.search = self.regex.search  # the first find at or after a position: see ``keyword``
+        self.finds = self._regex_finds
         self.hides = {keyword: _hidden(keyword, by_suffix, self.anchor) for keyword in self.keywords}
 
-    def finds(self, text: str) -> list[tuple[int, str]]:
-        """Each keyword found in ``text``, as (offset, keyword), sorted."""
+    def _regex_finds(self, text: str) -> list[tuple[int, str]]:
         names, anchor = self._names, self.anchor
         return sorted((m.start() - anchor[keyword], keyword) for m in self.regex.finditer(text)
                       if (keyword := names[m.lastgroup]))  # type: ignore[index]
 
-    def keyword(self, found: re.Match[str]) -> str:
-        """The keyword of a match of ``search`` (the match is its anchor character; search on from its end)."""
-        return self._names[found.lastgroup]  # type: ignore[index]
-
     def found(self, text: str) -> set[str]:
         """The keywords found in ``text`` (each may stand for those it ``hides``)."""
-        names = self._names
-        return {names[m.lastgroup] for m in self.regex.finditer(text)}  # type: ignore[index]
+        return {keyword for _, keyword in self.finds(text)}
 
 
 def _anchors(keywords: tuple[str, ...]) -> dict[str, int]:

@@ -128,21 +128,15 @@ class RuleSet:
         return found
 
     def can_match(self, message: str, expects: Callable[[int], bool] | None = None,
-                  found: re.Match[str] | None = None) -> bool:
+                  finds: list[tuple[int, str]] | None = None) -> bool:
         """False if no rule's regex or follow regex can match ``message`` (a record's whole message, or one raw
         line of the forms ``checks`` hold for): its keywords lead only to regexes that do not match it.  With
         ``expects`` (rule index -> has a fault open), a follow regex counts only for a rule that expects it;
-        ``found``: the prefilter's first find in ``message`` (``Prefilter.search``), when the caller has it."""
+        ``finds``: the prefilter's finds in ``message`` (``Prefilter.finds``), when the caller has them."""
         if self.prefilter is None or self.unkeyed or self.unkeyed_follow:
             return True
-        search, keyword = self.prefilter.search, self.prefilter.keyword
-        if found is None:
-            found = search(message)
-        while found is not None:
-            if self.line_may_match(keyword(found), message, expects):
-                return True
-            found = search(message, found.end())
-        return False
+        keywords = dict.fromkeys(keyword for _, keyword in (self.prefilter.finds(message) if finds is None else finds))
+        return any(self.line_may_match(keyword, message, expects) for keyword in keywords)
 
     def line_may_match(self, keyword: str, text: str, expects: Callable[[int], bool] | None = None) -> bool:
         """True unless the regexes that ``keyword`` (found in ``text``) and the keywords it may hide lead to all

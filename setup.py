@@ -1,0 +1,9 @@
+"""The optional native keyword matcher; everything else is in pyproject.toml.
+
+Without a C compiler (or Python's headers) the build goes on without it and
+tpuwatch uses its pure-Python matcher, which finds the same lines, slower.
+"""
+
+from setuptools import Extension, setup
+
+setup(ext_modules=[Extension("tpuwatch.kernel_log._keywords", ["tpuwatch/kernel_log/_keywords.c"], optional=True)])
