@@ -202,7 +202,8 @@ _SPECS = [
     MetricSpec("tpuwatch_config_last_reload_successful", "gauge", "1 if the last config (re)load succeeded."),
     MetricSpec("tpuwatch_config_last_reload_success_timestamp_seconds", "gauge",
                "Unix time of the last successful config (re)load."),
-    MetricSpec("tpuwatch_build_info", "gauge", "tpuwatch build; value is always 1.", ("version", "python")),
+    MetricSpec("tpuwatch_build_info", "gauge", "tpuwatch build; value is always 1.",
+               ("version", "python", "keyword_matcher")),
     # --- HTTP endpoint ---
     MetricSpec("tpuwatch_http_connections_closed_total", "counter",
                "Connections and requests the endpoint refused, evicted, timed out or answered with an error, "

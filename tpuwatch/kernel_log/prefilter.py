@@ -26,6 +26,8 @@ try:
 except ImportError:  # not built (no C compiler at install): the regex below finds the same keywords
     Automaton = None  # type: ignore[assignment,misc]
 
+KEYWORD_MATCHER = "regex" if Automaton is None else "native"  # what a Prefilter uses by default
+
 # How often each printable ASCII character occurs in everyday kernel log lines, per 100,000 characters: counted
 # over the lines of the real logs in tests/testdata/kernel_log/corpus.yaml that give no event.  A character not
 # here is rarer than all of them.
