@@ -19,9 +19,10 @@ In the same run it times, on one core (``taskset -c 0`` where available),
 best of 3: ``tpuwatch logscan FILE --json`` (lines/s, peak RSS), ``grep -E -c``
 with every shipped rule's regex and follow regex (translated to ERE), and the
 collector path: the same corpus as records (parsed beforehand, as the sources
-hand them over) fed one by one through ``RuleSet.stream().feed()``.  It checks
-that logscan and the collector path give the same events, and rewrites the
-``kernel_log`` section of BENCHMARKS.md.
+hand them over) fed one by one through ``RuleSet.stream().feed()``; logscan
+and the collector path each with the native keyword matcher (built in place
+first) and with the pure-Python one.  It checks that all of them give the
+same events, and rewrites the ``kernel_log`` section of BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -168,11 +169,13 @@ def to_ere(pattern: str) -> str:
     return ere
 
 
-def timed(command: list[str], capture: bool = False) -> tuple[float, str, str]:
-    """Wall seconds, stdout (when ``capture``) and stderr of one run of ``command``."""
+def timed(command: list[str], capture: bool = False, matcher: str = "default") -> tuple[float, str, str]:
+    """Wall seconds, stdout (when ``capture``) and stderr of one run of ``command`` (``matcher="regex"``: with the
+    pure-Python keyword matcher)."""
     start = time.perf_counter()
     proc = subprocess.run(command, stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, check=False, env=ENV)
+                          stderr=subprocess.PIPE, text=True, check=False,
+                          env={**ENV, "TPUWATCH_BENCH_MATCHER": matcher})
     elapsed = time.perf_counter() - start
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{shlex.join(command)} failed with exit code {proc.returncode}: {proc.stderr.strip()}")
@@ -184,8 +187,11 @@ def peak_rss_mib(stderr: str) -> float:
     return int(stderr.rsplit("VmHWM:", 1)[1].split()[0]) / 1024
 
 
+# In a child, with TPUWATCH_BENCH_MATCHER=regex: the pure-Python keyword matcher even where the native one is built.
+_MATCHER = ("import os\nfrom tpuwatch.kernel_log import prefilter\n"
+            "if os.environ.get('TPUWATCH_BENCH_MATCHER') == 'regex':\n    prefilter.Automaton = None\n")
 # `tpuwatch logscan`, then the process's own peak resident memory on stderr.
-LOGSCAN = [sys.executable, "-c", ("import argparse, sys\n"
+LOGSCAN = [sys.executable, "-c", (_MATCHER + "import argparse, sys\n"
                                   "from tpuwatch.config import Config\nfrom tpuwatch.kernel_log import logscan\n"
                                   "p = argparse.ArgumentParser(); logscan.add_arguments(p)\n"
                                   "code = logscan.run(p.parse_args(sys.argv[1:]), Config())\n"
@@ -194,7 +200,7 @@ LOGSCAN = [sys.executable, "-c", ("import argparse, sys\n"
 # The collector's path: records from the file (parsed first, untimed, kmsg continuation lines folded in as the
 # kmsg source does), then fed one by one; prints records, events and seconds.
 COLLECTOR = [sys.executable, "-c", (
-    "import sys, time\nfrom tpuwatch.kernel_log.records import parse_kmsg, parse_line, KMSG_HEAD_RE\n"
+    _MATCHER + "import sys, time\nfrom tpuwatch.kernel_log.records import parse_kmsg, parse_line, KMSG_HEAD_RE\n"
     "from tpuwatch.kernel_log.rulefile import load_rules\n"
     "lines = open(sys.argv[1], encoding='utf-8').read().split('\\n')[:-1]\nrecords = []\n"
     "for line in lines:\n"
@@ -210,32 +216,42 @@ COLLECTOR = [sys.executable, "-c", (
 
 
 def measure(path: Path, repeats: int, pin: list[str], grep: str, patterns: list[str]) -> dict[str, float]:
-    """logscan, grep and the collector path on one corpus."""
-    scans = [timed(pin + LOGSCAN + [str(path), "--json"], capture=True) for _ in range(repeats)]
+    """logscan and the collector path with each keyword matcher, and grep, on one corpus."""
+    out: dict[str, float] = {}
+    for matcher in ("default", "regex"):
+        scans = [timed(pin + LOGSCAN + [str(path), "--json"], True, matcher) for _ in range(repeats)]
+        _, fed, _ = timed(pin + COLLECTOR + [str(path), str(repeats)], True, matcher)
+        records, feed_events, feed_s = fed.split()
+        tag = "" if matcher == "default" else "_regex"
+        out |= {f"scan_s{tag}": min(s[0] for s in scans), f"feed_s{tag}": float(feed_s),
+                f"events{tag}": scans[0][1].count('"rule": '), f"feed_events{tag}": int(feed_events),
+                f"rss{tag}": max(peak_rss_mib(s[2]) for s in scans), f"logscan_lines{tag}": json.loads(scans[0][1])["lines"]}
+        out["records"] = int(records)
     greps = [timed(pin + [grep, "-E", "-c", *[a for p in patterns for a in ("-e", p)], str(path)], capture=True)
              for _ in range(repeats)]
-    _, out, _ = timed(pin + COLLECTOR + [str(path), str(repeats)], capture=True)
-    records, feed_events, feed_s = out.split()
     with open(path, "rb") as file:
         lines = sum(block.count(b"\n") for block in iter(lambda: file.read(1 << 20), b""))
-    return {"scan_s": min(s[0] for s in scans), "grep_s": min(g[0] for g in greps), "feed_s": float(feed_s),
-            "records": int(records), "events": scans[0][1].count('"rule": '), "feed_events": int(feed_events),
-            "grep_lines": int(greps[0][1].strip()), "rss": max(peak_rss_mib(s[2]) for s in scans), "lines": lines,
-            "logscan_lines": json.loads(scans[0][1])["lines"]}
+    return out | {"grep_s": min(g[0] for g in greps), "grep_lines": int(greps[0][1].strip()), "lines": lines}
 
 
-def row(name: str, m: dict[str, float], startup: float) -> str:
+def row(name: str, m: dict[str, float], startup: float, native: bool) -> str:
     """The table rows of one corpus."""
     lines = m["lines"]
-    scan = m["scan_s"]
-    return (f"| {name}: `tpuwatch logscan --json` | {scan:.2f} s | {lines / scan:,.0f} "
-            f"({lines / (scan - startup):,.0f} after startup) | {m['grep_s'] / scan:.2f}x | {m['rss']:.1f} MiB | "
-            f"{m['events']:,.0f} events |\n"
-            f"| {name}: collector path (`feed()` per record) | {m['feed_s']:.2f} s | "
-            f"{m['records'] / m['feed_s']:,.0f} records/s | {m['grep_s'] / m['feed_s']:.2f}x | - | "
-            f"{m['feed_events']:,.0f} events |\n"
-            f"| {name}: `grep -E -c` | {m['grep_s']:.2f} s | {lines / m['grep_s']:,.0f} | 1 | - | "
-            f"{m['grep_lines']:,.0f} matching lines |")
+    rows = []
+    for tag, label in (("", "native matcher" if native else "pure-Python matcher (native not built)"),
+                       ("_regex", "pure-Python matcher")):
+        if tag and not native:
+            continue
+        scan, feed = m[f"scan_s{tag}"], m[f"feed_s{tag}"]
+        rows.append(f"| {name}: `tpuwatch logscan --json`, {label} | {scan:.2f} s | {lines / scan:,.0f} "
+                    f"({lines / (scan - startup):,.0f} after startup) | {m['grep_s'] / scan:.2f}x | "
+                    f"{m[f'rss{tag}']:.1f} MiB | {m[f'events{tag}']:,.0f} events |")
+        rows.append(f"| {name}: collector path (`feed()` per record), {label} | {feed:.2f} s | "
+                    f"{m['records'] / feed:,.0f} records/s | {m['grep_s'] / feed:.2f}x | - | "
+                    f"{m[f'feed_events{tag}']:,.0f} events |")
+    rows.append(f"| {name}: `grep -E -c` | {m['grep_s']:.2f} s | {lines / m['grep_s']:,.0f} | 1 | - | "
+                f"{m['grep_lines']:,.0f} matching lines |")
+    return "\n".join(rows)
 
 
 def main() -> int:
@@ -271,11 +287,16 @@ def main() -> int:
             for _ in range(3):
                 out.write(busy.read_bytes())
         scan_triple = timed(pin + LOGSCAN + [str(triple), "--json"])
+    native = subprocess.run([sys.executable, "-c", "from tpuwatch.kernel_log.prefilter import KEYWORD_MATCHER as m; "
+                             "print(m)"], capture_output=True, text=True, check=True, env=ENV).stdout.strip() == "native"
     for name, m in results.items():
         print(f"{name}: logscan {m['lines'] / m['scan_s']:,.0f} lines/s ({m['lines'] / (m['scan_s'] - startup):,.0f} "
-              f"after {startup:.2f} s startup), collector {m['records'] / m['feed_s']:,.0f} records/s, grep -E "
-              f"{m['lines'] / m['grep_s']:,.0f} lines/s; events {m['events']:,.0f} (collector {m['feed_events']:,.0f}),"
-              f" grep lines {m['grep_lines']:,.0f}, error lines {m['errors']:,}", file=sys.stderr)
+              f"after {startup:.2f} s startup), collector {m['records'] / m['feed_s']:,.0f} records/s "
+              f"({'native' if native else 'pure-Python'} matcher); pure-Python matcher: logscan "
+              f"{m['lines'] / m['scan_s_regex']:,.0f} lines/s, collector {m['records'] / m['feed_s_regex']:,.0f} "
+              f"records/s; grep -E {m['lines'] / m['grep_s']:,.0f} lines/s; events {m['events']:,.0f} (collector "
+              f"{m['feed_events']:,.0f}), grep lines {m['grep_lines']:,.0f}, error lines {m['errors']:,}",
+              file=sys.stderr)
     command = "python benchmarks/kernel_log.py" + (" --quick" if args.quick else "") + (
         f" --lines {args.lines}" if args.lines != 1_000_000 else "")
     busy_m, dense_m = results["busy host"], results["keyword-dense"]
@@ -294,22 +315,25 @@ the rules). Each pinned to one core ({"taskset -c 0" if pin else "not pinned: no
 in the same run. logscan times are wall times of the whole command, starting Python and importing tpuwatch
 (its bytecode compiled, as installed) included ({startup:.2f} s on an empty file; the rate after it is in
 brackets). The collector path feeds the log's records (parsed beforehand, as the sources hand them over) one by
-one through `RuleSet.stream().feed()`, the matcher the daemon's collector uses.
+one through `RuleSet.stream().feed()`, the matcher the daemon's collector uses. Each with the keyword matcher an
+install has when a C compiler was at hand ({"the native one, built in place as pip builds it" if native else
+"**the native one could not be built here: pure-Python figures**"}) and with the pure-Python one it falls back to.
 
 | | Time | Lines/s | Speed vs grep | Peak RSS | Found |
 |---|---|---|---|---|---|
-{row("busy host", busy_m, startup)}
-{row("keyword-dense", dense_m, startup)}
+{row("busy host", busy_m, startup, native)}
+{row("keyword-dense", dense_m, startup, native)}
 
 grep counts every line that a rule's regex or follow regex matches; logscan and the collector count one event
 per fault (an AER message's detail lines, a machine check's notice, a TPU chip's reset chain are not events
 again) and agree with each other (the script fails otherwise). Peak RSS of logscan on the busy log written three
 times over ({3 * busy_m['lines']:,} lines): {peak_rss_mib(scan_triple[2]):.1f} MiB in {scan_triple[0]:.2f} s
 (memory does not grow with the file: 1 MiB blocks, events streamed). Target: >= 1,000,000 lines/s for logscan on
-both logs and for the collector path: {"met" if met else "not met"}.
+both logs and for the collector path{"" if native else " (pure-Python matcher)"}: {"met" if met else "not met"}.
 """
     write_section("kernel_log", report, args.output)
-    agree = all(m["events"] == m["feed_events"] and m["logscan_lines"] == m["lines"] for m in results.values())
+    agree = all(m["events"] == m["feed_events"] == m["events_regex"] == m["feed_events_regex"]
+                and m["logscan_lines"] == m["logscan_lines_regex"] == m["lines"] for m in results.values())
     return 0 if agree else 1
 
 

@@ -87,6 +87,7 @@ def test_overlapping_keywords_are_each_found(native: bool) -> None:
         assert "BUG" in prefilter.hides["BUG: soft lockup"] and "NOT usable" in prefilter.hides["is NOT usable"]
     assert prefilter.finds("BUG: scheduling while atomic") == [(0, "BUG")]
     assert prefilter.finds("x NOT usable") == [(2, "NOT usable")]
+    assert prefilter.search("x NOT usable") and prefilter.search("Oops") and not prefilter.search("NOT usabl")
     assert Prefilter([], native=native).finds(text) == []
 
 

@@ -85,7 +85,7 @@ class StreamMatcher:
         self._rules = rules.rules
         self._always = bool(rules.unkeyed or rules.unkeyed_follow)
         self._can_match = rules.can_match
-        self._finds = rules.prefilter.finds if rules.prefilter is not None else _nothing
+        self._search = rules.prefilter.search if rules.prefilter is not None else _nothing
         self._index = 0
         self._context: deque[str] | None = deque(maxlen=rules.max_lines - 1) if rules.max_lines > 1 else None
         self._open: dict[int, deque[_Fault]] = {}
@@ -98,7 +98,7 @@ class StreamMatcher:
         """The matches for the next record of the stream."""
         self._index += 1
         message = record.message
-        if self._always or ((finds := self._finds(message)) and self._can_match(message, self.expects, finds)):
+        if self._always or (self._search(message) and self._can_match(message, self.expects)):
             out = self._match(record)
         else:  # a record no rule can take: for waiting events, only one more record gone by
             out = self._expired() if self._held else []
@@ -309,9 +309,9 @@ def _sibling(pci: str | None, own: str) -> bool:
     return pci is not None and pci.endswith(".0") and own[:-1] == pci[:-1]
 
 
-def _nothing(message: str) -> list[tuple[int, str]]:
+def _nothing(message: str) -> None:
     """The prefilter of a rule set without keywords."""
-    return []
+    return None
 
 
 def _covered(key: str | None, rank: int, absorbed: list[tuple[str | None, int]]) -> bool:

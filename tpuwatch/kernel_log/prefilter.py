@@ -57,12 +57,14 @@ class Prefilter:
         self.keywords = tuple(sorted(set(keywords)))
         self.finds: Callable[[str], list[tuple[int, str]]]
         """Each keyword found in a text, as (offset, keyword), sorted."""
+        self.search: Callable[[str], object]
+        """Truthy when a keyword is in a text: one call into C, the quick answer for the many texts that hold none."""
         self.hides: dict[str, tuple[str, ...]]
         """The other keywords a find of each keyword may stand for (where it is found, they were not looked for)."""
         self.native = native and Automaton is not None
         if self.native:
             try:
-                self.finds = Automaton(self.keywords).finds
+                self.finds = self.search = Automaton(self.keywords).finds
             except ValueError:  # keywords too many for its table (16 MiB at most): the regex takes them
                 self.native = False
             else:
@@ -87,7 +89,7 @@ class Prefilter:
             by_first.setdefault(suffix[0], []).append((suffix[1:], end))
         self.regex = re.compile("|".join(f"{re.escape(first)}(?={_trie(rest)})"
                                          for first, rest in sorted(by_first.items())) or "(?!)")
-        self.finds = self._regex_finds
+        self.finds, self.search = self._regex_finds, self.regex.search
         self.hides = {keyword: _hidden(keyword, by_suffix, self.anchor) for keyword in self.keywords}
 
     def _regex_finds(self, text: str) -> list[tuple[int, str]]:

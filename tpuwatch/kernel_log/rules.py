@@ -127,15 +127,13 @@ class RuleSet:
             found.sort(key=itemgetter(0))
         return found
 
-    def can_match(self, message: str, expects: Callable[[int], bool] | None = None,
-                  finds: list[tuple[int, str]] | None = None) -> bool:
+    def can_match(self, message: str, expects: Callable[[int], bool] | None = None) -> bool:
         """False if no rule's regex or follow regex can match ``message`` (a record's whole message, or one raw
         line of the forms ``checks`` hold for): its keywords lead only to regexes that do not match it.  With
-        ``expects`` (rule index -> has a fault open), a follow regex counts only for a rule that expects it;
-        ``finds``: the prefilter's finds in ``message`` (``Prefilter.finds``), when the caller has them."""
+        ``expects`` (rule index -> has a fault open), a follow regex counts only for a rule that expects it."""
         if self.prefilter is None or self.unkeyed or self.unkeyed_follow:
             return True
-        keywords = dict.fromkeys(keyword for _, keyword in (self.prefilter.finds(message) if finds is None else finds))
+        keywords = dict.fromkeys(keyword for _, keyword in self.prefilter.finds(message))
         return any(self.line_may_match(keyword, message, expects) for keyword in keywords)
 
     def line_may_match(self, keyword: str, text: str, expects: Callable[[int], bool] | None = None) -> bool:
