@@ -211,7 +211,7 @@ automaton_build(Automaton *a, PyObject *keywords)
     if (build_classes(a, keywords, total) < 0)
         return -1;
     const Py_ssize_t width = a->width, most = total + 1;
-    if (most * width > MAX_CELLS) {
+    if (most > MAX_CELLS / width) {
         PyErr_SetString(PyExc_ValueError, "too many keywords for one table");
         return -1;
     }
@@ -292,7 +292,10 @@ Automaton_init(Automaton *self, PyObject *args, PyObject *kwds)
     static char *kwlist[] = {"keywords", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!:Automaton", kwlist, &PyTuple_Type, &keywords))
         return -1;
-    automaton_free_tables(self);
+    if (self->delta != NULL) {  /* a scan without the GIL may be reading the tables */
+        PyErr_SetString(PyExc_TypeError, "Automaton is already initialised");
+        return -1;
+    }
     Py_XSETREF(self->keywords, Py_NewRef(keywords));
     if (automaton_build(self, keywords) < 0) {
         automaton_free_tables(self);
