@@ -351,7 +351,8 @@ Automaton_finds(Automaton *self, PyObject *const *args, Py_ssize_t nargs)
         PyMem_RawFree(f.items);
         return PyErr_NoMemory();
     }
-    qsort(f.items, (size_t)f.count, sizeof(Find), compare_finds);
+    if (f.count > 1)
+        qsort(f.items, (size_t)f.count, sizeof(Find), compare_finds);
     PyObject *out = PyList_New(f.count);
     for (Py_ssize_t i = 0; out != NULL && i < f.count; i++) {
         PyObject *offset = PyLong_FromSsize_t(f.items[i].start);
