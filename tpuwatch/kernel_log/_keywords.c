@@ -18,7 +18,8 @@
 
 #define MAX_KEYWORD_CHARS (1 << 24) /* all keywords together */
 #define MAX_CLASSES 4096            /* distinct code points in the keywords, plus one */
-#define MAX_CELLS (1 << 22)         /* states x classes of the table (16 MiB): beyond, the caller takes its regex */
+#define MAX_CELLS (1 << 23)         /* states x classes of the table (16 MiB): beyond, the caller takes its regex */
+#define NONE 0xFFFF                 /* no state: a table cell not filled in yet; so at most 65535 states */
 #define NOGIL_CHARS 65536           /* texts this long are scanned with the GIL released */
 
 typedef struct {
@@ -35,7 +36,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *keywords;   /* tuple of str, as given */
     Py_ssize_t *lengths;  /* each keyword's length in code points */
-    int32_t *delta;       /* states x width: the next state */
+    uint16_t *delta;      /* states x width: the next state */
     int32_t *output;      /* per state: the keyword ending there, or -1 */
     int32_t *chain;       /* per state: the next state down its suffix links with an output, or -1 */
     uint8_t *reports;     /* per state: 1 if a keyword ends there or down its suffix links */
@@ -80,9 +81,9 @@ finds_push(Finds *f, Py_ssize_t start, int32_t keyword)
 
 /* Appends every keyword ending at state s, the text's position end being just past it. */
 static int
-report(const Automaton *a, int32_t s, Py_ssize_t end, Finds *f)
+report(const Automaton *a, Py_ssize_t s, Py_ssize_t end, Finds *f)
 {
-    for (int32_t o = a->output[s] >= 0 ? s : a->chain[s]; o >= 0; o = a->chain[o])
+    for (Py_ssize_t o = a->output[s] >= 0 ? s : a->chain[s]; o >= 0; o = a->chain[o])
         if (finds_push(f, end - a->lengths[a->output[o]], a->output[o]) < 0)
             return -1;
     return 0;
@@ -101,7 +102,7 @@ report(const Automaton *a, int32_t s, Py_ssize_t end, Finds *f)
                     break;                                                          \
             }                                                                       \
             Py_UCS4 c = text[i++];                                                  \
-            s = a->delta[(Py_ssize_t)s * width + (c < 256 ? a->latin[c] : class_of(a, c))]; \
+            s = a->delta[s * width + (c < 256 ? a->latin[c] : class_of(a, c))];    \
             if (a->reports[s] && report(a, s, i, f) < 0)                            \
                 return -1;                                                          \
         }                                                                           \
@@ -110,7 +111,7 @@ report(const Automaton *a, int32_t s, Py_ssize_t end, Finds *f)
 static int
 scan(const Automaton *a, int kind, const void *data, Py_ssize_t start, Py_ssize_t end, Finds *f)
 {
-    int32_t s = 0;
+    Py_ssize_t s = 0;
     const Py_ssize_t width = a->width;
     if (kind == PyUnicode_1BYTE_KIND)
         SCAN(Py_UCS1)
@@ -140,7 +141,8 @@ automaton_free_tables(Automaton *a)
     PyMem_Free(a->reports);
     PyMem_Free(a->wide);
     a->lengths = NULL;
-    a->delta = a->output = a->chain = NULL;
+    a->delta = NULL;
+    a->output = a->chain = NULL;
     a->reports = NULL;
     a->wide = NULL;
 }
@@ -211,12 +213,12 @@ automaton_build(Automaton *a, PyObject *keywords)
     if (build_classes(a, keywords, total) < 0)
         return -1;
     const Py_ssize_t width = a->width, most = total + 1;
-    if (most > MAX_CELLS / width) {
+    if (most >= NONE || most > MAX_CELLS / width) {
         PyErr_SetString(PyExc_ValueError, "too many keywords for one table");
         return -1;
     }
     a->lengths = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
-    a->delta = PyMem_Malloc((size_t)(most * width) * sizeof(int32_t));
+    a->delta = PyMem_Malloc((size_t)(most * width) * sizeof(uint16_t));
     a->output = PyMem_Malloc((size_t)most * sizeof(int32_t));
     a->chain = PyMem_Malloc((size_t)most * sizeof(int32_t));
     a->reports = PyMem_Malloc((size_t)most);
@@ -229,18 +231,18 @@ automaton_build(Automaton *a, PyObject *keywords)
         return -1;
     }
     for (Py_ssize_t i = 0; i < most * width; i++)
-        a->delta[i] = -1;
+        a->delta[i] = NONE;
     for (Py_ssize_t i = 0; i < most; i++)
         a->output[i] = a->chain[i] = -1;
     Py_ssize_t states = 1;
     for (Py_ssize_t k = 0; k < n; k++) {  /* the trie */
         PyObject *word = PyTuple_GET_ITEM(keywords, k);
         Py_ssize_t len = PyUnicode_GET_LENGTH(word);
-        int32_t s = 0;
+        Py_ssize_t s = 0;
         for (Py_ssize_t i = 0; i < len; i++) {
-            int32_t *next = &a->delta[(Py_ssize_t)s * width + class_of(a, PyUnicode_READ_CHAR(word, i))];
-            if (*next < 0)
-                *next = (int32_t)states++;
+            uint16_t *next = &a->delta[s * width + class_of(a, PyUnicode_READ_CHAR(word, i))];
+            if (*next == NONE)
+                *next = (uint16_t)states++;
             s = *next;
         }
         a->lengths[k] = len;
@@ -249,8 +251,8 @@ automaton_build(Automaton *a, PyObject *keywords)
     }
     Py_ssize_t head = 0, tail = 0;  /* breadth first: each state's failure state is done before it */
     for (Py_ssize_t c = 0; c < width; c++) {
-        int32_t *next = &a->delta[c];
-        if (*next < 0)
+        uint16_t *next = &a->delta[c];
+        if (*next == NONE)
             *next = 0;
         else {
             fail[*next] = 0;
@@ -262,9 +264,9 @@ automaton_build(Automaton *a, PyObject *keywords)
         int32_t f = fail[s];
         a->chain[s] = a->output[f] >= 0 ? f : a->chain[f];
         for (Py_ssize_t c = 0; c < width; c++) {
-            int32_t *next = &a->delta[(Py_ssize_t)s * width + c];
-            int32_t by_fail = a->delta[(Py_ssize_t)f * width + c];
-            if (*next < 0)
+            uint16_t *next = &a->delta[(Py_ssize_t)s * width + c];
+            uint16_t by_fail = a->delta[(Py_ssize_t)f * width + c];
+            if (*next == NONE)
                 *next = by_fail;
             else {
                 fail[*next] = by_fail;
@@ -279,7 +281,7 @@ automaton_build(Automaton *a, PyObject *keywords)
     a->states = states;
     PyMem_Free(fail);
     PyMem_Free(queue);
-    int32_t *shrunk = PyMem_Realloc(a->delta, (size_t)(states * width) * sizeof(int32_t));
+    uint16_t *shrunk = PyMem_Realloc(a->delta, (size_t)(states * width) * sizeof(uint16_t));
     if (shrunk != NULL)
         a->delta = shrunk;
     return 0;
