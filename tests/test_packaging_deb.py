@@ -196,6 +196,7 @@ def test_installed_daemon_runs_as_its_user_with_only_the_units_capabilities(inst
         metrics = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
         assert 'tpuwatch_device_up{device="1"} 1.0' in metrics
         assert 'tpuwatch_collector_success{collector="host"} 1.0' in metrics
+        assert 'keyword_matcher="native"' in metrics  # the package's build of the native matcher loads
         status = dict(line.split(":", 1) for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines())
         assert status["Uid"].split()[:2] == [str(user.pw_uid)] * 2
         for key in ("CapEff", "CapPrm", "CapBnd", "CapAmb"):
