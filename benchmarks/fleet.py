@@ -115,9 +115,21 @@ def progress(text: str) -> None:
 
 
 def _service(args: list[str], log: Path, ready: str) -> subprocess.Popen[bytes]:
+    """A service started and ready; if it exits or is not ready in time, the error carries its log's end."""
     proc = subprocess.Popen(args, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
-    wait_until(lambda: proc.poll() is None and requests.get(ready, timeout=2).status_code == 200, timeout=60,
-               what=f"{Path(args[0]).name} at {ready}")
+    name = Path(args[0]).name
+
+    def is_ready() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"{name} exited with {proc.returncode}: {log.read_text(errors='replace')[-2000:]}")
+        return requests.get(ready, timeout=2).status_code == 200
+
+    try:
+        wait_until(is_ready, timeout=60, what=f"{name} at {ready}")
+    except AssertionError as exc:
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"{exc}\n{name}'s log ends: {log.read_text(errors='replace')[-2000:]}") from None
     return proc
 
 
