@@ -215,3 +215,21 @@ def test_logscan_unreadable_file(tmp_path: Path, capsys: pytest.CaptureFixture[s
     code, out, err = _logscan(capsys, str(tmp_path / "absent.log"))
     assert (code, out) == (2, "")
     assert err == f"tpuwatch: cannot read {tmp_path / 'absent.log'}: No such file or directory\n"
+
+
+def test_a_line_flooded_with_keywords_is_looked_at_once_per_keyword(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hostile input: a line of thousands of keyword finds costs one look at the line, not one per find (each
+    look searches back to the line's start), and the fault after it is still found."""
+    calls: list[int] = []
+    record_start = scan_module._record_start
+
+    def counted(text: str, offset: int) -> int:
+        calls.append(offset)
+        return record_start(text, offset)
+
+    monkeypatch.setattr(scan_module, "_record_start", counted)
+    flood = "[    1.000000] " + "BUG" * 5000 + " Oops" * 1000 + "\n"
+    data = (flood * 3 + "[    2.000000] BUG: soft lockup - CPU#3 stuck for 23s! [python3:1234]\n").encode()
+    events = list(scan(io.BytesIO(data), load_rules([]), lambda pci: None, ScanStats()))
+    assert [e.rule for e in events] == ["soft_lockup"]
+    assert len(calls) <= 3 + 2, len(calls)  # each flooded line once, the lockup's line (and its context) once

@@ -115,14 +115,20 @@ class _Scanner:
         rules, matcher, lines_of = self.rules, self.matcher, self.lines_of
         checks, partners, wants_context, expects = rules.checks, rules.partner_checks, rules.wants_context, \
             matcher.expects
+        start, line_end, refused = 0, -1, set[str]()  # the last find's record and line end; keywords it failed for
         for hit, keyword in rules.keyed_hits(text):
             tests = checks.get(keyword)
             if tests is not None and not tests[0] and not partners[keyword] and not any(map(expects, tests[2])):
                 continue  # only follow lines of rules with no fault open: like a line without keywords
-            start = _record_start(text, hit)
+            if hit >= line_end:  # a find on a new line (finds in one line, a flood of them, share this work)
+                start = _record_start(text, hit)
+                line_end = text.find("\n", hit)
+                line_end = len(text) if line_end < 0 else line_end
+                refused = set()
             if start < pos or start == last_start:
                 continue
-            if tests is not None and _rejected(text, start, hit, keyword, rules, expects):
+            if tests is not None and (keyword in refused or _rejected(text, start, hit, keyword, rules, expects)):
+                refused.add(keyword)
                 continue  # no regex matches: like a line without keywords (another keyword may still count)
             last_start = start
             record, end = _record(text, start)
