@@ -36,6 +36,7 @@ def _check(prefilter: Prefilter, text: str) -> None:
         assert text.startswith(keyword, offset), (text, offset, keyword)
     found = prefilter.found(text)
     assert found == {keyword for _, keyword in finds}
+    assert bool(prefilter.search(text)) is bool(finds)
     if prefilter.native:
         assert finds == sorted((at, k) for k in prefilter.keywords for at in _occurrences(text, k))
     for keyword in prefilter.keywords:
@@ -108,8 +109,10 @@ def test_the_native_matcher_takes_a_slice_and_long_texts() -> None:
     assert automaton.finds("abab", 1) == [(1, "b"), (2, "ab"), (3, "b")]
     assert automaton.finds("abab", 0, 3) == [(0, "ab"), (1, "b")] and automaton.finds("abab", 3, 1) == []
     assert automaton.finds("abab", -5, 99) == automaton.finds("abab")
+    assert automaton.search("abab", 1, 2) and not automaton.search("abab", 0, 1) and not automaton.search("abab", 3, 1)
     text = "x" * 200_000 + "ab" + "\ufffd"  # long enough to be scanned with the GIL released; 2 bytes a character
     assert automaton.finds(text) == [(200_000, "ab"), (200_001, "b")]
+    assert automaton.search(text) and not automaton.search(text, 0, 200_000)
 
 
 @pytest.mark.skipif(not BUILT, reason="not built")

@@ -20,11 +20,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 
 try:
     from tpuwatch.kernel_log._keywords import Automaton
+    from tpuwatch.kernel_log._keywords import is_text as native_is_text
+    from tpuwatch.kernel_log._keywords import lines as native_lines
 except ImportError:  # not built (no C compiler at install): the regex below finds the same keywords
     Automaton = None  # type: ignore[assignment,misc]
+    native_is_text = native_lines = None  # type: ignore[assignment]
 
 KEYWORD_MATCHER = "regex" if Automaton is None else "native"  # what a Prefilter uses by default
 
@@ -64,7 +68,8 @@ class Prefilter:
         self.native = native and Automaton is not None
         if self.native:
             try:
-                self.finds = self.search = Automaton(self.keywords).finds
+                automaton = Automaton(self.keywords)
+                self.finds, self.search = automaton.finds, automaton.search
             except ValueError:  # keywords too many for its table (16 MiB at most): the regex takes them
                 self.native = False
             else:
@@ -99,7 +104,7 @@ class Prefilter:
 
     def found(self, text: str) -> set[str]:
         """The keywords found in ``text`` (each may stand for those it ``hides``)."""
-        return {keyword for _, keyword in self.finds(text)}
+        return set(map(itemgetter(1), self.finds(text)))
 
 
 def _anchors(keywords: tuple[str, ...]) -> dict[str, int]:

@@ -51,6 +51,10 @@ class RuleSet:
         self.checks = {k: self._checks({k}) for k in keywords}
         # Keywords a find of this one can stand for (``Prefilter.hides``): their checks count when they are in the line.
         self.partner_checks = {k: tuple((p, self.checks[p]) for p in self._partners[k]) for k in keywords}
+        # Keywords that lead only to follow regexes (no partners): keyword -> those regexes' rules; a line holding one
+        # can match only while one of those rules has a fault open.
+        self.follow_only = {k: tests[2] for k, tests in self.checks.items()
+                            if tests is not None and not tests[0] and not self._partners[k]}
 
     def _checks(self, keywords: set[str]) -> Checks | None:
         """What decides whether a line holding one of ``keywords`` can match anything: the searches of the rule
@@ -133,8 +137,11 @@ class RuleSet:
         ``expects`` (rule index -> has a fault open), a follow regex counts only for a rule that expects it."""
         if self.prefilter is None or self.unkeyed or self.unkeyed_follow:
             return True
-        keywords = dict.fromkeys(keyword for _, keyword in self.prefilter.finds(message))
-        return any(self.line_may_match(keyword, message, expects) for keyword in keywords)
+        line_may_match = self.line_may_match
+        for keyword in dict.fromkeys(map(itemgetter(1), self.prefilter.finds(message))):
+            if line_may_match(keyword, message, expects):
+                return True
+        return False
 
     def line_may_match(self, keyword: str, text: str, expects: Callable[[int], bool] | None = None) -> bool:
         """True unless the regexes that ``keyword`` (found in ``text``) and the keywords it may hide lead to all

@@ -20,12 +20,14 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import chain, islice
 from typing import BinaryIO
 
 from tpuwatch.kernel_log.attribution import Attribution, as_attribution
 from tpuwatch.kernel_log.events import KernelEvent, make_event
 from tpuwatch.kernel_log.matcher import StreamMatcher
+from tpuwatch.kernel_log.prefilter import native_is_text, native_lines
 from tpuwatch.kernel_log.records import (
     JSON_STREAM_HEADS,
     KMSG_HEAD_RE,
@@ -69,7 +71,7 @@ def scan(stream: BinaryIO, rules: RuleSet, device_for_pci: Attribution | Callabl
                 stats.severities[event.severity] += 1
                 yield event
             continue
-        text, bad = _clean(block)
+        text, bad = _clean(block, scanner.native)
         stats.skipped += bad
         events = scanner.block(text)
         stats.lines += scanner.block_lines
@@ -95,12 +97,12 @@ class _Scanner:
         self.index = 0  # records the matcher has been given (fed or skipped)
         self.lines_of: dict[int, int] = {}  # record index -> 1-based line, for recent fed records
         self.block_lines = 0  # lines in the last block
+        self.native = rules.prefilter is not None and rules.prefilter.native
 
     def drop_line(self) -> list[KernelEvent]:
         """A line dropped unread (over 64 KiB): no record, but it counts for line numbers and ends the context."""
-        self.continuations = _continuations(self.carry)
         out: list[KernelEvent] = []
-        self._events(self.matcher.skip(self._skip(self.carry, 0, len(self.carry))), None, out)
+        self._events(self.matcher.skip(self._skip_carry()), None, out)
         self.carry, self.carry_lines = "", 0
         self.line_base += 1
         return out
@@ -109,17 +111,17 @@ class _Scanner:
         """Events of one block (``block_lines`` then says how many lines it had); its last records wait (unfed) for
         the next block, which may need them as context."""
         text = self.carry + block
-        self.continuations = continuations = _continuations(text)
+        counts = _line_counter(text, self.native)
         out: list[KernelEvent] = []
         pos, line, last_start = 0, self.line_base - self.carry_lines, -1
         rules, matcher, lines_of = self.rules, self.matcher, self.lines_of
-        checks, partners, wants_context, expects = rules.checks, rules.partner_checks, rules.wants_context, \
-            matcher.expects
+        checks, follow_only, wants_context = rules.checks, rules.follow_only, rules.wants_context
+        expects, expects_any = matcher.expects, matcher.expects_any
         start, line_end, refused = 0, -1, set[str]()  # the last find's record and line end; keywords it failed for
         for hit, keyword in rules.keyed_hits(text):
-            tests = checks.get(keyword)
-            if tests is not None and not tests[0] and not partners[keyword] and not any(map(expects, tests[2])):
+            if (followed := follow_only.get(keyword)) is not None and not expects_any(followed):
                 continue  # only follow lines of rules with no fault open: like a line without keywords
+            tests = checks.get(keyword)
             if hit >= line_end:  # a find on a new line (finds in one line, a flood of them, share this work)
                 start = _record_start(text, hit)
                 line_end = text.find("\n", hit)
@@ -137,9 +139,8 @@ class _Scanner:
                 before = _previous(text, start, pos, self.context)
             gap_end = before[0][0] if before else start
             if gap_end > pos:  # records with no keyword: counted, not parsed (gap_end starts a line)
-                newlines = text.count("\n", pos, gap_end)
+                newlines, skipped = counts(pos, gap_end)
                 line += newlines
-                skipped = newlines - (bisect_left(continuations, gap_end - 1) - bisect_left(continuations, pos))
                 self.index += skipped
                 if released := matcher.skip(skipped):
                     self._events(released, None, out)
@@ -160,10 +161,8 @@ class _Scanner:
             if len(lines_of) > 2 * _LINE_MEMORY:
                 self._forget_lines()
         tail = _previous(text, len(text), pos, self.context)[0][0] if self.context and pos < len(text) else len(text)
-        newlines = text.count("\n", pos, tail)  # with the counts at each hit, every newline is counted once
+        newlines, skipped = counts(pos, tail)  # with the counts at each hit, every newline is counted once
         if tail > pos:
-            skipped = newlines + (text[tail - 1] != "\n") - (
-                bisect_left(continuations, tail - 1) - bisect_left(continuations, pos))
             self.index += skipped
             self._events(matcher.skip(skipped), None, out)
         self.carry = text[tail:]
@@ -176,14 +175,14 @@ class _Scanner:
         return out
 
     def finish(self) -> list[KernelEvent]:
-        self.continuations = _continuations(self.carry)
         out: list[KernelEvent] = []
-        self._events(self.matcher.skip(self._skip(self.carry, 0, len(self.carry))), None, out)
+        self._events(self.matcher.skip(self._skip_carry()), None, out)
         self._events(self.matcher.flush(), None, out)
         return out
 
-    def _skip(self, text: str, start: int, end: int) -> int:
-        count = _records_in(text, start, end, self.continuations)
+    def _skip_carry(self) -> int:
+        """The records held back from the last block, skipped (they hold no keyword the matcher has not been fed)."""
+        count = _line_counter(self.carry, self.native)(0, len(self.carry))[1]
         self.index += count
         return count
 
@@ -215,9 +214,22 @@ def _rejected(text: str, start: int, hit: int, keyword: str, rules: RuleSet, exp
     return not rules.line_may_match(keyword, raw, expects)
 
 
-def _continuations(text: str) -> list[int]:
-    """The offsets of the newlines that start a continuation line, in order."""
-    return [m.start() for m in _CONTINUATION.finditer(text)]
+def _line_counter(text: str, native: bool) -> Callable[[int, int], tuple[int, int]]:
+    """``counts(start, end)``: the newlines in ``text[start:end]`` and the records whose head lines begin there
+    (``start`` begins one; a line that starts with white space continues the record above it): one pass in C
+    with the native matcher, else ``str.count`` and a search for the continuation lines of the whole text."""
+    if native and native_lines is not None:
+        return partial(native_lines, text)
+    continuations = [m.start() for m in _CONTINUATION.finditer(text)]  # the newlines that begin continuation lines
+
+    def counts(start: int, end: int) -> tuple[int, int]:
+        if end <= start:
+            return 0, 0
+        newlines = text.count("\n", start, end)
+        return newlines, newlines + (text[end - 1] != "\n") - (
+            bisect_left(continuations, end - 1) - bisect_left(continuations, start))
+
+    return counts
 
 
 def _record_start(text: str, offset: int) -> int:
@@ -266,15 +278,6 @@ def _previous(text: str, start: int, floor: int, count: int) -> list[tuple[int, 
             break
         out.append((start, _record(text, start)[0]))
     return out[::-1]
-
-
-def _records_in(text: str, start: int, end: int, continuations: list[int]) -> int:
-    """Records whose head lines start in ``text[start:end]`` (``start`` is a record start); ``continuations``:
-    the sorted offsets of the newlines that start a continuation line."""
-    if end <= start:
-        return 0
-    lines = text.count("\n", start, end) + (text[end - 1] != "\n")
-    return lines - (bisect_left(continuations, end - 1) - bisect_left(continuations, start))
 
 
 def _blocks(stream: BinaryIO) -> Iterator[bytes | None]:
@@ -335,14 +338,16 @@ def _hold_back(buffer: bytes, end: int) -> int:
     return start
 
 
-def _clean(block: bytes) -> tuple[str, int]:
+def _clean(block: bytes, native: bool) -> tuple[str, int]:
     """The block as text (``as_text`` of each line: bad bytes replaced, a junk or over-long line blanked, so that
     line numbers hold), and how many lines were blanked.  Terminal colours (``dmesg --color=always``, a captured
-    terminal session) are taken out first: a colour code between "NVRM: " and "Xid" would hide the Xid."""
-    text = is_text(block)
+    terminal session) are taken out first: a colour code between "NVRM: " and "Xid" would hide the Xid.  The
+    check for control bytes is done in C with the ``native`` matcher."""
+    check = native_is_text if native and native_is_text is not None else is_text
+    text = check(block)
     if not text and b"\x1b" in block:  # ESC is no text byte: a block of plain text needs no look for it
         block = _TERMINAL_CODE.sub(b"", block)
-        text = is_text(block)
+        text = check(block)
     if text and not _has_long_line(block):
         try:
             return block.decode("utf-8"), 0
