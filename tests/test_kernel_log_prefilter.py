@@ -62,7 +62,13 @@ def test_finds_are_exact_and_miss_no_keyword(seed: int, native: bool) -> None:
     assert prefilter.native is native
     for _ in range(30):
         pieces = [rng.choice(keywords) if rng.random() < 0.5 else rng.choice(alphabet) for _ in range(12)]
-        _check(prefilter, "".join(pieces))
+        text = "".join(pieces)
+        _check(prefilter, text)
+        if native:  # a slice: the occurrences wholly inside it, at their offsets in the whole text
+            start, end = sorted((rng.randrange(len(text) + 1), rng.randrange(len(text) + 1)))
+            inside = [(at, k) for at, k in prefilter.finds(text) if start <= at and at + len(k) <= end]
+            assert prefilter.finds(text, start, end) == inside  # type: ignore[call-arg]
+            assert bool(prefilter.search(text, start, end)) is bool(inside)  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize("native", IMPLEMENTATIONS)
