@@ -100,8 +100,12 @@ class StreamMatcher:
         message = record.message
         if self._always or (self._search(message) and self._can_match(message, self.expects)):
             out = self._match(record)
-        else:  # a record no rule can take: for waiting events, only one more record gone by
-            out = self._expired() if self._held else []
+        elif self._held:  # a record no rule can take: for waiting events, only one more record gone by
+            out = self._expired()
+        else:  # nothing waits, so nothing is held back behind a waiting event either: nothing to give
+            if self._context is not None:
+                self._context.append(message)
+            return []
         if self._context is not None:
             self._context.append(message)
         return self._in_order(out) if self._held or self._later else out
