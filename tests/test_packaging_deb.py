@@ -128,7 +128,7 @@ def test_ships_every_file_of_the_package_and_no_bytecode(unpacked: Path) -> None
     shipped = tree(unpacked / PYLIB / "tpuwatch")
     native = {p for p in shipped if p.startswith("kernel_log/_keywords.cpython-3") and p.endswith(".so")}
     assert len(native) == 1
-    assert shipped - native == {p for p in tree(REPO / "tpuwatch") if not p.endswith((".sh", ".c", ".so"))}
+    assert shipped - native == {p for p in tree(REPO / "tpuwatch") if not p.endswith((".sh", ".c", ".h", ".so"))}
     assert not list((unpacked / PYLIB).rglob("*.pyc"))
 
 

@@ -1,5 +1,4 @@
-/* Every occurrence of a set of keywords in a text, in one pass: an Aho-Corasick automaton; and the line counts
- * and control-byte check of the blocks a scan reads.
+/* Every occurrence of a set of keywords in a text, in one pass: an Aho-Corasick automaton.
  *
  * The optional native half of tpuwatch.kernel_log.prefilter (which falls back to
  * a compiled regex when this module is not built).  Keywords are matched exactly,
@@ -8,6 +7,7 @@
  * (every other code point is one class that leads back to the root), so a scan is
  * one table step per character, and a run of characters that begin no keyword is
  * skipped at the root without stepping.  Long texts are scanned without the GIL.
+ * The module's functions (line counts, the control-byte check) are in _text.c.
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "_text.h"
 
 #define MAX_KEYWORD_CHARS (1 << 24) /* all keywords together */
 #define MAX_CLASSES 4096            /* distinct code points in the keywords, plus one */
@@ -320,29 +322,6 @@ Automaton_dealloc(Automaton *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* The text and the bounds of text[start:end] from (text, start=0, end=len(text)), clamped as slices are; -1 with
- * an exception set when they are not those. */
-static int
-text_range(PyObject *const *args, Py_ssize_t nargs, const char *usage, PyObject **text, Py_ssize_t *start,
-           Py_ssize_t *end)
-{
-    if (nargs < 1 || nargs > 3 || !PyUnicode_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, usage);
-        return -1;
-    }
-    *text = args[0];
-    Py_ssize_t length = PyUnicode_GET_LENGTH(*text);
-    *start = 0;
-    *end = length;
-    if (nargs > 1 && (*start = PyNumber_AsSsize_t(args[1], PyExc_OverflowError)) == -1 && PyErr_Occurred())
-        return -1;
-    if (nargs > 2 && (*end = PyNumber_AsSsize_t(args[2], PyExc_OverflowError)) == -1 && PyErr_Occurred())
-        return -1;
-    *start = *start < 0 ? 0 : (*start > length ? length : *start);
-    *end = *end > length ? length : (*end < *start ? *start : *end);
-    return 0;
-}
-
 /* scan() of text[start:end], without the GIL for a long text. */
 static int
 scan_text(const Automaton *a, PyObject *text, Py_ssize_t start, Py_ssize_t end, Finds *f)
@@ -370,7 +349,7 @@ Automaton_finds(Automaton *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *text;
     Py_ssize_t start, end;
-    if (text_range(args, nargs, "finds(text: str, start: int = 0, end: int = len(text))", &text, &start, &end) < 0)
+    if (tpuwatch_text_range(args, nargs, "finds(text: str, start: int = 0, end: int = len(text))", &text, &start, &end) < 0)
         return NULL;
     if (self->delta == NULL) {
         PyErr_SetString(PyExc_ValueError, "Automaton not initialised");
@@ -409,58 +388,13 @@ Automaton_search(Automaton *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *text;
     Py_ssize_t start, end;
-    if (text_range(args, nargs, "search(text: str, start: int = 0, end: int = len(text))", &text, &start, &end) < 0)
+    if (tpuwatch_text_range(args, nargs, "search(text: str, start: int = 0, end: int = len(text))", &text, &start, &end) < 0)
         return NULL;
     if (self->delta == NULL) {
         PyErr_SetString(PyExc_ValueError, "Automaton not initialised");
         return NULL;
     }
     return PyBool_FromLong(scan_text(self, text, start, end, NULL));
-}
-
-/* Newlines in text[start:end], and the lines that begin in it without white space (the first line always counts). */
-#define COUNT_LINES(TYPE)                                                           \
-    {                                                                               \
-        const TYPE *text = (const TYPE *)data;                                      \
-        for (Py_ssize_t i = start; i < end; i++)                                    \
-            if (text[i] == '\n') {                                                  \
-                newlines++;                                                         \
-                if (i + 1 < end && text[i + 1] != ' ' && text[i + 1] != '\t')       \
-                    records++;                                                      \
-            }                                                                       \
-    }
-
-PyDoc_STRVAR(lines_doc,
-"lines(text, start=0, end=len(text), /)\n--\n\n"
-"(newlines, records) of text[start:end]: its newlines, and the records whose first lines begin in it, a line\n"
-"that begins with a space or a tab continuing the record above it; the line at start always begins one.");
-
-static PyObject *
-keywords_lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    (void)module;
-    PyObject *text;
-    Py_ssize_t start, end, newlines = 0, records;
-    if (text_range(args, nargs, "lines(text: str, start: int = 0, end: int = len(text))", &text, &start, &end) < 0)
-        return NULL;
-    records = end > start;
-    int kind = PyUnicode_KIND(text);
-    const void *data = PyUnicode_DATA(text);
-    if (kind == PyUnicode_1BYTE_KIND) {  /* the common case: memchr to each newline */
-        const char *text = (const char *)data;
-        const char *at = text + start, *stop = text + end;
-        while ((at = memchr(at, '\n', (size_t)(stop - at))) != NULL) {
-            newlines++;
-            at++;
-            if (at < stop && *at != ' ' && *at != '\t')
-                records++;
-        }
-    }
-    else if (kind == PyUnicode_2BYTE_KIND)
-        COUNT_LINES(Py_UCS2)
-    else
-        COUNT_LINES(Py_UCS4)
-    return Py_BuildValue("(nn)", newlines, records);
 }
 
 static PyObject *
@@ -500,53 +434,9 @@ static PyTypeObject AutomatonType = {
     .tp_getset = Automaton_getset,
 };
 
-/* 1 for each byte is_text() refuses: the control bytes but tab, LF and CR, and DEL. */
-static const uint8_t junk[256] = {
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
-    [0x7f] = 1,
-};
-
-PyDoc_STRVAR(is_text_doc,
-"is_text(data, /)\n--\n\n"
-"True if the bytes hold no control byte other than tab, LF and CR, nor DEL (UTF-8 validity is not checked).");
-
-static PyObject *
-keywords_is_text(PyObject *module, PyObject *data)
-{
-    (void)module;
-    if (!PyBytes_Check(data)) {
-        PyErr_SetString(PyExc_TypeError, "is_text(data: bytes)");
-        return NULL;
-    }
-    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(data);
-    Py_ssize_t n = PyBytes_GET_SIZE(data), i = 0;
-    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
-    /* Eight bytes at a time: a word with no byte below 0x20 and none equal to 0x7f is clean; a word that may hold
-     * one (most hold a newline only now and then) is looked at byte by byte. */
-    for (; i + 8 <= n; i += 8) {
-        uint64_t x;
-        memcpy(&x, p + i, 8);
-        uint64_t del = x ^ (0x7f * ones);
-        if ((((x - 0x20 * ones) & ~x) | ((del - ones) & ~del)) & highs)
-            for (int k = 0; k < 8; k++)
-                if (junk[p[i + k]])
-                    Py_RETURN_FALSE;
-    }
-    for (; i < n; i++)
-        if (junk[p[i]])
-            Py_RETURN_FALSE;
-    Py_RETURN_TRUE;
-}
-
-static PyMethodDef keywords_functions[] = {
-    {"lines", (PyCFunction)(void (*)(void))keywords_lines, METH_FASTCALL, lines_doc},
-    {"is_text", keywords_is_text, METH_O, is_text_doc},
-    {NULL, NULL, 0, NULL},
-};
-
 static struct PyModuleDef keywords_module = {
     PyModuleDef_HEAD_INIT,
-    .m_methods = keywords_functions,
+    .m_methods = tpuwatch_text_functions,
     .m_name = "tpuwatch.kernel_log._keywords",
     .m_doc = "Every occurrence of a set of keywords in a text, in one pass (Aho-Corasick).",
     .m_size = -1,
