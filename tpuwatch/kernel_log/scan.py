@@ -46,6 +46,7 @@ BLOCK_BYTES = 1 << 20
 MAX_CONTINUATION_LINES = 16
 _LINE_MEMORY = 512
 _CONTINUATION = re.compile(r"\n[ \t]")
+_WHITE = (" ", "\t")  # what a continuation line starts with
 _SYSLOG_ESCAPE = re.compile(r"#0[0-3][0-7]")  # rsyslog writes control characters as #ooo
 _TERMINAL_CODE = re.compile(rb"\x1b\[[0-?]{0,32}[ -/]{0,8}[@-~]")  # an ECMA-48 control sequence (CSI)
 
@@ -206,7 +207,7 @@ def _rejected(text: str, start: int, hit: int, keyword: str, rules: RuleSet, exp
     end = len(text) if end < 0 else end
     if hit >= end or end - start > MAX_MESSAGE_CHARS or text.startswith(("{", *JSON_STREAM_HEADS), start):
         return False
-    if text.startswith((" ", "\t"), end + 1) and not KMSG_HEAD_RE.match(text, start):
+    if text.startswith(_WHITE, end + 1) and not KMSG_HEAD_RE.match(text, start):
         return False  # a continuation line joins the message
     raw = text[start:end]
     if "\\" in raw or ("#0" in raw and _SYSLOG_ESCAPE.search(raw)):
@@ -236,14 +237,10 @@ def _record_start(text: str, offset: int) -> int:
     """Where the record holding ``offset`` starts: the start of its line, or of the line a continuation continues."""
     start = text.rfind("\n", 0, offset) + 1
     for _ in range(MAX_CONTINUATION_LINES):
-        if start == 0 or not _continues(text, start):
+        if start == 0 or not text.startswith(_WHITE, start):
             break
         start = text.rfind("\n", 0, start - 1) + 1
     return start
-
-
-def _continues(text: str, start: int) -> bool:
-    return text.startswith((" ", "\t"), start)
 
 
 def _record(text: str, start: int) -> tuple[Record, int]:
@@ -252,7 +249,7 @@ def _record(text: str, start: int) -> tuple[Record, int]:
     end = len(text) if end < 0 else end
     head = text[start:end]
     extra: list[str] = []
-    while end < len(text) and len(extra) < MAX_CONTINUATION_LINES and _continues(text, end + 1):
+    while end < len(text) and len(extra) < MAX_CONTINUATION_LINES and text.startswith(_WHITE, end + 1):
         following = text.find("\n", end + 1)
         following = len(text) if following < 0 else following
         extra.append(text[end + 1:following])
