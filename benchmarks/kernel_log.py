@@ -17,13 +17,13 @@ Two corpora of ``N`` lines each (default 1,000,000), in several formats
 
 In the same run it times, on one core (``taskset -c 0`` where available),
 best of 5 (single runs on a shared machine swing by 20%): ``tpuwatch logscan
-FILE --json`` (lines/s, peak RSS), ``grep -E -c`` with every shipped rule's regex and follow regex (translated to ERE), and the
-collector path: the same corpus as records (parsed beforehand, as the sources
-hand them over, and kept out of the garbage collector's passes with
-``gc.freeze()``: the daemon never holds a million at once) fed one by one
-through ``RuleSet.stream().feed()``; logscan
-and the collector path each with the native keyword matcher (built in place
-first) and with the pure-Python one.  It checks that all of them give the
+FILE --json`` (lines/s, peak RSS), ``grep -E -c`` with every shipped rule's
+regex and follow regex (translated to ERE), and the collector path: the same
+corpus as records (parsed beforehand, as the sources hand them over, and kept
+out of the garbage collector's passes with ``gc.freeze()``: the daemon never
+holds a million at once) fed one by one through ``RuleSet.stream().feed()``;
+logscan and the collector path each with the native keyword matcher (built in
+place first) and with the pure-Python one.  It checks that all of them give the
 same events, and rewrites the ``kernel_log`` section of BENCHMARKS.md.
 """
 
