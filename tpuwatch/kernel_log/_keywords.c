@@ -339,6 +339,20 @@ scan_text(const Automaton *a, PyObject *text, Py_ssize_t start, Py_ssize_t end, 
     return result;
 }
 
+/* The arguments of finds() and search(), as tpuwatch_text_range() reads them, of an initialised automaton. */
+static int
+automaton_range(const Automaton *self, PyObject *const *args, Py_ssize_t nargs, const char *usage,
+                PyObject **text, Py_ssize_t *start, Py_ssize_t *end)
+{
+    if (tpuwatch_text_range(args, nargs, usage, text, start, end) < 0)
+        return -1;
+    if (self->delta == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Automaton not initialised");
+        return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(finds_doc,
 "finds(text, start=0, end=len(text), /)\n--\n\n"
 "Every occurrence of a keyword in text[start:end], as (offset, keyword) sorted by offset, then by the\n"
@@ -349,12 +363,9 @@ Automaton_finds(Automaton *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *text;
     Py_ssize_t start, end;
-    if (tpuwatch_text_range(args, nargs, "finds(text: str, start: int = 0, end: int = len(text))", &text, &start, &end) < 0)
+    if (automaton_range(self, args, nargs, "finds(text: str, start: int = 0, end: int = len(text))",
+                        &text, &start, &end) < 0)
         return NULL;
-    if (self->delta == NULL) {
-        PyErr_SetString(PyExc_ValueError, "Automaton not initialised");
-        return NULL;
-    }
     Finds f = {NULL, 0, 0};
     if (scan_text(self, text, start, end, &f) < 0) {
         PyMem_RawFree(f.items);
@@ -388,12 +399,9 @@ Automaton_search(Automaton *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *text;
     Py_ssize_t start, end;
-    if (tpuwatch_text_range(args, nargs, "search(text: str, start: int = 0, end: int = len(text))", &text, &start, &end) < 0)
+    if (automaton_range(self, args, nargs, "search(text: str, start: int = 0, end: int = len(text))",
+                        &text, &start, &end) < 0)
         return NULL;
-    if (self->delta == NULL) {
-        PyErr_SetString(PyExc_ValueError, "Automaton not initialised");
-        return NULL;
-    }
     return PyBool_FromLong(scan_text(self, text, start, end, NULL));
 }
 

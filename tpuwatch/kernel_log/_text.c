@@ -54,7 +54,8 @@ text_lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     (void)module;
     PyObject *text;
     Py_ssize_t start, end, newlines = 0, records;
-    if (tpuwatch_text_range(args, nargs, "lines(text: str, start: int = 0, end: int = len(text))", &text, &start, &end) < 0)
+    if (tpuwatch_text_range(args, nargs, "lines(text: str, start: int = 0, end: int = len(text))",
+                            &text, &start, &end) < 0)
         return NULL;
     records = end > start;
     int kind = PyUnicode_KIND(text);
