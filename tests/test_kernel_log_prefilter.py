@@ -3,6 +3,7 @@ exactly, entered at rare characters, and says which keywords a find can stand fo
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 
@@ -122,7 +123,8 @@ def test_the_native_matcher_takes_a_slice_and_long_texts() -> None:
 
 
 @pytest.mark.skipif(not BUILT, reason="not built")
-def test_the_native_matcher_refuses_what_it_cannot_build_and_the_prefilter_takes_the_regex() -> None:
+def test_the_native_matcher_refuses_what_it_cannot_build_and_the_prefilter_takes_the_regex(
+        caplog: pytest.LogCaptureFixture) -> None:
     automaton_type = prefilter_module.Automaton
     with pytest.raises(TypeError):
         automaton_type(("ok", ""))
@@ -137,8 +139,11 @@ def test_the_native_matcher_refuses_what_it_cannot_build_and_the_prefilter_takes
     huge = [chr(0x100 + i) * 64 for i in range(600)]  # 600 distinct characters x 38,400 states: too big a table
     with pytest.raises(ValueError):
         automaton_type(tuple(huge))
-    prefilter = Prefilter(huge)
+    with caplog.at_level(logging.WARNING, "tpuwatch.kernel_log.prefilter"):
+        prefilter = Prefilter(huge)
     assert not prefilter.native and prefilter.finds("x" + huge[5]) == [(1, huge[5])]
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["kernel log"]
+    assert "600 keywords (38400 characters) are too many for the native keyword matcher" in caplog.text
 
 
 def test_keywords_are_not_entered_at_the_commonest_characters_of_kernel_logs() -> None:

@@ -18,6 +18,7 @@ which other keywords it may then stand for.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Iterable
 from operator import itemgetter
@@ -31,6 +32,8 @@ except ImportError:  # not built (no C compiler at install): the regex below fin
     native_is_text = native_lines = None  # type: ignore[assignment]
 
 KEYWORD_MATCHER = "regex" if Automaton is None else "native"  # what a Prefilter uses by default
+
+log = logging.getLogger(__name__)
 
 # How often each printable ASCII character occurs in everyday kernel log lines, per 100,000 characters: counted
 # over the lines of the real logs in tests/testdata/kernel_log/corpus.yaml that give no event.  A character not
@@ -70,7 +73,10 @@ class Prefilter:
             try:
                 automaton = Automaton(self.keywords)
                 self.finds, self.search = automaton.finds, automaton.search
-            except ValueError:  # keywords too many for its table (16 MiB at most): the regex takes them
+            except ValueError as exc:  # keywords too many for its table (16 MiB at most): the regex takes them
+                log.warning("kernel log: the rules' %d keywords (%d characters) are too many for the native keyword "
+                            "matcher (%s): the pure-Python one finds the same lines, several times slower",
+                            len(self.keywords), sum(map(len, self.keywords)), exc)
                 self.native = False
             else:
                 self.hides = {keyword: () for keyword in self.keywords}  # every occurrence is found
