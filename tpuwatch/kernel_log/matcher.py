@@ -102,12 +102,12 @@ class StreamMatcher:
             out = self._match(record)
         elif self._held:  # a record no rule can take: for waiting events, only one more record gone by
             out = self._expired()
-        else:  # nothing waits, so nothing is held back behind a waiting event either: nothing to give
-            if self._context is not None:
-                self._context.append(message)
-            return []
+        else:  # nothing waits, and so nothing is held back behind a waiting event: nothing to give
+            out = None
         if self._context is not None:
             self._context.append(message)
+        if out is None:
+            return []
         return self._in_order(out) if self._held or self._later else out
 
     def feed_found(self, record: Record) -> list[Match]:

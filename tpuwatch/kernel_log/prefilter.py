@@ -23,6 +23,8 @@ import re
 from collections.abc import Callable, Iterable
 from operator import itemgetter
 
+# The one import of the native module: its automaton here, and its block helpers (line counts, the control-byte
+# check) for scan.py, which uses them where a Prefilter is native.
 try:
     from tpuwatch.kernel_log._keywords import Automaton
     from tpuwatch.kernel_log._keywords import is_text as native_is_text

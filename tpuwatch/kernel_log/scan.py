@@ -72,7 +72,7 @@ def scan(stream: BinaryIO, rules: RuleSet, device_for_pci: Attribution | Callabl
                 stats.severities[event.severity] += 1
                 yield event
             continue
-        text, bad = _clean(block, scanner.native)
+        text, bad = _clean(block, scanner.is_text)
         stats.skipped += bad
         events = scanner.block(text)
         stats.lines += scanner.block_lines
@@ -98,7 +98,10 @@ class _Scanner:
         self.index = 0  # records the matcher has been given (fed or skipped)
         self.lines_of: dict[int, int] = {}  # record index -> 1-based line, for recent fed records
         self.block_lines = 0  # lines in the last block
-        self.native = rules.prefilter is not None and rules.prefilter.native
+        # The per-character work on each block: in C with the native matcher, else in Python (the same answers).
+        native = rules.prefilter is not None and rules.prefilter.native
+        self.is_text = native_is_text if native and native_is_text is not None else is_text
+        self.line_counter = _native_counter if native else _python_counter
 
     def drop_line(self) -> list[KernelEvent]:
         """A line dropped unread (over 64 KiB): no record, but it counts for line numbers and ends the context."""
@@ -112,7 +115,7 @@ class _Scanner:
         """Events of one block (``block_lines`` then says how many lines it had); its last records wait (unfed) for
         the next block, which may need them as context."""
         text = self.carry + block
-        counts = _line_counter(text, self.native)
+        counts = self.line_counter(text)
         out: list[KernelEvent] = []
         pos, line, last_start = 0, self.line_base - self.carry_lines, -1
         rules, matcher, lines_of = self.rules, self.matcher, self.lines_of
@@ -183,7 +186,7 @@ class _Scanner:
 
     def _skip_carry(self) -> int:
         """The records held back from the last block, skipped (they hold no keyword the matcher has not been fed)."""
-        count = _line_counter(self.carry, self.native)(0, len(self.carry))[1]
+        count = self.line_counter(self.carry)(0, len(self.carry))[1]
         self.index += count
         return count
 
@@ -215,12 +218,15 @@ def _rejected(text: str, start: int, hit: int, keyword: str, rules: RuleSet, exp
     return not rules.line_may_match(keyword, raw, expects)
 
 
-def _line_counter(text: str, native: bool) -> Callable[[int, int], tuple[int, int]]:
+def _native_counter(text: str) -> Callable[[int, int], tuple[int, int]]:
     """``counts(start, end)``: the newlines in ``text[start:end]`` and the records whose head lines begin there
-    (``start`` begins one; a line that starts with white space continues the record above it): one pass in C
-    with the native matcher, else ``str.count`` and a search for the continuation lines of the whole text."""
-    if native and native_lines is not None:
-        return partial(native_lines, text)
+    (``start`` begins one; a line that starts with white space continues the record above it), in one pass in C."""
+    assert native_lines is not None  # a native Prefilter means the native module is built
+    return partial(native_lines, text)
+
+
+def _python_counter(text: str) -> Callable[[int, int], tuple[int, int]]:
+    """``_native_counter`` in Python: ``str.count``, and a search for the continuation lines of the whole text."""
     continuations = [m.start() for m in _CONTINUATION.finditer(text)]  # the newlines that begin continuation lines
 
     def counts(start: int, end: int) -> tuple[int, int]:
@@ -335,16 +341,15 @@ def _hold_back(buffer: bytes, end: int) -> int:
     return start
 
 
-def _clean(block: bytes, native: bool) -> tuple[str, int]:
+def _clean(block: bytes, is_text: Callable[[bytes], bool]) -> tuple[str, int]:
     """The block as text (``as_text`` of each line: bad bytes replaced, a junk or over-long line blanked, so that
     line numbers hold), and how many lines were blanked.  Terminal colours (``dmesg --color=always``, a captured
-    terminal session) are taken out first: a colour code between "NVRM: " and "Xid" would hide the Xid.  The
-    check for control bytes is done in C with the ``native`` matcher."""
-    check = native_is_text if native and native_is_text is not None else is_text
-    text = check(block)
+    terminal session) are taken out first: a colour code between "NVRM: " and "Xid" would hide the Xid.
+    ``is_text``: the check for control bytes (``records.is_text``, or its C twin)."""
+    text = is_text(block)
     if not text and b"\x1b" in block:  # ESC is no text byte: a block of plain text needs no look for it
         block = _TERMINAL_CODE.sub(b"", block)
-        text = check(block)
+        text = is_text(block)
     if text and not _has_long_line(block):
         try:
             return block.decode("utf-8"), 0
