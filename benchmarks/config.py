@@ -34,7 +34,6 @@ import platform
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,12 +47,14 @@ from typing import Any
 import requests
 import yaml
 
-sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent),
+                str(Path(__file__).resolve().parent.parent / "tests")]
 from tpuwatch import config as config_module  # noqa: E402
 from tpuwatch import yamlfile  # noqa: E402
 from tpuwatch.schema import ConfigError  # noqa: E402
 
 from common import BENCHMARKS_MD, REPO_ROOT, cpu_model, write_section  # noqa: E402
+from conftest import free_port  # noqa: E402
 
 EXAMPLE = REPO_ROOT / "packaging" / "config.example.yaml"
 RULE = "  - {alert: A%d, metric: tpuwatch_device_up, op: '==', threshold: 0, for: 1m, labels: {team: ml}}\n"
@@ -89,12 +90,6 @@ def refused(path: Path) -> tuple[float, int, str]:
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return elapsed, peak, message
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def sample_gaps(url: str, seconds: float, during: Callable[[], None] | None = None) -> tuple[float, int]:

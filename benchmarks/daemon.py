@@ -31,7 +31,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,7 +46,7 @@ import requests
 
 from common import BENCHMARKS_MD, REPO_ROOT, checkout_env, cpu_model, write_section
 
-sys.path.insert(0, str(REPO_ROOT))  # measure the tpuwatch of this checkout, whatever else is installed
+sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "tests")]  # this checkout's tpuwatch, whatever else is installed
 import tpuwatch  # noqa: E402
 from tpuwatch import config as config_module  # noqa: E402
 from tpuwatch.config import Config  # noqa: E402
@@ -55,6 +54,8 @@ from tpuwatch.hw.procfs import scan_holders  # noqa: E402
 from tpuwatch.registry import build_sources  # noqa: E402
 from tpuwatch.sampler import Sampler  # noqa: E402
 from tpuwatch.store import SeriesStore  # noqa: E402
+
+from conftest import free_port  # noqa: E402
 
 NODE_EXPORTER_NAMES = ("prometheus-node-exporter", "node_exporter")
 SIM_CHIPS = 8
@@ -278,13 +279,6 @@ def measure_cycles(config: Config, plan: Plan, results: Results) -> None:
 
 
 # --- the servers ----------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def die_with_parent() -> None:

@@ -28,11 +28,22 @@ def saved_state(path: Path) -> Any:
     return statefile.unseal(json.loads(path.read_bytes()))[0]
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now and that this process has not handed out before.
+
+    A port handed to a child that has not bound it yet is free again to the kernel; without the memory, two
+    daemons started in a row can be given the same port, and the second one's readiness check is answered by
+    the first."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
