@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,8 +35,9 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import BENCHMARKS_MD, cpu_model, write_section
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent / "tests")]
+from common import BENCHMARKS_MD, cpu_model, write_section  # noqa: E402
+from conftest import free_port  # noqa: E402
 
 ENV = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
 CANARY = [sys.executable, "-m", "tpuwatch", "canary"]
@@ -78,13 +78,6 @@ def canary_run(workdir: Path, state: Path) -> tuple[float, list[float]]:
     data = json.loads(out)
     assert data["status"] == "pass", data
     return wall, [d["duration_seconds"] for d in data["devices"]]
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def rss_mib(pid: int) -> float:
