@@ -240,6 +240,34 @@ def test_lines_logscan_passes_over_unparsed_agree_with_feeding_every_record() ->
     _agree(RULES, pieces, random.Random(11))
 
 
+RESTARTS = ["Linux version 6.1.0-28-amd64 (debian-kernel@lists.debian.org) (gcc-12 (Debian 12.2.0-14))",
+            "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.154.05  Thu Dec 28 15:37:48 UTC 2023"]
+
+
+def test_a_restart_with_nothing_to_end_is_passed_over_and_still_agrees_with_feeding_every_record() -> None:
+    # logscan passes over a boot or driver load line while the matcher is fresh; one that ends a waiting event,
+    # an open fault or a remembered report must be fed.
+    stream = RULES.stream()
+    assert stream.fresh()
+    stream.feed(Record(XID))
+    assert not stream.fresh()
+    stream.feed(Record(RESTARTS[1]))
+    assert stream.fresh()
+    edac = "EDAC MC0: 1 CE Single-bit ECC on unknown memory (node:0 card:0 module:0 page:0x12345 offset:0x0)"
+    logged = "mce: [Hardware Error]: Machine check events logged"  # waits; an EDAC report just before stands for it
+    pieces = [[line] for line in RESTARTS] + [[XID], [INIT_FAILED], [XID, RESTARTS[0], INIT_FAILED], CPER,
+                                              [HEADER, RESTARTS[1], DETAIL], [DETAIL], MULTILINE, [edac, logged],
+                                              [edac, RESTARTS[1], logged], [RESTARTS[0], *MULTILINE],
+                                              [MULTILINE[0], RESTARTS[1], *MULTILINE[1:]]]
+    _agree(RULES, pieces, random.Random(5))
+    rng = random.Random(9)
+    stream = RULES.stream()
+    for _ in range(3000):  # fresh() is exactly "no state a restart would end"
+        stream.feed(Record(rng.choice([*sum(pieces, []), NOISE])))
+        state = (stream._held, stream._later, stream._open, stream._latest, stream._last)
+        assert stream.fresh() == (not any(state))
+
+
 def test_rules_that_look_outside_the_message_are_tried_on_the_parsed_record(tmp_path: Path) -> None:
     rules = _rules(tmp_path, """rules:
   - {name: anchored, keywords: ["wedged"], regex: '^chip wedged$', severity: warning}

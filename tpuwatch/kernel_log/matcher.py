@@ -129,6 +129,11 @@ class StreamMatcher:
         """``expects`` for any of ``rules``; quick when none of them has had a fault since the last restart."""
         return not self._latest.keys().isdisjoint(rules) and any(map(self.expects, rules))
 
+    def fresh(self) -> bool:
+        """True if a restart now would change nothing but the context: no event since the last restart, and so
+        nothing waits and no fault is open (each of those starts with an event, which ``_emit`` remembers)."""
+        return not self._last
+
     def skip(self, count: int) -> list[Match]:
         """``count`` records that contain no keyword went by: waiting events whose ``hold`` they pass end."""
         if count <= 0:

@@ -55,6 +55,9 @@ class RuleSet:
         # can match only while one of those rules has a fault open.
         self.follow_only = {k: tests[2] for k, tests in self.checks.items()
                             if tests is not None and not tests[0] and not self._partners[k]}
+        # The keywords of RESTARTS that stand for no other: a line holding one (and no other keyword) matters only
+        # when the matcher has something for a restart to end (``StreamMatcher.fresh``).
+        self.restarts = frozenset(k for k in RESTARTS if k in self._partners and not self._partners[k])
 
     def _checks(self, keywords: set[str]) -> Checks | None:
         """What decides whether a line holding one of ``keywords`` can match anything: the searches of the rule

@@ -118,13 +118,15 @@ class _Scanner:
         counts = self.line_counter(text)
         out: list[KernelEvent] = []
         pos, line, last_start = 0, self.line_base - self.carry_lines, -1
-        rules, matcher, lines_of = self.rules, self.matcher, self.lines_of
-        checks, follow_only, wants_context = rules.checks, rules.follow_only, rules.wants_context
-        expects, expects_any = matcher.expects, matcher.expects_any
+        rules, matcher, lines_of, wants_context = self.rules, self.matcher, self.lines_of, self.rules.wants_context
+        checks, follow_only, restarts = rules.checks, rules.follow_only, rules.restarts
+        expects, expects_any, fresh = matcher.expects, matcher.expects_any, matcher.fresh
         start, line_end, refused = 0, -1, set[str]()  # the last find's record and line end; keywords it failed for
         for hit, keyword in rules.keyed_hits(text):
             if (followed := follow_only.get(keyword)) is not None and not expects_any(followed):
                 continue  # only follow lines of rules with no fault open: like a line without keywords
+            if keyword in restarts and fresh():
+                continue  # a boot or driver load with nothing to end: like a line without keywords
             tests = checks.get(keyword)
             if hit >= line_end:  # a find on a new line (finds in one line, a flood of them, share this work)
                 start = _record_start(text, hit)
