@@ -137,6 +137,12 @@ def test_the_control_byte_check_is_the_same_in_c_and_in_python() -> None:
                      for _ in range(rng.randrange(0, 30)))
         assert native_is_text(data) is is_text(data), data
     assert native_is_text(b"text\tline\r\n" * 1000) and not native_is_text(b"x" * 1001 + b"\x7f")
+    # C looks at 64 bytes at a time, in vectors of 16: every byte value, in every lane, in and after the vectors.
+    clean = bytes(rng.randrange(0x20, 0x7F) for _ in range(200)).replace(b"e", b"\n")
+    for value in range(256):
+        for at in (*range(0, 64), *range(64, 200, 7)):
+            data = clean[:at] + bytes([value]) + clean[at + 1:rng.choice([at + 1, 150, 200])]
+            assert native_is_text(data) is is_text(data), (value, at, len(data))
 
 
 def test_line_numbers_and_counts_do_not_depend_on_where_blocks_end(monkeypatch: pytest.MonkeyPatch) -> None:
