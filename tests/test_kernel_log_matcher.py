@@ -136,6 +136,20 @@ def test_a_boot_or_driver_load_starts_afresh() -> None:
             ("nvidia_xid", 1), ("nvrm_error", 4)]
 
 
+def test_a_waiting_event_comes_out_with_the_record_its_hold_ends_whatever_waits_after_it() -> None:
+    logged = "mce: [Hardware Error]: Machine check events logged"  # waits 8 records
+    stream = RULES.stream()
+    given = {}
+    for number, line in enumerate([logged, INIT_FAILED, *[NOISE] * 30], start=1):  # INIT_FAILED waits 16
+        for match in stream.feed(Record(line)):
+            given[match.rule] = number
+    assert given == {"mce_logged": 1 + 8 + 1, "nvrm_error": 2 + 16 + 1}
+    stream = RULES.stream()
+    stream.feed(Record(logged))
+    stream.feed(Record(INIT_FAILED))
+    assert [m.rule for m in stream.skip(7)] == [] and [m.rule for m in stream.skip(1)] == ["mce_logged"]
+
+
 def test_a_gpu_gone_takes_its_other_functions_with_it() -> None:
     gone = "NVRM: Xid (PCI:0000:09:00): 79, pid=0, GPU has fallen off the bus."
     usb = "xhci_hcd 0000:09:00.2: Refused to change power state, currently in D3"

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tpuwatch.kernel_log import rules as rules_module
 from tpuwatch.kernel_log.events import make_event
 from tpuwatch.kernel_log.prefilter import literal_alternation
 from tpuwatch.kernel_log.records import (
@@ -316,3 +317,19 @@ def test_the_prefilter_of_long_keywords_is_built_without_deep_recursion() -> Non
     pattern = re.compile(literal_alternation(words))
     assert [pattern.fullmatch(word) is not None for word in words] == [True, True, True]
     assert pattern.fullmatch("x" * 4999) is None
+
+
+def test_a_messages_analysis_is_remembered_within_bounds_and_equals_a_fresh_one() -> None:
+    rules = load_rules([])
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
+    first = rules.analyse(xid)
+    assert [(i, m.rule if m else None) for i, m in first[0]] == [
+        (i, rules.rules[i].name if rules.rules[i].match(xid) else None) for i in sorted(rules.candidates(xid)[0])]
+    assert rules.analyse(xid) is first  # remembered: the same matches, shared (they are never changed)
+    assert load_rules([]).analyse(xid) == first
+    long = xid + " " * rules_module.MEMO_CHARS
+    rules.analyse(long)
+    assert long not in rules._memo  # a long message is analysed, not kept
+    for n in range(3 * rules_module.MEMO_MESSAGES):
+        rules.analyse(f"NVRM: Xid (PCI:0000:3b:00): {n}, pid=1, name=x")
+        assert len(rules._memo) <= rules_module.MEMO_MESSAGES

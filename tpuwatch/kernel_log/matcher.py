@@ -90,6 +90,7 @@ class StreamMatcher:
         self._context: deque[str] | None = deque(maxlen=rules.max_lines - 1) if rules.max_lines > 1 else None
         self._open: dict[int, deque[_Fault]] = {}
         self._held: list[_Held] = []
+        self._due = 0  # the last index through which no waiting event's hold runs out
         self._later: list[Match] = []  # matches after a waiting event, given out once it ends
         self._latest: dict[int, int] = {}  # rule -> the last record any of its open faults took
         self._last: dict[int, tuple[int, int, str | None]] = {}  # rule -> (index, rank, pci) of its last event
@@ -100,9 +101,9 @@ class StreamMatcher:
         message = record.message
         if self._always or (self._search(message) and self._can_match(message, self.expects)):
             out = self._match(record)
-        elif self._held:  # a record no rule can take: for waiting events, only one more record gone by
+        elif self._held and self._index > self._due:  # a record no rule can take: a waiting event's hold runs out
             out = self._expired()
-        else:  # nothing waits, and so nothing is held back behind a waiting event: nothing to give
+        else:  # nothing waits, or no hold runs out yet (what waits behind an event keeps waiting): nothing to give
             out = None
         if self._context is not None:
             self._context.append(message)
@@ -141,7 +142,13 @@ class StreamMatcher:
         self._index += count
         if self._context is not None:
             self._context.clear()
-        return self._in_order(self._expired()) if self._held or self._later else []
+        return self._in_order(self._expired()) if self._held and self._index > self._due else []
+
+    def _set_due(self) -> None:
+        """After a change to the waiting events: until which index none of their holds runs out.  Until then a
+        record no rule takes changes nothing, and ``_in_order`` has nothing to give (what waits behind an event
+        keeps waiting, as it did after the last call)."""
+        self._due = min((held.index + self._rules[held.rule].hold for held in self._held), default=0)
 
     def _expired(self) -> list[Match]:
         """The waiting events whose ``hold`` is over, let go."""
@@ -172,16 +179,13 @@ class StreamMatcher:
         index, message, rules = self._index, record.message, self._rules
         if message.startswith(_RESTART_STARTS):
             return self._restart()
-        primary, follow = self.rules.candidates(message)
+        primary, follows = self.rules.analyse(message)
         matches: list[tuple[int, Match]] = []
-        for i in sorted(primary) if len(primary) > 1 else primary:
-            found = rules[i].match(message)
+        for i, found in primary:
             if found is None and rules[i].lines > 1:
                 found = self._joined(i, record)
             if found is not None:
                 matches.append((i, found))
-        follows = [(i, m) for i in sorted(follow) if (m := rules[i].match_follow(message)) is not None] \
-            if follow else []
         out: list[Match] = []
         if not (follows or self._held):
             if not matches:
@@ -212,7 +216,7 @@ class StreamMatcher:
             self._emit(i, chosen, record, record_key, index, out)
         return out
 
-    def _held_follows(self, follows: list[tuple[int, Match]], primaries: dict[int, Match], record_key: str | None,
+    def _held_follows(self, follows: tuple[tuple[int, Match], ...], primaries: dict[int, Match], record_key: str | None,
                       index: int, out: list[Match], absorbed: list[tuple[str | None, int]]) -> set[int]:
         """Waiting events are superseded (dropped: a rule that reports the fault matched this record, as severe,
         about the same device), take this record as one of their lines, keep waiting through a record of
@@ -224,6 +228,7 @@ class StreamMatcher:
             if any(held.superseded(RANK[m.severity], m.pci) for j in self.rules.superseded_by[held.rule]
                    if (m := primaries.get(j)) is not None):
                 self._held.remove(held)
+                self._set_due()
                 continue
             line = next((m for i, m in follows if i == held.rule), None)
             fault = self._fault(held.rule, line, line.pci or record_key, index) if line is not None else None
@@ -258,6 +263,7 @@ class StreamMatcher:
             if len(self._held) >= MAX_HELD:
                 self._let_go(self._held[0], out)
             self._held.append(held)
+            self._set_due()
             if fault is not None:
                 fault.held = held
         else:
@@ -312,6 +318,7 @@ class StreamMatcher:
     def _let_go(self, held: _Held, out: list[Match]) -> None:
         """The waiting event ends: its match, unless a report just before it stands for it."""
         self._held.remove(held)
+        self._set_due()
         if not any(held.superseded(rank, pci) for rank, pci in held.reported):
             match = held.match
             out.append(Match(match.rule, match.severity, match.pci, match.xid, match.fields, held.record, held.index))

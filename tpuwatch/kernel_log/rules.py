@@ -20,7 +20,13 @@ from tpuwatch.kernel_log.rule import Match, Rule
 # the indexes of all those other follow regexes' rules.
 Checks = tuple[tuple[Callable[[str], object], ...], tuple[tuple[tuple[int, ...], Callable[[str], object]], ...],
                tuple[int, ...]]
+# What one message alone gives: each candidate rule's match (None where its regex does not match), in rule order,
+# and the follow regexes' matches (``RuleSet.analyse``).
+Analysis = tuple[tuple[tuple[int, Match | None], ...], tuple[tuple[int, Match], ...]]
 _CHAR_CLASS_RE = re.compile(r"\[\^?\]?[^\]]*\]")
+# A storm repeats its message: the analyses of the last few hundred distinct short messages are kept.
+MEMO_MESSAGES = 512
+MEMO_CHARS = 512
 
 
 class RuleSet:
@@ -58,6 +64,7 @@ class RuleSet:
         # The keywords of RESTARTS that stand for no other: a line holding one (and no other keyword) matters only
         # when the matcher has something for a restart to end (``StreamMatcher.fresh``).
         self.restarts = frozenset(k for k in RESTARTS if k in self._partners and not self._partners[k])
+        self._memo: dict[str, Analysis] = {}
 
     def _checks(self, keywords: set[str]) -> Checks | None:
         """What decides whether a line holding one of ``keywords`` can match anything: the searches of the rule
@@ -105,6 +112,22 @@ class RuleSet:
             primary = primary | rules
             follow = follow | follows
         return primary, follow
+
+    def analyse(self, message: str) -> Analysis:
+        """Each candidate rule's match on ``message`` alone (None where its regex does not match), in rule order, and
+        the matches of the follow regexes; remembered for the last ``MEMO_MESSAGES`` distinct short messages (the
+        matches are values, never changed, so they can be shared)."""
+        analysis = self._memo.get(message)
+        if analysis is None:
+            primary, follow = self.candidates(message)
+            rules = self.rules
+            analysis = (tuple((i, rules[i].match(message)) for i in sorted(primary)),
+                        tuple((i, m) for i in sorted(follow) if (m := rules[i].match_follow(message)) is not None))
+            if len(message) <= MEMO_CHARS:
+                if len(self._memo) >= MEMO_MESSAGES:
+                    self._memo.clear()
+                self._memo[message] = analysis
+        return analysis
 
     def wants_context(self, message: str) -> bool:
         """True if a rule whose message spans several records may end in ``message`` (it needs the ones before)."""
