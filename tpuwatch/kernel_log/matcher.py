@@ -99,7 +99,7 @@ class StreamMatcher:
         """The matches for the next record of the stream."""
         self._index += 1
         message = record.message
-        if self._always or (self._search(message) and self._can_match(message, self.expects)):
+        if self._always or (self._search(message) and self._can_match(message, self.expects_any)):
             out = self._match(record)
         elif self._held and self._index > self._due:  # a record no rule can take: a waiting event's hold runs out
             out = self._expired()

@@ -23,6 +23,8 @@ Checks = tuple[tuple[Callable[[str], object], ...], tuple[tuple[tuple[int, ...],
 # What one message alone gives: each candidate rule's match (None where its regex does not match), in rule order,
 # and the follow regexes' matches (``RuleSet.analyse``).
 Analysis = tuple[tuple[tuple[int, Match | None], ...], tuple[tuple[int, Match], ...]]
+# Rule indexes -> True if one of them has a fault open that follow lines may still belong to.
+Expects = Callable[[tuple[int, ...]], bool]
 _CHAR_CLASS_RE = re.compile(r"\[\^?\]?[^\]]*\]")
 # A storm repeats its message: the analyses of the last few hundred distinct short messages are kept.
 MEMO_MESSAGES = 512
@@ -157,10 +159,11 @@ class RuleSet:
             found.sort(key=itemgetter(0))
         return found
 
-    def can_match(self, message: str, expects: Callable[[int], bool] | None = None) -> bool:
+    def can_match(self, message: str, expects: Expects | None = None) -> bool:
         """False if no rule's regex or follow regex can match ``message`` (a record's whole message, or one raw
         line of the forms ``checks`` hold for): its keywords lead only to regexes that do not match it.  With
-        ``expects`` (rule index -> has a fault open), a follow regex counts only for a rule that expects it."""
+        ``expects`` (rule indexes -> one of them has a fault open), a follow regex counts only for rules that expect
+        it (``StreamMatcher.expects_any``)."""
         if self.prefilter is None or self.unkeyed or self.unkeyed_follow:
             return True
         line_may_match = self.line_may_match
@@ -169,7 +172,7 @@ class RuleSet:
                 return True
         return False
 
-    def line_may_match(self, keyword: str, text: str, expects: Callable[[int], bool] | None = None) -> bool:
+    def line_may_match(self, keyword: str, text: str, expects: Expects | None = None) -> bool:
         """True unless the regexes that ``keyword`` (found in ``text``) and the keywords it may hide lead to all
         fail on ``text`` (see ``can_match``)."""
         tests = self.checks[keyword]
@@ -201,14 +204,14 @@ def _one_search(patterns: list[re.Pattern[str]]) -> tuple[Callable[[str], object
         return tuple(p.search for p in patterns)
 
 
-def passes(checks: Checks, text: str, expects: Callable[[int], bool] | None = None) -> bool:
-    """True if a search of ``checks`` finds ``text`` (a follow search only for a rule that ``expects`` it)."""
+def passes(checks: Checks, text: str, expects: Expects | None = None) -> bool:
+    """True if a search of ``checks`` finds ``text`` (a follow search only for rules of which ``expects`` it)."""
     primary, follows, _ = checks
     for test in primary:
         if test(text):
             return True
     for rules, test in follows:
-        if (expects is None or any(map(expects, rules))) and test(text):
+        if (expects is None or expects(rules)) and test(text):
             return True
     return False
 

@@ -40,7 +40,7 @@ from tpuwatch.kernel_log.records import (
     parse_line,
 )
 from tpuwatch.kernel_log.rule import Match
-from tpuwatch.kernel_log.rules import RuleSet
+from tpuwatch.kernel_log.rules import Expects, RuleSet
 
 BLOCK_BYTES = 1 << 20
 MAX_CONTINUATION_LINES = 16
@@ -120,7 +120,7 @@ class _Scanner:
         pos, line, last_start = 0, self.line_base - self.carry_lines, -1
         rules, matcher, lines_of, wants_context = self.rules, self.matcher, self.lines_of, self.rules.wants_context
         checks, follow_only, restarts = rules.checks, rules.follow_only, rules.restarts
-        expects, expects_any, fresh = matcher.expects, matcher.expects_any, matcher.fresh
+        expects_any, fresh = matcher.expects_any, matcher.fresh
         start, line_end, refused = 0, -1, set[str]()  # the last find's record and line end; keywords it failed for
         for hit, keyword in rules.keyed_hits(text):
             if (followed := follow_only.get(keyword)) is not None and not expects_any(followed):
@@ -135,7 +135,7 @@ class _Scanner:
                 refused = set()
             if start < pos or start == last_start:
                 continue
-            if tests is not None and (keyword in refused or _rejected(text, start, hit, keyword, rules, expects)):
+            if tests is not None and (keyword in refused or _rejected(text, start, hit, keyword, rules, expects_any)):
                 refused.add(keyword)
                 continue  # no regex matches: like a line without keywords (another keyword may still count)
             last_start = start
@@ -203,9 +203,9 @@ class _Scanner:
             out.append(make_event(match, match.record or record or Record(""), self.attribution, line=line))
 
 
-def _rejected(text: str, start: int, hit: int, keyword: str, rules: RuleSet, expects: Callable[[int], bool]) -> bool:
+def _rejected(text: str, start: int, hit: int, keyword: str, rules: RuleSet, expects: Expects) -> bool:
     """True if ``keyword`` at ``hit`` cannot make the record at ``start`` match: its rules' regexes, searched in
-    the raw line, find nothing (``RuleSet.line_may_match``, ``StreamMatcher.expects``).  Only for a one-line record
+    the raw line, find nothing (``RuleSet.line_may_match``, ``StreamMatcher.expects_any``).  Only for a one-line record
     whose message is the raw line's text as it stands (not JSON, no kmsg or syslog escapes, not cut short), which
     those regexes cannot see past."""
     end = text.find("\n", start)
