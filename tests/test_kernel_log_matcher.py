@@ -280,6 +280,7 @@ def test_a_restart_with_nothing_to_end_is_passed_over_and_still_agrees_with_feed
         stream.feed(Record(rng.choice([*sum(pieces, []), NOISE])))
         state = (stream._held, stream._later, stream._open, stream._latest, stream._last)
         assert stream.fresh() == (not any(state))
+        assert not stream._held or stream._due == min(held.due for held in stream._held)  # exact, not just early
 
 
 def test_rules_that_look_outside_the_message_are_tried_on_the_parsed_record(tmp_path: Path) -> None:

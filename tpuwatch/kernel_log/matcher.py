@@ -48,18 +48,20 @@ class _Fault:
 class _Held:
     """An event waiting for the lines after it; ``reported``: (rank, pci) of the events of rules that supersede
     it seen just before it (it is dropped if one of them is as severe and names the same device, or it names
-    none); ``device``: the PCI function the message's own prefix names ("vfio-pci 0000:00:05.0: ...")."""
+    none); ``device``: the PCI function the message's own prefix names ("vfio-pci 0000:00:05.0: ..."); ``due``:
+    the last index its hold covers."""
 
-    __slots__ = ("rule", "match", "record", "index", "reported", "device")
+    __slots__ = ("rule", "match", "record", "index", "reported", "device", "due")
 
     def __init__(self, rule: int, match: Match, record: Record, index: int,
-                 reported: list[tuple[int, str | None]], device: str | None) -> None:
+                 reported: list[tuple[int, str | None]], device: str | None, hold: int) -> None:
         self.rule = rule
         self.match = match
         self.record = record
         self.index = index
         self.reported = reported
         self.device = device
+        self.due = index + hold
 
     def superseded(self, rank: int, pci: str | None) -> bool:
         """True if a report of this rank and device stands for this event: the same device or, for a report on
@@ -144,16 +146,23 @@ class StreamMatcher:
             self._context.clear()
         return self._in_order(self._expired()) if self._held and self._index > self._due else []
 
-    def _set_due(self) -> None:
-        """After a change to the waiting events: until which index none of their holds runs out.  Until then a
+    def _wait(self, held: _Held) -> None:
+        """``held`` waits.  ``_due`` stays the smallest ``due`` of the waiting events: until the index passes it, a
         record no rule takes changes nothing, and ``_in_order`` has nothing to give (what waits behind an event
-        keeps waiting, as it did after the last call)."""
-        self._due = min((held.index + self._rules[held.rule].hold for held in self._held), default=0)
+        keeps waiting)."""
+        self._held.append(held)
+        self._due = min(self._due, held.due) if len(self._held) > 1 else held.due
+
+    def _unwait(self, held: _Held) -> None:
+        """``held`` waits no more (``_wait``)."""
+        self._held.remove(held)
+        if held.due == self._due:
+            self._due = min((other.due for other in self._held), default=0)
 
     def _expired(self) -> list[Match]:
         """The waiting events whose ``hold`` is over, let go."""
         out: list[Match] = []
-        for held in [h for h in self._held if self._index - h.index > self._rules[h.rule].hold]:
+        for held in [h for h in self._held if self._index > h.due]:
             self._let_go(held, out)
         return out
 
@@ -227,8 +236,7 @@ class StreamMatcher:
             rule = self._rules[held.rule]
             if any(held.superseded(RANK[m.severity], m.pci) for j in self.rules.superseded_by[held.rule]
                    if (m := primaries.get(j)) is not None):
-                self._held.remove(held)
-                self._set_due()
+                self._unwait(held)
                 continue
             line = next((m for i, m in follows if i == held.rule), None)
             fault = self._fault(held.rule, line, line.pci or record_key, index) if line is not None else None
@@ -259,11 +267,10 @@ class StreamMatcher:
                         if (last := self._last.get(j)) is not None and last[0] >= index - rule.hold]
             prefix = prefix_device(record.message)  # the message's own prefix: a DEVICE= tag names more than that
             held = _Held(i, match, match.record or record, start, reported,
-                         pci_of_key(prefix[1]) if prefix is not None else None)
+                         pci_of_key(prefix[1]) if prefix is not None else None, rule.hold)
             if len(self._held) >= MAX_HELD:
                 self._let_go(self._held[0], out)
-            self._held.append(held)
-            self._set_due()
+            self._wait(held)
             if fault is not None:
                 fault.held = held
         else:
@@ -317,8 +324,7 @@ class StreamMatcher:
 
     def _let_go(self, held: _Held, out: list[Match]) -> None:
         """The waiting event ends: its match, unless a report just before it stands for it."""
-        self._held.remove(held)
-        self._set_due()
+        self._unwait(held)
         if not any(held.superseded(rank, pci) for rank, pci in held.reported):
             match = held.match
             out.append(Match(match.rule, match.severity, match.pci, match.xid, match.fields, held.record, held.index))
