@@ -16,15 +16,16 @@ Two corpora of ``N`` lines each (default 1,000,000), in several formats
   words with the rules, and the rest noise.
 
 In the same run it times, on one core (``taskset -c 0`` where available),
-best of 5 (single runs on a shared machine swing by 20%): ``tpuwatch logscan
-FILE --json`` (lines/s, peak RSS), ``grep -E -c`` with every shipped rule's
-regex and follow regex (translated to ERE), and the collector path: the same
-corpus as records (parsed beforehand, as the sources hand them over, and kept
-out of the garbage collector's passes with ``gc.freeze()``: the daemon never
-holds a million at once) fed one by one through ``RuleSet.stream().feed()``;
-logscan and the collector path each with the native keyword matcher (built in
-place first) and with the pure-Python one.  It checks that all of them give the
-same events, and rewrites the ``kernel_log`` section of BENCHMARKS.md.
+best of 5, logscan and grep taking turns (single runs on a shared machine
+swing by 20%): ``tpuwatch logscan FILE --json`` (lines/s, peak RSS),
+``grep -E -c`` with every shipped rule's regex and follow regex (translated to
+ERE), and the collector path: the same corpus as records (parsed beforehand, as
+the sources hand them over, and kept out of the garbage collector's passes with
+``gc.freeze()``: the daemon never holds a million at once) fed one by one
+through ``RuleSet.stream().feed()``; logscan and the collector path each with
+the native keyword matcher (built in place first) and with the pure-Python one.
+It checks that all of them give the same events, and rewrites the
+``kernel_log`` section of BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -219,19 +220,24 @@ COLLECTOR = [sys.executable, "-c", (
 
 
 def measure(path: Path, repeats: int, pin: list[str], grep: str, patterns: list[str]) -> dict[str, float]:
-    """logscan and the collector path with each keyword matcher, and grep, on one corpus."""
+    """logscan and the collector path with each keyword matcher, and grep, on one corpus.  The runs of logscan and
+    grep take turns, so that a slow phase of a shared machine slows each of them alike."""
     out: dict[str, float] = {}
-    for matcher in ("default", "regex"):
-        scans = [timed(pin + LOGSCAN + [str(path), "--json"], True, matcher) for _ in range(repeats)]
+    grep_command = pin + [grep, "-E", "-c", *[a for p in patterns for a in ("-e", p)], str(path)]
+    scans: dict[str, list[tuple[float, str, str]]] = {"default": [], "regex": []}
+    greps = []
+    for _ in range(repeats):
+        for matcher, runs in scans.items():
+            runs.append(timed(pin + LOGSCAN + [str(path), "--json"], True, matcher))
+        greps.append(timed(grep_command, capture=True))
+    for matcher, runs in scans.items():
         _, fed, _ = timed(pin + COLLECTOR + [str(path), str(repeats)], True, matcher)
         records, feed_events, feed_s = fed.split()
         tag = "" if matcher == "default" else "_regex"
-        out |= {f"scan_s{tag}": min(s[0] for s in scans), f"feed_s{tag}": float(feed_s),
-                f"events{tag}": scans[0][1].count('"rule": '), f"feed_events{tag}": int(feed_events),
-                f"rss{tag}": max(peak_rss_mib(s[2]) for s in scans), f"logscan_lines{tag}": json.loads(scans[0][1])["lines"]}
+        out |= {f"scan_s{tag}": min(s[0] for s in runs), f"feed_s{tag}": float(feed_s),
+                f"events{tag}": runs[0][1].count('"rule": '), f"feed_events{tag}": int(feed_events),
+                f"rss{tag}": max(peak_rss_mib(s[2]) for s in runs), f"logscan_lines{tag}": json.loads(runs[0][1])["lines"]}
         out["records"] = int(records)
-    greps = [timed(pin + [grep, "-E", "-c", *[a for p in patterns for a in ("-e", p)], str(path)], capture=True)
-             for _ in range(repeats)]
     with open(path, "rb") as file:
         lines = sum(block.count(b"\n") for block in iter(lambda: file.read(1 << 20), b""))
     return out | {"grep_s": min(g[0] for g in greps), "grep_lines": int(greps[0][1].strip()), "lines": lines}
@@ -315,7 +321,7 @@ records each in dmesg `[seconds]`, `-T`, syslog and raw kmsg forms (kmsg records
 {busy_m['mb']:.0f} MB: everyday noise, 2% near misses) and a keyword-dense host ({dense_m['lines']:,} lines,
 {dense_m['mb']:.0f} MB: 40% NVRM, AER, EDAC, mce, amdgpu and vfio banner and detail lines that share words with
 the rules). Each pinned to one core ({"taskset -c 0" if pin else "not pinned: no taskset"}), best of {repeats},
-in the same run. logscan times are wall times of the whole command, starting Python and importing tpuwatch
+in the same run, the runs of logscan and grep taking turns. logscan times are wall times of the whole command, starting Python and importing tpuwatch
 (its bytecode compiled, as installed) included ({startup:.2f} s on an empty file; the rate after it is in
 brackets). The collector path feeds the log's records (parsed beforehand, as the sources hand them over, and
 frozen out of the garbage collector's passes: the daemon never holds a million at once) one by one through
