@@ -26,8 +26,8 @@ Analysis = tuple[tuple[tuple[int, Match | None], ...], tuple[tuple[int, Match], 
 # Rule indexes -> True if one of them has a fault open that follow lines may still belong to.
 Expects = Callable[[tuple[int, ...]], bool]
 _CHAR_CLASS_RE = re.compile(r"\[\^?\]?[^\]]*\]")
-# A storm repeats its message: the analyses of the last few hundred distinct short messages are kept.
-MEMO_MESSAGES = 512
+# A storm repeats its message: the analyses of the last 256 distinct short messages are kept (under 1 MiB).
+MEMO_MESSAGES = 256
 MEMO_CHARS = 512
 
 
