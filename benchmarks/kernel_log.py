@@ -16,7 +16,7 @@ Two corpora of ``N`` lines each (default 1,000,000), in several formats
   words with the rules, and the rest noise.
 
 In the same run it times, on one core (``taskset -c 0`` where available),
-best of 5, logscan and grep taking turns (single runs on a shared machine
+best of 5, every kind of run taking turns (single runs on a shared machine
 swing by 20%): ``tpuwatch logscan FILE --json`` (lines/s, peak RSS),
 ``grep -E -c`` with every shipped rule's regex and follow regex (translated to
 ERE), and the collector path: the same corpus as records (parsed beforehand, as
@@ -220,21 +220,22 @@ COLLECTOR = [sys.executable, "-c", (
 
 
 def measure(path: Path, repeats: int, pin: list[str], grep: str, patterns: list[str]) -> dict[str, float]:
-    """logscan and the collector path with each keyword matcher, and grep, on one corpus.  The runs of logscan and
-    grep take turns, so that a slow phase of a shared machine slows each of them alike."""
+    """logscan and the collector path with each keyword matcher, and grep, on one corpus.  Their runs take turns, so
+    that a slow phase of a shared machine slows each of them alike."""
     out: dict[str, float] = {}
     grep_command = pin + [grep, "-E", "-c", *[a for p in patterns for a in ("-e", p)], str(path)]
     scans: dict[str, list[tuple[float, str, str]]] = {"default": [], "regex": []}
+    feeds: dict[str, list[list[str]]] = {"default": [], "regex": []}
     greps = []
     for _ in range(repeats):
         for matcher, runs in scans.items():
             runs.append(timed(pin + LOGSCAN + [str(path), "--json"], True, matcher))
+            feeds[matcher].append(timed(pin + COLLECTOR + [str(path), "1"], True, matcher)[1].split())
         greps.append(timed(grep_command, capture=True))
     for matcher, runs in scans.items():
-        _, fed, _ = timed(pin + COLLECTOR + [str(path), str(repeats)], True, matcher)
-        records, feed_events, feed_s = fed.split()
+        records, feed_events, _ = feeds[matcher][0]
         tag = "" if matcher == "default" else "_regex"
-        out |= {f"scan_s{tag}": min(s[0] for s in runs), f"feed_s{tag}": float(feed_s),
+        out |= {f"scan_s{tag}": min(s[0] for s in runs), f"feed_s{tag}": min(float(f[2]) for f in feeds[matcher]),
                 f"events{tag}": runs[0][1].count('"rule": '), f"feed_events{tag}": int(feed_events),
                 f"rss{tag}": max(peak_rss_mib(s[2]) for s in runs), f"logscan_lines{tag}": json.loads(runs[0][1])["lines"]}
         out["records"] = int(records)
@@ -321,7 +322,7 @@ records each in dmesg `[seconds]`, `-T`, syslog and raw kmsg forms (kmsg records
 {busy_m['mb']:.0f} MB: everyday noise, 2% near misses) and a keyword-dense host ({dense_m['lines']:,} lines,
 {dense_m['mb']:.0f} MB: 40% NVRM, AER, EDAC, mce, amdgpu and vfio banner and detail lines that share words with
 the rules). Each pinned to one core ({"taskset -c 0" if pin else "not pinned: no taskset"}), best of {repeats},
-in the same run, the runs of logscan and grep taking turns. logscan times are wall times of the whole command, starting Python and importing tpuwatch
+in the same run, the runs of each kind taking turns. logscan times are wall times of the whole command, starting Python and importing tpuwatch
 (its bytecode compiled, as installed) included ({startup:.2f} s on an empty file; the rate after it is in
 brackets). The collector path feeds the log's records (parsed beforehand, as the sources hand them over, and
 frozen out of the garbage collector's passes: the daemon never holds a million at once) one by one through
