@@ -205,7 +205,8 @@ def _one_search(patterns: list[re.Pattern[str]]) -> tuple[Callable[[str], object
 
 
 def passes(checks: Checks, text: str, expects: Expects | None = None) -> bool:
-    """True if a search of ``checks`` finds ``text`` (a follow search only for rules of which ``expects`` it)."""
+    """True if a search of ``checks`` finds ``text`` (a follow search only when ``expects`` says one of its rules
+    has a fault open)."""
     primary, follows, _ = checks
     for test in primary:
         if test(text):
