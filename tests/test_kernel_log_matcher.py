@@ -150,6 +150,14 @@ def test_a_waiting_event_comes_out_with_the_record_its_hold_ends_whatever_waits_
     assert [m.rule for m in stream.skip(7)] == [] and [m.rule for m in stream.skip(1)] == ["mce_logged"]
 
 
+def test_a_follow_line_belongs_to_its_fault_up_to_within_records_after_it() -> None:
+    ue = "EDAC MC0: 1 UE memory read error on CPU_SrcID#0_Ha0_Chan0_DIMM0 (page:0x1234 offset:0x0 grain:32)"
+    within = next(r for r in RULES.rules if r.name == "edac_uncorrected").follow.within  # type: ignore[union-attr]
+    assert _feed(RULES, [ue, *[NOISE] * (within - 1), ue]) == [(1, "edac_uncorrected", "critical")]
+    assert _feed(RULES, [ue, *[NOISE] * within, ue]) == [(1, "edac_uncorrected", "critical"),
+                                                          (within + 2, "edac_uncorrected", "critical")]
+
+
 def test_a_gpu_gone_takes_its_other_functions_with_it() -> None:
     gone = "NVRM: Xid (PCI:0000:09:00): 79, pid=0, GPU has fallen off the bus."
     usb = "xhci_hcd 0000:09:00.2: Refused to change power state, currently in D3"

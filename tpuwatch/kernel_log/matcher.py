@@ -122,15 +122,17 @@ class StreamMatcher:
             self._context.append(record.message)
         return self._in_order(out) if self._held or self._later else out
 
-    def expects(self, rule: int) -> bool:
-        """True if rule ``rule`` has a fault open that its follow lines may still belong to (an upper bound: the
-        records the caller has not told about yet do not count)."""
-        latest = self._latest.get(rule)
-        return latest is not None and self._index - latest <= self._rules[rule].follow.within  # type: ignore[union-attr]
-
     def expects_any(self, rules: tuple[int, ...]) -> bool:
-        """``expects`` for any of ``rules``; quick when none of them has had a fault since the last restart."""
-        return not self._latest.keys().isdisjoint(rules) and any(map(self.expects, rules))
+        """True if one of ``rules`` has a fault open that its follow lines may still belong to (an upper bound: the
+        records the caller has not told about yet do not count); quick when none of them has had a fault since the
+        last restart."""
+        latest = self._latest
+        if latest.keys().isdisjoint(rules):
+            return False
+        for rule in rules:
+            if rule in latest and self._index - latest[rule] <= self._rules[rule].follow.within:  # type: ignore[union-attr]
+                return True
+        return False
 
     def fresh(self) -> bool:
         """True if a restart now would change nothing but the context: no event since the last restart, and so

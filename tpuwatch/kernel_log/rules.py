@@ -139,8 +139,7 @@ class RuleSet:
         """Every rule's match on ``message`` alone, in rule order (no cross-record logic: see ``stream``)."""
         if not self.can_match(message):
             return []
-        primary, _ = self.candidates(message)
-        return [m for i in sorted(primary) if (m := self.rules[i].match(message)) is not None]
+        return [m for _, m in self.analyse(message)[0] if m is not None]
 
     def hits(self, text: str) -> list[int]:
         """Sorted offsets in ``text`` where a line may match: keyword finds and unkeyed regex hits."""
