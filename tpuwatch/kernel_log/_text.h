@@ -1,4 +1,4 @@
-/* Shared by _keywords.c and _text.c, the two sources of tpuwatch.kernel_log._keywords. */
+/* Shared by _keywords.c and _text.c, two of the sources of tpuwatch.kernel_log._keywords. */
 
 #ifndef TPUWATCH_TEXT_H
 #define TPUWATCH_TEXT_H
