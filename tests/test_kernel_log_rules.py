@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tpuwatch.kernel_log import records as records_module
 from tpuwatch.kernel_log import rules as rules_module
 from tpuwatch.kernel_log.events import make_event
 from tpuwatch.kernel_log.prefilter import literal_alternation
@@ -178,6 +180,24 @@ def test_kmsg_record_with_continuation_lines() -> None:
 ])
 def test_parse_line_formats(line: str, message: str, device: str | None) -> None:
     assert parse_line(line) == Record(message, device)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_quick_test_for_another_programs_line_never_says_no_where_the_regex_says_yes(seed: int) -> None:
+    """parse_line skips the regex for lines of another program where ``_maybe_other_program`` says it cannot
+    match: lines starting with "[" that lack "]: " (dmesg's)."""
+    rng = random.Random(seed)
+    pieces = ["[", "]", "]: ", ": ", " ", "  123.456789", " <    0.000123>", "5", ".", "host", "gpu-node-a",
+              "root", "job[42]", "[4242]", "kernel", "kernel: ", "kernel[0]: ", "NVRM: Xid", "<4>", "Nov 30 04:37:39",
+              "x", "\t"]
+    lines = ["[  123.456789] gpu-node-a root[4242]: NVRM: Xid (PCI:0000:01:00): 79",
+             "[  123.456789 <    0.000123>] gpu-node-a root[4242]: NVRM: Xid (PCI:0000:01:00): 79",
+             *(line for path in DATA.glob("*.txt") for line in path.read_text().splitlines())]
+    assert sum(1 for line in lines[:2] if records_module._OTHER_PROGRAM_RE.match(line)) == 2
+    for _ in range(2000):
+        lines.append("[" + "".join(rng.choice(pieces) for _ in range(rng.randint(0, 9))))
+    for line in lines:
+        assert records_module._maybe_other_program(line) or not records_module._OTHER_PROGRAM_RE.match(line), line
 
 
 def _rule_file(tmp_path: Path, text: str, name: str = "local.yaml") -> Path:

@@ -177,6 +177,8 @@ class StreamMatcher:
 
     def _in_order(self, out: list[Match]) -> list[Match]:
         """Matches in the order of their first records: those after a still-waiting event wait behind it."""
+        if not out and not self._later:
+            return out
         later = self._later + out
         if self._held:
             first = min(held.index for held in self._held)
