@@ -139,6 +139,21 @@ def test_the_native_matcher_skips_sixteen_characters_at_a_time_exactly(seed: int
 
 
 @pytest.mark.skipif(not BUILT, reason="not built")
+def test_a_keyword_that_begins_with_spaces_is_found_by_the_rest_and_the_spaces_before_it() -> None:
+    """The automaton leaves its root at no space (it would at a sixth of a log's characters): " CE " is looked for
+    as "CE " with a space before it, inside the slice scanned; unless "CE " is a keyword too, then as it is."""
+    automaton = prefilter_module.Automaton((" CE ", "  UE", "x"))
+    text = "mce: CPU supports 9 MCE banks; EDAC MC0: 1 CE memory; EDAC MC1:   UE x"
+    assert automaton.finds(text) == [(42, " CE "), (64, "  UE"), (69, "x")]
+    assert not automaton.search("9 MCE banks") and automaton.search("MC0: CE x") and automaton.search(" CE ")
+    assert automaton.finds(" CE ", 1) == [] and automaton.finds("a CE b", 1) == [(1, " CE ")]
+    assert automaton.finds("  CE  ") == [(1, " CE ")] and automaton.finds(" UE") == [] and not automaton.search(" UE")
+    both = prefilter_module.Automaton(("CE ", " CE ", "  CE ", "  "))
+    assert both.finds("MCE  CE x  ") == [(1, "CE "), (3, "  CE "), (3, "  "), (4, " CE "), (5, "CE "), (9, "  ")]
+    assert both.finds("   ") == [(0, "  "), (1, "  ")]
+
+
+@pytest.mark.skipif(not BUILT, reason="not built")
 def test_the_native_matcher_takes_a_slice_and_long_texts() -> None:
     automaton = prefilter_module.Automaton(("ab", "b"))
     assert automaton.finds("abab", 1) == [(1, "b"), (2, "ab"), (3, "b")]

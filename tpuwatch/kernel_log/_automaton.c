@@ -51,14 +51,37 @@ finds_push(Finds *f, Py_ssize_t start, int32_t keyword)
     return 0;
 }
 
-/* Appends every keyword ending at state s, the text's position end being just past it. */
+/* 1 if the count characters before text[at] are spaces, none of them before text[lo]. */
 static int
-report(const Automaton *a, Py_ssize_t s, Py_ssize_t end, Finds *f)
+spaces_before(int kind, const void *data, Py_ssize_t at, Py_ssize_t count, Py_ssize_t lo)
 {
-    for (Py_ssize_t o = a->output[s] >= 0 ? s : a->chain[s]; o >= 0; o = a->chain[o])
-        if (finds_push(f, end - a->lengths[a->output[o]], a->output[o]) < 0)
+    if (at - count < lo)
+        return 0;
+    for (Py_ssize_t j = 1; j <= count; j++)
+        if (PyUnicode_READ(kind, data, at - j) != ' ')
+            return 0;
+    return 1;
+}
+
+/* Every keyword ending at state s, the text's position end being just past it (and, for one stripped of its
+ * leading spaces, with those spaces before it, from text[lo] on), appended to f: how many, or -1 when out of
+ * memory; with f NULL, 1 at the first and 0 when there is none. */
+static Py_ssize_t
+report(const Automaton *a, Py_ssize_t s, Py_ssize_t end, int kind, const void *data, Py_ssize_t lo, Finds *f)
+{
+    Py_ssize_t count = 0;
+    for (Py_ssize_t o = a->output[s] >= 0 ? s : a->chain[s]; o >= 0; o = a->chain[o]) {
+        int32_t k = a->output[o];
+        Py_ssize_t at = end - a->lengths[k];
+        if (a->lead[k] && !spaces_before(kind, data, at, a->lead[k], lo))
+            continue;
+        if (f == NULL)
+            return 1;
+        if (finds_push(f, at - a->lead[k], k) < 0)
             return -1;
-    return 0;
+        count++;
+    }
+    return count;
 }
 
 /* The scan of text[start:end]: every find into f, 0 when done, -1 when out of memory; with f NULL, 1 at the first
@@ -76,10 +99,11 @@ report(const Automaton *a, Py_ssize_t s, Py_ssize_t end, Finds *f)
             Py_UCS4 c = text[i++];                                                  \
             s = a->delta[s * width + (c < 256 ? a->latin[c] : class_of(a, c))];    \
             if (a->reports[s]) {                                                    \
-                if (f == NULL)                                                      \
-                    return 1;                                                       \
-                if (report(a, s, i, f) < 0)                                         \
+                Py_ssize_t reported = report(a, s, i, kind, data, start, f);        \
+                if (reported < 0)                                                   \
                     return -1;                                                      \
+                if (reported > 0 && f == NULL)                                      \
+                    return 1;                                                       \
             }                                                                       \
         }                                                                           \
     }
@@ -120,6 +144,7 @@ scan_ssse3(const Automaton *a, const void *data, Py_ssize_t start, Py_ssize_t en
 {
     Py_ssize_t s = 0, block = start - 16;
     unsigned mask = 0;
+    const int kind = PyUnicode_1BYTE_KIND;
     const Py_ssize_t width = a->width;
     const __m128i low = _mm_loadu_si128((const __m128i *)a->nibbles[0]);
     const __m128i high = _mm_loadu_si128((const __m128i *)a->nibbles[1]);
@@ -151,12 +176,13 @@ void
 tpuwatch_automaton_free(Automaton *a)
 {
     PyMem_Free(a->lengths);
+    PyMem_Free(a->lead);
     PyMem_Free(a->delta);
     PyMem_Free(a->output);
     PyMem_Free(a->chain);
     PyMem_Free(a->reports);
     PyMem_Free(a->wide);
-    a->lengths = NULL;
+    a->lengths = a->lead = NULL;
     a->delta = NULL;
     a->output = a->chain = NULL;
     a->reports = NULL;
@@ -233,6 +259,33 @@ build_nibbles(Automaton *a)
 #endif
 }
 
+/* The keyword ending at the state that word[skip:] leads to in the trie so far, or -1. */
+static int32_t
+trie_output(const Automaton *a, PyObject *word, Py_ssize_t skip)
+{
+    Py_ssize_t s = 0;
+    for (Py_ssize_t i = skip; i < PyUnicode_GET_LENGTH(word); i++) {
+        s = a->delta[s * a->width + class_of(a, PyUnicode_READ_CHAR(word, i))];
+        if (s == NONE)
+            return -1;
+    }
+    return a->output[s];
+}
+
+/* Adds word[skip:] to the trie: the state it ends at. */
+static Py_ssize_t
+trie_insert(Automaton *a, PyObject *word, Py_ssize_t skip, Py_ssize_t *states)
+{
+    Py_ssize_t s = 0;
+    for (Py_ssize_t i = skip; i < PyUnicode_GET_LENGTH(word); i++) {
+        uint16_t *next = &a->delta[s * a->width + class_of(a, PyUnicode_READ_CHAR(word, i))];
+        if (*next == NONE)
+            *next = (uint16_t)(*states)++;
+        s = *next;
+    }
+    return s;
+}
+
 int
 tpuwatch_automaton_build(Automaton *a, PyObject *keywords)
 {
@@ -257,13 +310,14 @@ tpuwatch_automaton_build(Automaton *a, PyObject *keywords)
         return -1;
     }
     a->lengths = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
+    a->lead = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
     a->delta = PyMem_Malloc((size_t)(most * width) * sizeof(uint16_t));
     a->output = PyMem_Malloc((size_t)most * sizeof(int32_t));
     a->chain = PyMem_Malloc((size_t)most * sizeof(int32_t));
     a->reports = PyMem_Malloc((size_t)most);
     int32_t *fail = PyMem_Malloc((size_t)most * sizeof(int32_t));
     int32_t *queue = PyMem_Malloc((size_t)most * sizeof(int32_t));
-    if (!a->lengths || !a->delta || !a->output || !a->chain || !a->reports || !fail || !queue) {
+    if (!a->lengths || !a->lead || !a->delta || !a->output || !a->chain || !a->reports || !fail || !queue) {
         PyMem_Free(fail);
         PyMem_Free(queue);
         PyErr_NoMemory();
@@ -273,21 +327,25 @@ tpuwatch_automaton_build(Automaton *a, PyObject *keywords)
         a->delta[i] = NONE;
     for (Py_ssize_t i = 0; i < most; i++)
         a->output[i] = a->chain[i] = -1;
+    /* The trie: first the keywords that begin with no space, then the others without their leading spaces (the
+     * root would leave at every space of a text otherwise), unless that rest is a keyword already. */
     Py_ssize_t states = 1;
-    for (Py_ssize_t k = 0; k < n; k++) {  /* the trie */
-        PyObject *word = PyTuple_GET_ITEM(keywords, k);
-        Py_ssize_t len = PyUnicode_GET_LENGTH(word);
-        Py_ssize_t s = 0;
-        for (Py_ssize_t i = 0; i < len; i++) {
-            uint16_t *next = &a->delta[s * width + class_of(a, PyUnicode_READ_CHAR(word, i))];
-            if (*next == NONE)
-                *next = (uint16_t)states++;
-            s = *next;
+    for (int pass = 0; pass < 2; pass++)
+        for (Py_ssize_t k = 0; k < n; k++) {
+            PyObject *word = PyTuple_GET_ITEM(keywords, k);
+            Py_ssize_t len = PyUnicode_GET_LENGTH(word), lead = 0;
+            while (lead < len - 1 && PyUnicode_READ_CHAR(word, lead) == ' ')
+                lead++;
+            if ((lead > 0) != pass)
+                continue;
+            if (lead > 0 && trie_output(a, word, lead) >= 0)
+                lead = 0;
+            Py_ssize_t s = trie_insert(a, word, lead, &states);
+            a->lengths[k] = len - lead;
+            a->lead[k] = lead;
+            if (a->output[s] < 0)  /* a repeated keyword is found once, as its first copy */
+                a->output[s] = (int32_t)k;
         }
-        a->lengths[k] = len;
-        if (a->output[s] < 0)  /* a repeated keyword is found once, as its first copy */
-            a->output[s] = (int32_t)k;
-    }
     Py_ssize_t head = 0, tail = 0;  /* breadth first: each state's failure state is done before it */
     for (Py_ssize_t c = 0; c < width; c++) {
         uint16_t *next = &a->delta[c];

@@ -26,7 +26,8 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     PyObject *keywords;   /* tuple of str, as given */
-    Py_ssize_t *lengths;  /* each keyword's length in code points */
+    Py_ssize_t *lengths;  /* each keyword's length in code points in the trie: without its lead */
+    Py_ssize_t *lead;     /* each keyword's leading spaces left out of the trie, looked for before a find */
     uint16_t *delta;      /* states x width: the next state */
     int32_t *output;      /* per state: the keyword ending there, or -1 */
     int32_t *chain;       /* per state: the next state down its suffix links with an output, or -1 */
