@@ -61,10 +61,14 @@ def test_finds_are_exact_and_miss_no_keyword(seed: int, native: bool) -> None:
     keywords = sorted({"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))) for _ in range(12)})
     prefilter = Prefilter(keywords, native=native)
     assert prefilter.native is native
+    entered = prefilter_module.Automaton(tuple(keywords), tuple(rng.randrange(len(k)) for k in keywords)) if native \
+        else None
     for _ in range(30):
         pieces = [rng.choice(keywords) if rng.random() < 0.5 else rng.choice(alphabet) for _ in range(12)]
         text = "".join(pieces)
         _check(prefilter, text)
+        if entered is not None:  # entered anywhere (of 1-, 2- and 4-byte text), the same finds
+            assert entered.finds(text) == prefilter.finds(text)
         if native:  # a slice: the occurrences wholly inside it, at their offsets in the whole text
             start, end = sorted((rng.randrange(len(text) + 1), rng.randrange(len(text) + 1)))
             inside = [(at, k) for at, k in prefilter.finds(text) if start <= at and at + len(k) <= end]
@@ -122,11 +126,12 @@ def test_the_native_matcher_skips_sixteen_characters_at_a_time_exactly(seed: int
     alphabet = rng.sample(latin, rng.choice((3, 8, 40, 120)))
     keywords = sorted({"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4))) for _ in range(10)})
     automaton = prefilter_module.Automaton(tuple(keywords))
+    entered = prefilter_module.Automaton(tuple(keywords), tuple(rng.randrange(len(k)) for k in keywords))
     for _ in range(20):
         text = "".join(rng.choice(alphabet if rng.random() < 0.3 else latin) for _ in range(rng.randint(0, 300)))
         expected = sorted((at, k) for k in keywords for at in _occurrences(text, k))
-        assert automaton.finds(text) == expected
-        assert automaton.search(text) is bool(expected)
+        assert automaton.finds(text) == expected and entered.finds(text) == expected
+        assert automaton.search(text) is bool(expected) and entered.search(text) is bool(expected)
         start, end = sorted((rng.randrange(len(text) + 1), rng.randrange(len(text) + 1)))
         assert automaton.finds(text, start, end) == [(at, k) for at, k in expected
                                                     if start <= at and at + len(k) <= end]
@@ -139,18 +144,28 @@ def test_the_native_matcher_skips_sixteen_characters_at_a_time_exactly(seed: int
 
 
 @pytest.mark.skipif(not BUILT, reason="not built")
-def test_a_keyword_that_begins_with_spaces_is_found_by_the_rest_and_the_spaces_before_it() -> None:
-    """The automaton leaves its root at no space (it would at a sixth of a log's characters): " CE " is looked for
-    as "CE " with a space before it, inside the slice scanned; unless "CE " is a keyword too, then as it is."""
-    automaton = prefilter_module.Automaton((" CE ", "  UE", "x"))
+def test_a_keyword_entered_past_its_start_is_found_with_the_characters_before_its_entry() -> None:
+    """The automaton holds each keyword from its entry on (the prefilter's anchor: a character rare in logs) and
+    compares the characters before it where that part is found, inside the slice scanned; keywords whose parts are
+    one are each found."""
+    automaton = prefilter_module.Automaton((" CE ", "  UE", "x"), (1, 2, 0))
     text = "mce: CPU supports 9 MCE banks; EDAC MC0: 1 CE memory; EDAC MC1:   UE x"
     assert automaton.finds(text) == [(42, " CE "), (64, "  UE"), (69, "x")]
     assert not automaton.search("9 MCE banks") and automaton.search("MC0: CE x") and automaton.search(" CE ")
     assert automaton.finds(" CE ", 1) == [] and automaton.finds("a CE b", 1) == [(1, " CE ")]
     assert automaton.finds("  CE  ") == [(1, " CE ")] and automaton.finds(" UE") == [] and not automaton.search(" UE")
-    both = prefilter_module.Automaton(("CE ", " CE ", "  CE ", "  "))
+    keywords = ("CE ", " CE ", "  CE ", "  ", "AER: Device recovery failed", "AER: device recovery failed")
+    both = prefilter_module.Automaton(keywords, (0, 1, 2, 1, 7, 7))
     assert both.finds("MCE  CE x  ") == [(1, "CE "), (3, "  CE "), (3, "  "), (4, " CE "), (5, "CE "), (9, "  ")]
     assert both.finds("   ") == [(0, "  "), (1, "  ")]
+    assert both.finds("AER: device recovery failed; AER: Device recovery failed") == [
+        (0, "AER: device recovery failed"), (29, "AER: Device recovery failed")]
+    assert prefilter_module.Automaton(("ab", "ab"), (1, 0)).finds("xab") == [(1, "ab")]  # a repeat: found once
+    for entries in ((1,), (0, 0, 0, 0), (-1, 0, 0), (0, 0, 1), (2, 0, 0), ("1", 0, 0)):
+        with pytest.raises((ValueError, TypeError)):
+            prefilter_module.Automaton(("ab", "c", "d"), entries)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        prefilter_module.Automaton(("ab",), [0])  # type: ignore[arg-type]
 
 
 @pytest.mark.skipif(not BUILT, reason="not built")

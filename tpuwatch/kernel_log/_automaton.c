@@ -51,36 +51,38 @@ finds_push(Finds *f, Py_ssize_t start, int32_t keyword)
     return 0;
 }
 
-/* 1 if the count characters before text[at] are spaces, none of them before text[lo]. */
+/* 1 if keyword k's head (the characters before its entry) is in the text just before text[at], from text[lo] on. */
 static int
-spaces_before(int kind, const void *data, Py_ssize_t at, Py_ssize_t count, Py_ssize_t lo)
+head_before(const Automaton *a, int32_t k, int kind, const void *data, Py_ssize_t at, Py_ssize_t lo)
 {
+    const Py_ssize_t count = a->entry[k];
     if (at - count < lo)
         return 0;
-    for (Py_ssize_t j = 1; j <= count; j++)
-        if (PyUnicode_READ(kind, data, at - j) != ' ')
+    const Py_UCS4 *head = a->heads + a->head_at[k];
+    for (Py_ssize_t j = 0; j < count; j++)
+        if (PyUnicode_READ(kind, data, at - count + j) != head[j])
             return 0;
     return 1;
 }
 
-/* Every keyword ending at state s, the text's position end being just past it (and, for one stripped of its
- * leading spaces, with those spaces before it, from text[lo] on), appended to f: how many, or -1 when out of
- * memory; with f NULL, 1 at the first and 0 when there is none. */
+/* Every keyword whose part from its entry on ends at state s, the text's position end being just past it, and
+ * whose head is before it (from text[lo] on), appended to f: how many, or -1 when out of memory; with f NULL, 1 at
+ * the first and 0 when there is none. */
 static Py_ssize_t
 report(const Automaton *a, Py_ssize_t s, Py_ssize_t end, int kind, const void *data, Py_ssize_t lo, Finds *f)
 {
     Py_ssize_t count = 0;
-    for (Py_ssize_t o = a->output[s] >= 0 ? s : a->chain[s]; o >= 0; o = a->chain[o]) {
-        int32_t k = a->output[o];
-        Py_ssize_t at = end - a->lengths[k];
-        if (a->lead[k] && !spaces_before(kind, data, at, a->lead[k], lo))
-            continue;
-        if (f == NULL)
-            return 1;
-        if (finds_push(f, at - a->lead[k], k) < 0)
-            return -1;
-        count++;
-    }
+    for (Py_ssize_t o = a->output[s] >= 0 ? s : a->chain[s]; o >= 0; o = a->chain[o])
+        for (int32_t k = a->output[o]; k >= 0; k = a->same[k]) {
+            Py_ssize_t at = end - a->lengths[k];
+            if (a->entry[k] && !head_before(a, k, kind, data, at, lo))
+                continue;
+            if (f == NULL)
+                return 1;
+            if (finds_push(f, at - a->entry[k], k) < 0)
+                return -1;
+            count++;
+        }
     return count;
 }
 
@@ -176,13 +178,18 @@ void
 tpuwatch_automaton_free(Automaton *a)
 {
     PyMem_Free(a->lengths);
-    PyMem_Free(a->lead);
+    PyMem_Free(a->entry);
+    PyMem_Free(a->head_at);
+    PyMem_Free(a->heads);
+    PyMem_Free(a->same);
     PyMem_Free(a->delta);
     PyMem_Free(a->output);
     PyMem_Free(a->chain);
     PyMem_Free(a->reports);
     PyMem_Free(a->wide);
-    a->lengths = a->lead = NULL;
+    a->lengths = a->entry = a->head_at = NULL;
+    a->heads = NULL;
+    a->same = NULL;
     a->delta = NULL;
     a->output = a->chain = NULL;
     a->reports = NULL;
@@ -259,19 +266,6 @@ build_nibbles(Automaton *a)
 #endif
 }
 
-/* The keyword ending at the state that word[skip:] leads to in the trie so far, or -1. */
-static int32_t
-trie_output(const Automaton *a, PyObject *word, Py_ssize_t skip)
-{
-    Py_ssize_t s = 0;
-    for (Py_ssize_t i = skip; i < PyUnicode_GET_LENGTH(word); i++) {
-        s = a->delta[s * a->width + class_of(a, PyUnicode_READ_CHAR(word, i))];
-        if (s == NONE)
-            return -1;
-    }
-    return a->output[s];
-}
-
 /* Adds word[skip:] to the trie: the state it ends at. */
 static Py_ssize_t
 trie_insert(Automaton *a, PyObject *word, Py_ssize_t skip, Py_ssize_t *states)
@@ -287,14 +281,32 @@ trie_insert(Automaton *a, PyObject *word, Py_ssize_t skip, Py_ssize_t *states)
 }
 
 int
-tpuwatch_automaton_build(Automaton *a, PyObject *keywords)
+tpuwatch_automaton_build(Automaton *a, PyObject *keywords, PyObject *entries)
 {
     Py_ssize_t n = PyTuple_GET_SIZE(keywords), total = 0;
+    if (entries != NULL && PyTuple_GET_SIZE(entries) != n) {
+        PyErr_SetString(PyExc_ValueError, "entries must be as many as the keywords");
+        return -1;
+    }
+    a->entry = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Py_ssize_t));
+    if (a->entry == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *word = PyTuple_GET_ITEM(keywords, k);
         if (!PyUnicode_Check(word) || PyUnicode_GET_LENGTH(word) == 0) {
             PyErr_SetString(PyExc_TypeError, "keywords must be non-empty str");
             return -1;
+        }
+        if (entries != NULL) {
+            a->entry[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(entries, k));
+            if (a->entry[k] == -1 && PyErr_Occurred())
+                return -1;
+            if (a->entry[k] < 0 || a->entry[k] >= PyUnicode_GET_LENGTH(word)) {
+                PyErr_SetString(PyExc_ValueError, "an entry must be an offset in its keyword");
+                return -1;
+            }
         }
         total += PyUnicode_GET_LENGTH(word);
         if (total > MAX_KEYWORD_CHARS) {
@@ -310,14 +322,16 @@ tpuwatch_automaton_build(Automaton *a, PyObject *keywords)
         return -1;
     }
     a->lengths = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
-    a->lead = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
+    a->head_at = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Py_ssize_t));
+    a->same = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    a->heads = PyMem_Malloc((size_t)(total ? total : 1) * sizeof(Py_UCS4));
     a->delta = PyMem_Malloc((size_t)(most * width) * sizeof(uint16_t));
     a->output = PyMem_Malloc((size_t)most * sizeof(int32_t));
     a->chain = PyMem_Malloc((size_t)most * sizeof(int32_t));
     a->reports = PyMem_Malloc((size_t)most);
     int32_t *fail = PyMem_Malloc((size_t)most * sizeof(int32_t));
     int32_t *queue = PyMem_Malloc((size_t)most * sizeof(int32_t));
-    if (!a->lengths || !a->lead || !a->delta || !a->output || !a->chain || !a->reports || !fail || !queue) {
+    if (!a->lengths || !a->head_at || !a->same || !a->heads || !a->delta || !a->output || !a->chain || !a->reports || !fail || !queue) {
         PyMem_Free(fail);
         PyMem_Free(queue);
         PyErr_NoMemory();
@@ -327,25 +341,39 @@ tpuwatch_automaton_build(Automaton *a, PyObject *keywords)
         a->delta[i] = NONE;
     for (Py_ssize_t i = 0; i < most; i++)
         a->output[i] = a->chain[i] = -1;
-    /* The trie: first the keywords that begin with no space, then the others without their leading spaces (the
-     * root would leave at every space of a text otherwise), unless that rest is a keyword already. */
-    Py_ssize_t states = 1;
-    for (int pass = 0; pass < 2; pass++)
-        for (Py_ssize_t k = 0; k < n; k++) {
-            PyObject *word = PyTuple_GET_ITEM(keywords, k);
-            Py_ssize_t len = PyUnicode_GET_LENGTH(word), lead = 0;
-            while (lead < len - 1 && PyUnicode_READ_CHAR(word, lead) == ' ')
-                lead++;
-            if ((lead > 0) != pass)
-                continue;
-            if (lead > 0 && trie_output(a, word, lead) >= 0)
-                lead = 0;
-            Py_ssize_t s = trie_insert(a, word, lead, &states);
-            a->lengths[k] = len - lead;
-            a->lead[k] = lead;
-            if (a->output[s] < 0)  /* a repeated keyword is found once, as its first copy */
-                a->output[s] = (int32_t)k;
+    /* The trie of each keyword's part from its entry on; the keywords whose parts end at one state are a list
+     * (output, then same).  A repeated keyword is found once, as its first copy. */
+    PyObject *seen = PySet_New(NULL);
+    if (seen == NULL) {
+        PyMem_Free(fail);
+        PyMem_Free(queue);
+        return -1;
+    }
+    Py_ssize_t states = 1, heads = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyObject *word = PyTuple_GET_ITEM(keywords, k);
+        Py_ssize_t entry = a->entry[k];
+        a->lengths[k] = PyUnicode_GET_LENGTH(word) - entry;
+        a->head_at[k] = heads;
+        a->same[k] = -1;
+        for (Py_ssize_t i = 0; i < entry; i++)
+            a->heads[heads++] = PyUnicode_READ_CHAR(word, i);
+        int repeated = PySet_Contains(seen, word);
+        if (repeated == 0 && PySet_Add(seen, word) < 0)
+            repeated = -1;
+        if (repeated < 0) {
+            Py_DECREF(seen);
+            PyMem_Free(fail);
+            PyMem_Free(queue);
+            return -1;
         }
+        if (repeated)
+            continue;
+        Py_ssize_t s = trie_insert(a, word, entry, &states);
+        a->same[k] = a->output[s];
+        a->output[s] = (int32_t)k;
+    }
+    Py_DECREF(seen);
     Py_ssize_t head = 0, tail = 0;  /* breadth first: each state's failure state is done before it */
     for (Py_ssize_t c = 0; c < width; c++) {
         uint16_t *next = &a->delta[c];

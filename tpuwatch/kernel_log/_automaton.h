@@ -26,10 +26,13 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     PyObject *keywords;   /* tuple of str, as given */
-    Py_ssize_t *lengths;  /* each keyword's length in code points in the trie: without its lead */
-    Py_ssize_t *lead;     /* each keyword's leading spaces left out of the trie, looked for before a find */
+    Py_ssize_t *lengths;  /* each keyword's length in code points from its entry on (the part in the trie) */
+    Py_ssize_t *entry;    /* each keyword's entry: the characters before it (its head) are compared before a find */
+    Py_ssize_t *head_at;  /* each keyword's head in heads */
+    Py_UCS4 *heads;       /* the heads, one after another */
+    int32_t *same;        /* per keyword: the next keyword whose part ends at the same state, or -1 */
     uint16_t *delta;      /* states x width: the next state */
-    int32_t *output;      /* per state: the keyword ending there, or -1 */
+    int32_t *output;      /* per state: the first keyword whose part ends there, or -1 */
     int32_t *chain;       /* per state: the next state down its suffix links with an output, or -1 */
     uint8_t *reports;     /* per state: 1 if a keyword ends there or down its suffix links */
     Py_UCS4 *wide;        /* the keywords' code points >= 256, sorted; their classes follow the latin ones */
@@ -40,9 +43,12 @@ typedef struct {
     int ssse3;            /* 1 where this CPU has what scan_ssse3() uses */
 } Automaton;
 
-/* Builds the tables of a for keywords (a tuple of non-empty str): 0, or -1 with an exception set (ValueError when
- * they are too many for one table); the caller frees what was built either way. */
-int tpuwatch_automaton_build(Automaton *a, PyObject *keywords);
+/* Builds the tables of a for keywords (a tuple of non-empty str) entered at entries (NULL, or a tuple of as many
+ * offsets, one in each keyword: the automaton holds each keyword's part from there on and compares the characters
+ * before it where that part is found, so that it leaves its root only at the characters the entries are; any
+ * entries give the same finds): 0, or -1 with an exception set (ValueError when they are too many for one table,
+ * or the entries wrong); the caller frees what was built either way. */
+int tpuwatch_automaton_build(Automaton *a, PyObject *keywords, PyObject *entries);
 
 /* Frees the tables (a stays safe to free again). */
 void tpuwatch_automaton_free(Automaton *a);

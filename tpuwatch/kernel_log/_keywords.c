@@ -28,16 +28,20 @@ compare_finds(const void *x, const void *y)
 static int
 Automaton_init(Automaton *self, PyObject *args, PyObject *kwds)
 {
-    PyObject *keywords;
-    static char *kwlist[] = {"keywords", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!:Automaton", kwlist, &PyTuple_Type, &keywords))
+    PyObject *keywords, *entries = Py_None;
+    static char *kwlist[] = {"keywords", "entries", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!|O:Automaton", kwlist, &PyTuple_Type, &keywords, &entries))
         return -1;
+    if (entries != Py_None && !PyTuple_Check(entries)) {
+        PyErr_SetString(PyExc_TypeError, "entries must be a tuple of int or None");
+        return -1;
+    }
     if (self->delta != NULL) {  /* a scan without the GIL may be reading the tables */
         PyErr_SetString(PyExc_TypeError, "Automaton is already initialised");
         return -1;
     }
     Py_XSETREF(self->keywords, Py_NewRef(keywords));
-    if (tpuwatch_automaton_build(self, keywords) < 0) {
+    if (tpuwatch_automaton_build(self, keywords, entries == Py_None ? NULL : entries) < 0) {
         tpuwatch_automaton_free(self);
         return -1;
     }

@@ -71,9 +71,10 @@ class Prefilter:
         self.hides: dict[str, tuple[str, ...]]
         """The other keywords a find of each keyword may stand for (where it is found, they were not looked for)."""
         self.native = native and Automaton is not None
+        anchor = _anchors(self.keywords)  # keyword -> the offset of its anchor character in it
         if self.native:
-            try:
-                automaton = Automaton(self.keywords)
+            try:  # entered at the anchors: the automaton leaves its root only at their characters
+                automaton = Automaton(self.keywords, tuple(anchor[keyword] for keyword in self.keywords))
                 self.finds, self.search = automaton.finds, automaton.search
             except ValueError as exc:  # keywords too many for its table (16 MiB at most): the regex takes them
                 log.warning("kernel log: the rules' %d keywords (%d characters) are too many for the native keyword "
@@ -83,7 +84,7 @@ class Prefilter:
             else:
                 self.hides = {keyword: () for keyword in self.keywords}  # every occurrence is found
                 return
-        self.anchor = _anchors(self.keywords)  # keyword -> the offset of its anchor character in it
+        self.anchor = anchor
         self._names: dict[str, str] = {}
         ends: list[tuple[str, str]] = []
         by_suffix: dict[str, list[str]] = {}
