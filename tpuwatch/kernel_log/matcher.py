@@ -89,6 +89,14 @@ class StreamMatcher:
         self._can_match = rules.can_match
         self._search = rules.prefilter.search if rules.prefilter is not None else _nothing
         self._index = 0
+        # Per rule, how far back its last event still counts (the longest hold of the rules it supersedes: _emit)
+        # and its faults (its follow's within); _until: the last index at which something remembered does.
+        self._looks_back = [-1] * len(self._rules)
+        for i, rule in enumerate(self._rules):
+            for j in rules.superseded_by[i]:
+                self._looks_back[j] = max(self._looks_back[j], rule.hold)
+        self._within = [rule.follow.within if rule.follow else -1 for rule in self._rules]
+        self._until = -1
         self._context: deque[str] | None = deque(maxlen=rules.max_lines - 1) if rules.max_lines > 1 else None
         self._open: dict[int, deque[_Fault]] = {}
         self._held: list[_Held] = []
@@ -134,10 +142,12 @@ class StreamMatcher:
                 return True
         return False
 
-    def fresh(self) -> bool:
-        """True if a restart now would change nothing but the context: no event since the last restart, and so
-        nothing waits and no fault is open (each of those starts with an event, which ``_emit`` remembers)."""
-        return not self._last
+    def fresh(self, pending: int = 0) -> bool:
+        """True if a restart now, after ``pending`` more records without keywords, would change nothing but the
+        context: no event since the last restart (so nothing waits and no fault is open: each starts with an
+        event, which ``_emit`` remembers), or nothing waits and every event and fault remembered is further back
+        than any rule looks (its ``hold``, its follow's ``within``), so that no later record can meet it."""
+        return not (self._held or self._later) and self._until < self._index + pending
 
     def skip(self, count: int) -> list[Match]:
         """``count`` records that contain no keyword went by: waiting events whose ``hold`` they pass end."""
@@ -218,6 +228,7 @@ class StreamMatcher:
             fault = self._fault(i, found, key, index)
             if fault is not None and RANK[found.severity] <= fault.rank:
                 fault.last = self._latest[fault.rule] = index
+                self._until = max(self._until, index + self._within[fault.rule])
                 absorbed.append((fault.key, fault.rank))
             elif rules[i].follow.alone:  # type: ignore[union-attr]
                 alone.append((i, found))
@@ -246,6 +257,7 @@ class StreamMatcher:
             fault = self._fault(held.rule, line, line.pci or record_key, index) if line is not None else None
             if line is not None and fault is not None and fault.held is held and index - held.index <= rule.hold:
                 fault.last = self._latest[fault.rule] = index
+                self._until = max(self._until, index + self._within[fault.rule])
                 pci = line.pci or (pci_of_key(record_key) if fault.key is None else None)
                 if held.match.pci is None and pci is not None:  # the first line named no device, this one does
                     held.match = replace(held.match, pci=pci)
@@ -266,6 +278,7 @@ class StreamMatcher:
         match = Match(match.rule, match.severity, match.pci, match.xid, match.fields, match.record or record, start)
         fault = _Fault(i, match.pci or record_key, match, index) if rule.follow is not None else None
         self._last[i] = (index, RANK[match.severity], match.pci)
+        self._until = max(self._until, index + self._looks_back[i])
         if rule.hold:
             reported = [(last[1], last[2]) for j in self.rules.superseded_by[i]
                         if (last := self._last.get(j)) is not None and last[0] >= index - rule.hold]
@@ -282,6 +295,7 @@ class StreamMatcher:
         if fault is not None:
             self._open.setdefault(i, deque(maxlen=MAX_OPEN_FAULTS)).append(fault)
             self._latest[i] = index
+            self._until = max(self._until, index + self._within[i])
 
     def _fault(self, i: int, line: Match | None, key: str | None, index: int) -> _Fault | None:
         """The latest open fault of rule ``i`` that ``line`` can belong to."""
@@ -305,6 +319,7 @@ class StreamMatcher:
         self._open.clear()
         self._latest.clear()
         self._last.clear()
+        self._until = -1
         if self._context is not None:
             self._context.clear()
         return out

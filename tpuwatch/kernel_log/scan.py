@@ -125,7 +125,7 @@ class _Scanner:
         for hit, keyword in rules.keyed_hits(text):
             if (followed := follow_only.get(keyword)) is not None and not expects_any(followed):
                 continue  # only follow lines of rules with no fault open: like a line without keywords
-            if keyword in restarts and fresh():
+            if (restart := keyword in restarts) and fresh():
                 continue  # a boot or driver load with nothing to end: like a line without keywords
             tests = checks.get(keyword)
             if hit >= line_end:  # a find on a new line (finds in one line, a flood of them, share this work)
@@ -135,6 +135,8 @@ class _Scanner:
                 refused = set()
             if start < pos or start == last_start:
                 continue
+            if restart and start > pos and fresh(counts(pos, start)[1]):
+                continue  # ... nor once the records before it are counted
             if tests is not None and (keyword in refused or _rejected(text, start, hit, keyword, rules, expects_any)):
                 refused.add(keyword)
                 continue  # no regex matches: like a line without keywords (another keyword may still count)
