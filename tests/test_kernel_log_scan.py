@@ -268,3 +268,43 @@ def test_a_line_flooded_with_keywords_is_looked_at_once_per_keyword(monkeypatch:
     events = list(scan(io.BytesIO(data), load_rules([]), lambda pci: None, ScanStats()))
     assert [e.rule for e in events] == ["soft_lockup"]
     assert len(calls) <= 3 + 2, len(calls)  # each flooded line once, the lockup's line (and its context) once
+
+
+def test_lines_the_regexes_cannot_match_are_refused_unparsed_until_a_keyword_keeps_matching(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search of a raw line for its keyword's regexes (_rejected) spares parsing a near miss and costs a search
+    of every line that matches: once eight finds of a keyword in a row matched, it is tried on every 64th only,
+    and at every find again after it refuses one.  Either way the events are those of feeding every record."""
+    tried: list[str] = []
+    rejected = scan_module._rejected
+
+    def counted(text: str, start: int, hit: int, keyword: str, *rest: object) -> bool:
+        tried.append(keyword)
+        return rejected(text, start, hit, keyword, *rest)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(scan_module, "_rejected", counted)
+    hung = "INFO: task python3:4242 blocked for more than 120 seconds."
+    near = "INFO: task list is empty"  # the keyword, and no regex matches
+    rng = random.Random(4)
+    messages = [hung] * 300 + [near] * 20 + [hung] * 100 + [rng.choice([hung, near]) for _ in range(300)]
+    data = "".join(f"[{n:6d}.000000] {m}\n" for n, m in enumerate(messages)).encode()
+    events = list(scan(io.BytesIO(data), RULES, lambda pci: None, ScanStats()))
+    stream = RULES.stream()
+    fed = [m.index for message in messages for m in stream.feed(scan_module.Record(message))] + [
+        m.index for m in stream.flush()]
+    assert [e.line for e in events] == fed and len(fed) == messages.count(hung)
+    assert set(tried) == {"INFO: task "}
+    # the first 300 matches: 8, then every 64th; the 20 near misses: each; then 8 again, and so on
+    assert 8 + 300 // 64 <= len(tried) <= 8 + 300 // 64 + 1 + 20 + 8 + 100 // 64 + 1 + 300
+    assert len(tried) < len(messages) // 2
+    tried.clear()
+    list(scan(io.BytesIO("".join(f"[{n:6d}.000000] {hung}\n" for n in range(640)).encode()), RULES,
+              lambda pci: None, ScanStats()))
+    assert len(tried) == 8 + 639 // 64  # the first 8 finds (0-7), then finds 64, 128, ..., 576
+    tried.clear()
+    messages = [hung] * 300 + [near] * 100 + [hung] * 100
+    list(scan(io.BytesIO("".join(f"[{n:6d}.000000] {m}\n" for n, m in enumerate(messages)).encode()), RULES,
+              lambda pci: None, ScanStats()))
+    # 300 matches: finds 0-7 and 64, 128, 192, 256 (12); the near misses: the 21st is find 320, refused, and each
+    # after it is tried and refused (80); 100 matches: finds 0-7 and 64 again (9)
+    assert len(tried) == 12 + 80 + 9

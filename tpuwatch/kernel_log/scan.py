@@ -45,6 +45,10 @@ from tpuwatch.kernel_log.rules import Expects, RuleSet
 BLOCK_BYTES = 1 << 20
 MAX_CONTINUATION_LINES = 16
 _LINE_MEMORY = 512
+# _rejected saves parsing and feeding a line its keyword's regexes cannot match, and costs a search of the line that
+# they can: after _TRY_RUN finds of a keyword in a row that it let through, it is tried on every _TRY_EVERY-th
+# find of that keyword only, until it refuses one again.  The events are the same either way.
+_TRY_RUN, _TRY_EVERY = 8, 64
 _CONTINUATION = re.compile(r"\n[ \t]")
 _WHITE = (" ", "\t")  # what a continuation line starts with
 _SYSLOG_ESCAPE = re.compile(r"#0[0-3][0-7]")  # rsyslog writes control characters as #ooo
@@ -97,6 +101,7 @@ class _Scanner:
         self.carry_lines = 0
         self.index = 0  # records the matcher has been given (fed or skipped)
         self.lines_of: dict[int, int] = {}  # record index -> 1-based line, for recent fed records
+        self.passed: dict[str, int] = {}  # keyword -> its finds since _rejected last refused one
         self.block_lines = 0  # lines in the last block
         # The per-character work on each block: in C with the native matcher, else in Python (the same answers).
         native = rules.prefilter is not None and rules.prefilter.native
@@ -137,9 +142,16 @@ class _Scanner:
                 continue
             if restart and start > pos and fresh(counts(pos, start)[1]):
                 continue  # ... nor once the records before it are counted
-            if tests is not None and (keyword in refused or _rejected(text, start, hit, keyword, rules, expects_any)):
-                refused.add(keyword)
-                continue  # no regex matches: like a line without keywords (another keyword may still count)
+            if tests is not None:
+                if keyword in refused:
+                    continue
+                passed = self.passed.get(keyword, 0)
+                if (passed < _TRY_RUN or passed % _TRY_EVERY == 0) and _rejected(text, start, hit, keyword, rules,
+                                                                                    expects_any):
+                    self.passed[keyword] = 0
+                    refused.add(keyword)
+                    continue  # no regex matches: like a line without keywords (another keyword may still count)
+                self.passed[keyword] = passed + 1
             last_start = start
             record, end = _record(text, start)
             before: list[tuple[int, Record]] = []
