@@ -308,3 +308,19 @@ def test_lines_the_regexes_cannot_match_are_refused_unparsed_until_a_keyword_kee
     # 300 matches: finds 0-7 and 64, 128, 192, 256 (12); the near misses: the 21st is find 320, refused, and each
     # after it is tried and refused (80); 100 matches: finds 0-7 and 64 again (9)
     assert len(tried) == 12 + 80 + 9
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_kmsg_record_read_from_a_block_is_the_one_parse_kmsg_gives(seed: int) -> None:
+    """logscan reads a kmsg record's message and device from its lines as parse_kmsg does (which cuts the record at
+    64 KiB: a DEVICE= line past that is not read), escapes and all."""
+    rng = random.Random(seed)
+    for _ in range(50):
+        fill = "x" * rng.choice([0, 10, 30_000, 65_000])
+        head = f"{rng.randint(0, 7)},{rng.randint(0, 10**6)},{rng.randint(0, 10**9)},-;NVRM: Xid \\x0a{fill}"
+        extra = [" SUBSYSTEM=pci"] + [" X=" + "y" * rng.choice([0, 20_000, 40_000]) for _ in range(rng.randint(0, 3))]
+        extra.insert(rng.randint(0, len(extra)), " DEVICE=+pci:0000:3b:00.0")
+        text = "\n".join([head, *extra]) + "\n[    1.000000] next\n"
+        record, end = scan_module._record(text, 0)
+        parsed = scan_module.parse_kmsg("\n".join([head, *extra]))
+        assert parsed is not None and record == parsed.record and text[end:].startswith("[    1.000000]")

@@ -154,9 +154,14 @@ def parse_kmsg(raw: str) -> KmsgRecord | None:
     match = KMSG_HEAD_RE.match(head)
     if match is None:
         return None
+    return KmsgRecord(int(match[2]), int(match[1]) & 7, kmsg_record(head, match, rest.split("\n")), int(match[3]))
+
+
+def kmsg_record(head: str, match: re.Match[str], continuation_lines: list[str]) -> Record:
+    """The record of a /dev/kmsg header line that ``KMSG_HEAD_RE`` matched (``match``) and its continuation
+    lines (``parse_kmsg`` without the sequence number, priority and time)."""
     message = unescape_kmsg(head[match.end():match.end() + 4 * MAX_MESSAGE_CHARS])[:MAX_MESSAGE_CHARS]
-    return KmsgRecord(int(match[2]), int(match[1]) & 7, Record(message, kmsg_device(rest.split("\n"))),
-                      int(match[3]))
+    return Record(message, kmsg_device(continuation_lines))
 
 
 def kmsg_device(continuation_lines: list[str]) -> str | None:

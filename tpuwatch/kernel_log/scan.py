@@ -36,6 +36,7 @@ from tpuwatch.kernel_log.records import (
     Record,
     as_text,
     is_text,
+    kmsg_record,
     parse_kmsg,
     parse_line,
 )
@@ -277,7 +278,10 @@ def _record(text: str, start: int) -> tuple[Record, int]:
         extra.append(text[end + 1:following])
         end = following
     end = min(end + 1, len(text))
-    if KMSG_HEAD_RE.match(head):
+    kmsg = KMSG_HEAD_RE.match(head)
+    if kmsg is not None:
+        if len(head) + sum(map(len, extra)) + len(extra) <= MAX_LINE_BYTES:  # as parse_kmsg, which cuts there
+            return kmsg_record(head, kmsg, extra), end
         parsed = parse_kmsg("\n".join([head, *extra]))
         if parsed is not None:
             return parsed.record, end
