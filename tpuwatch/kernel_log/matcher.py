@@ -236,7 +236,7 @@ class StreamMatcher:
                    if not _covered(m.pci or record_key, RANK[m.severity], absorbed)]
         options += [(RANK[m.severity], True, -i, i, m) for i, m in alone]
         if options:
-            _, _, _, i, chosen = max(options, key=lambda o: o[:3])
+            _, _, _, i, chosen = options[0] if len(options) == 1 else max(options, key=lambda o: o[:3])
             self._emit(i, chosen, record, record_key, index, out)
         return out
 
@@ -293,7 +293,10 @@ class StreamMatcher:
         else:
             out.append(match)
         if fault is not None:
-            self._open.setdefault(i, deque(maxlen=MAX_OPEN_FAULTS)).append(fault)
+            faults = self._open.get(i)
+            if faults is None:
+                faults = self._open[i] = deque(maxlen=MAX_OPEN_FAULTS)
+            faults.append(fault)
             self._latest[i] = index
             self._until = max(self._until, index + self._within[i])
 
