@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -141,6 +144,34 @@ def test_the_native_matcher_skips_sixteen_characters_at_a_time_exactly(seed: int
             text = "".join(rng.choice(latin) for _ in range(offset)) + keyword
             text = (text + "".join(rng.choice(latin) for _ in range(64)))[:max(length, offset + len(keyword))]
             assert automaton.finds(text) == sorted((at, k) for k in keywords for at in _occurrences(text, k))
+
+
+_SCALAR_FUZZ = """
+import random, sys
+from tpuwatch.kernel_log._keywords import Automaton
+assert not Automaton(("x",)).vector
+rng = random.Random(int(sys.argv[1]))
+latin = [chr(c) for c in range(1, 256)]
+for _ in range(300):
+    alphabet = rng.sample(latin, rng.choice((3, 8, 40)))
+    keywords = tuple(sorted({"".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4))) for _ in range(8)}))
+    automaton = Automaton(keywords, tuple(rng.randrange(len(k)) for k in keywords))
+    text = "".join(rng.choice(alphabet if rng.random() < 0.4 else latin) for _ in range(rng.randint(0, 200)))
+    expected = sorted((at, k) for k in keywords for at in range(len(text)) if text.startswith(k, at))
+    assert automaton.finds(text) == expected, (keywords, text)
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not BUILT, reason="not built")
+def test_the_one_character_at_a_time_skip_finds_the_same_and_the_environment_can_choose_it() -> None:
+    """Where the CPU cannot skip 16 characters at a time (arm64, an x86-64 without SSSE3), or TPUWATCH_KEYWORDS_SCALAR
+    is set, 1-byte texts are skipped one character at a time, with the same finds."""
+    assert prefilter_module.Automaton(("x",)).vector is (platform.machine() in ("x86_64", "AMD64"))
+    for seed in (1, 2):
+        done = subprocess.run([sys.executable, "-c", _SCALAR_FUZZ, str(seed)], capture_output=True, text=True,
+                              env={**os.environ, "TPUWATCH_KEYWORDS_SCALAR": "1"}, timeout=120, check=False)
+        assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
 @pytest.mark.skipif(not BUILT, reason="not built")

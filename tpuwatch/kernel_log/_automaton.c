@@ -262,7 +262,7 @@ build_nibbles(Automaton *a)
             a->nibbles[1][c / 16] |= (uint8_t)(1u << bit[c / 16]);
         }
 #ifdef SCAN_SSSE3
-    a->ssse3 = __builtin_cpu_supports("ssse3");
+    a->ssse3 = __builtin_cpu_supports("ssse3") && getenv("TPUWATCH_KEYWORDS_SCALAR") == NULL;
 #endif
 }
 

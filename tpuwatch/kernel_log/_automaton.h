@@ -40,7 +40,7 @@ typedef struct {
     uint16_t latin[256];  /* class of each code point < 256; 0: in no keyword */
     uint8_t starts[256];  /* 1 if a code point < 256 leaves the root */
     uint8_t nibbles[2][16]; /* the same, by nibble: c may leave it if nibbles[0][c & 15] & nibbles[1][c >> 4] */
-    int ssse3;            /* 1 where this CPU has what scan_ssse3() uses */
+    int ssse3;            /* 1 to use scan_ssse3(): this CPU has SSSE3, and TPUWATCH_KEYWORDS_SCALAR is not set */
 } Automaton;
 
 /* Builds the tables of a for keywords (a tuple of non-empty str) entered at entries (NULL, or a tuple of as many

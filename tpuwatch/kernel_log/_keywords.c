@@ -152,8 +152,18 @@ static PyMethodDef Automaton_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+static PyObject *
+Automaton_get_vector(Automaton *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong(self->ssse3);
+}
+
 static PyGetSetDef Automaton_getset[] = {
     {"states", (getter)Automaton_get_states, NULL, "The automaton's states (its table has this many rows).", NULL},
+    {"vector", (getter)Automaton_get_vector, NULL,
+     "True if 1-byte texts are skipped 16 characters at a time (x86-64 with SSSE3, unless the environment has "
+     "TPUWATCH_KEYWORDS_SCALAR), else one at a time.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -5,6 +5,7 @@ class Automaton:
 
     keywords: tuple[str, ...]
     states: int
+    vector: bool
 
     def __init__(self, keywords: tuple[str, ...], entries: tuple[int, ...] | None = None) -> None:
         """``entries``: where the automaton enters each keyword (default 0); any entries give the same finds, and
