@@ -293,10 +293,7 @@ def test_lines_the_regexes_cannot_match_are_refused_unparsed_until_a_keyword_kee
     fed = [m.index for message in messages for m in stream.feed(scan_module.Record(message))] + [
         m.index for m in stream.flush()]
     assert [e.line for e in events] == fed and len(fed) == messages.count(hung)
-    assert set(tried) == {"INFO: task "}
-    # the first 300 matches: 8, then every 64th; the 20 near misses: each; then 8 again, and so on
-    assert 8 + 300 // 64 <= len(tried) <= 8 + 300 // 64 + 1 + 20 + 8 + 100 // 64 + 1 + 300
-    assert len(tried) < len(messages) // 2
+    assert set(tried) == {"INFO: task "} and len(tried) < len(messages) // 2  # most matches are not searched twice
     tried.clear()
     list(scan(io.BytesIO("".join(f"[{n:6d}.000000] {hung}\n" for n in range(640)).encode()), RULES,
               lambda pci: None, ScanStats()))

@@ -280,6 +280,41 @@ trie_insert(Automaton *a, PyObject *word, Py_ssize_t skip, Py_ssize_t *states)
     return s;
 }
 
+/* The trie of each keyword's part from its entry on (states counts them); the keywords whose parts end at one state
+ * are a list (output, then same).  A repeated keyword is found once, as its first copy.  0, or -1 with an exception
+ * set. */
+static int
+fill_trie(Automaton *a, PyObject *keywords, Py_ssize_t *states)
+{
+    PyObject *seen = PySet_New(NULL);
+    if (seen == NULL)
+        return -1;
+    Py_ssize_t heads_used = 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keywords); k++) {
+        PyObject *word = PyTuple_GET_ITEM(keywords, k);
+        Py_ssize_t entry = a->entry[k];
+        a->lengths[k] = PyUnicode_GET_LENGTH(word) - entry;
+        a->head_at[k] = heads_used;
+        a->same[k] = -1;
+        for (Py_ssize_t i = 0; i < entry; i++)
+            a->heads[heads_used++] = PyUnicode_READ_CHAR(word, i);
+        int repeated = PySet_Contains(seen, word);
+        if (repeated == 0 && PySet_Add(seen, word) < 0)
+            repeated = -1;
+        if (repeated < 0) {
+            Py_DECREF(seen);
+            return -1;
+        }
+        if (repeated)
+            continue;
+        Py_ssize_t s = trie_insert(a, word, entry, states);
+        a->same[k] = a->output[s];
+        a->output[s] = (int32_t)k;
+    }
+    Py_DECREF(seen);
+    return 0;
+}
+
 int
 tpuwatch_automaton_build(Automaton *a, PyObject *keywords, PyObject *entries)
 {
@@ -329,11 +364,7 @@ tpuwatch_automaton_build(Automaton *a, PyObject *keywords, PyObject *entries)
     a->output = PyMem_Malloc((size_t)most * sizeof(int32_t));
     a->chain = PyMem_Malloc((size_t)most * sizeof(int32_t));
     a->reports = PyMem_Malloc((size_t)most);
-    int32_t *fail = PyMem_Malloc((size_t)most * sizeof(int32_t));
-    int32_t *queue = PyMem_Malloc((size_t)most * sizeof(int32_t));
-    if (!a->lengths || !a->head_at || !a->same || !a->heads || !a->delta || !a->output || !a->chain || !a->reports || !fail || !queue) {
-        PyMem_Free(fail);
-        PyMem_Free(queue);
+    if (!a->lengths || !a->head_at || !a->same || !a->heads || !a->delta || !a->output || !a->chain || !a->reports) {
         PyErr_NoMemory();
         return -1;
     }
@@ -341,39 +372,17 @@ tpuwatch_automaton_build(Automaton *a, PyObject *keywords, PyObject *entries)
         a->delta[i] = NONE;
     for (Py_ssize_t i = 0; i < most; i++)
         a->output[i] = a->chain[i] = -1;
-    /* The trie of each keyword's part from its entry on; the keywords whose parts end at one state are a list
-     * (output, then same).  A repeated keyword is found once, as its first copy. */
-    PyObject *seen = PySet_New(NULL);
-    if (seen == NULL) {
+    Py_ssize_t states = 1;
+    if (fill_trie(a, keywords, &states) < 0)
+        return -1;
+    int32_t *fail = PyMem_Malloc((size_t)most * sizeof(int32_t));
+    int32_t *queue = PyMem_Malloc((size_t)most * sizeof(int32_t));
+    if (!fail || !queue) {
         PyMem_Free(fail);
         PyMem_Free(queue);
+        PyErr_NoMemory();
         return -1;
     }
-    Py_ssize_t states = 1, heads = 0;
-    for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *word = PyTuple_GET_ITEM(keywords, k);
-        Py_ssize_t entry = a->entry[k];
-        a->lengths[k] = PyUnicode_GET_LENGTH(word) - entry;
-        a->head_at[k] = heads;
-        a->same[k] = -1;
-        for (Py_ssize_t i = 0; i < entry; i++)
-            a->heads[heads++] = PyUnicode_READ_CHAR(word, i);
-        int repeated = PySet_Contains(seen, word);
-        if (repeated == 0 && PySet_Add(seen, word) < 0)
-            repeated = -1;
-        if (repeated < 0) {
-            Py_DECREF(seen);
-            PyMem_Free(fail);
-            PyMem_Free(queue);
-            return -1;
-        }
-        if (repeated)
-            continue;
-        Py_ssize_t s = trie_insert(a, word, entry, &states);
-        a->same[k] = a->output[s];
-        a->output[s] = (int32_t)k;
-    }
-    Py_DECREF(seen);
     Py_ssize_t head = 0, tail = 0;  /* breadth first: each state's failure state is done before it */
     for (Py_ssize_t c = 0; c < width; c++) {
         uint16_t *next = &a->delta[c];

@@ -138,7 +138,7 @@ class StreamMatcher:
         if latest.keys().isdisjoint(rules):
             return False
         for rule in rules:
-            if rule in latest and self._index - latest[rule] <= self._rules[rule].follow.within:  # type: ignore[union-attr]
+            if rule in latest and self._index - latest[rule] <= self._within[rule]:
                 return True
         return False
 
@@ -227,8 +227,8 @@ class StreamMatcher:
             key = found.pci or record_key
             fault = self._fault(i, found, key, index)
             if fault is not None and RANK[found.severity] <= fault.rank:
-                fault.last = self._latest[fault.rule] = index
-                self._until = max(self._until, index + self._within[fault.rule])
+                fault.last = index
+                self._fault_took(fault.rule, index)
                 absorbed.append((fault.key, fault.rank))
             elif rules[i].follow.alone:  # type: ignore[union-attr]
                 alone.append((i, found))
@@ -256,8 +256,8 @@ class StreamMatcher:
             line = next((m for i, m in follows if i == held.rule), None)
             fault = self._fault(held.rule, line, line.pci or record_key, index) if line is not None else None
             if line is not None and fault is not None and fault.held is held and index - held.index <= rule.hold:
-                fault.last = self._latest[fault.rule] = index
-                self._until = max(self._until, index + self._within[fault.rule])
+                fault.last = index
+                self._fault_took(fault.rule, index)
                 pci = line.pci or (pci_of_key(record_key) if fault.key is None else None)
                 if held.match.pci is None and pci is not None:  # the first line named no device, this one does
                     held.match = replace(held.match, pci=pci)
@@ -297,8 +297,12 @@ class StreamMatcher:
             if faults is None:
                 faults = self._open[i] = deque(maxlen=MAX_OPEN_FAULTS)
             faults.append(fault)
-            self._latest[i] = index
-            self._until = max(self._until, index + self._within[i])
+            self._fault_took(i, index)
+
+    def _fault_took(self, rule: int, index: int) -> None:
+        """A fault of ``rule`` took record ``index``: its follow lines count for ``within`` records more."""
+        self._latest[rule] = index
+        self._until = max(self._until, index + self._within[rule])
 
     def _fault(self, i: int, line: Match | None, key: str | None, index: int) -> _Fault | None:
         """The latest open fault of rule ``i`` that ``line`` can belong to."""

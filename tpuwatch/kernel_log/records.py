@@ -81,8 +81,6 @@ _OTHER_PROGRAM_RE = re.compile(
     rf"|{_MONOTONIC} [^\s:](?:\S*[^\s:])? (?!{_KERNEL_TAG}){_IDENT}\[\d{{1,10}}\]): ")
 
 
-
-
 def _maybe_other_program(line: str) -> bool:
     """False where ``_OTHER_PROGRAM_RE`` cannot match, cheaply: a line that starts with "[" (dmesg's, nearly every
     line) can only be journalctl's short-monotonic "[  5.1] host job[42]: ", so it needs "]: "."""
