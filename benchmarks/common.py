@@ -7,8 +7,6 @@ import functools
 import os
 import platform
 import re
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -22,21 +20,15 @@ def checkout_env(base: dict[str, str] | None = None) -> dict[str, str]:
     """``base`` (default: this environment) for a Python child that runs this checkout's tpuwatch as an installed
     one runs: first on its path, its bytecode compiled beforehand into the checkout's __pycache__ directories, as
     pip and Debian compile it at install (a child compiling at import instead spends time and resident memory on
-    it; with PYTHONDONTWRITEBYTECODE it would do so at every start), and its native keyword matcher built in place
-    as pip builds it."""
+    it; with PYTHONDONTWRITEBYTECODE it would do so at every start)."""
     _compile_checkout()
     return {**(os.environ if base is None else base), "PYTHONPATH": str(REPO_ROOT)}
 
 
 @functools.cache
 def _compile_checkout() -> None:
-    """Compile tpuwatch's bytecode and build its native matcher, once per benchmark process."""
+    """Compile tpuwatch's bytecode, once per benchmark process."""
     compileall.compile_dir(str(REPO_ROOT / "tpuwatch"), quiet=1)
-    built = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=REPO_ROOT,
-                           capture_output=True, text=True)
-    if built.returncode != 0:
-        print("benchmarks: the native keyword matcher could not be built (a C compiler and Python's headers, and "
-              "setuptools>=77, are needed): measuring the pure-Python one\n" + built.stderr[-2000:], file=sys.stderr)
 
 
 def write_section(topic: str, markdown: str, path: Path = BENCHMARKS_MD) -> None:

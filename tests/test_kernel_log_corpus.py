@@ -14,12 +14,10 @@ import pytest
 import yaml
 from test_kernel_log_resilience import journal_entry, write_journal
 
-from tpuwatch.kernel_log import prefilter as prefilter_module
 from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver, prefix_device
 from tpuwatch.kernel_log.events import make_event
 from tpuwatch.kernel_log.records import Record, parse_kmsg, parse_line
 from tpuwatch.kernel_log.rulefile import load_rules
-from tpuwatch.kernel_log.rules import RuleSet
 from tpuwatch.kernel_log.scan import ScanStats, scan
 
 from conftest import require_tool
@@ -223,33 +221,6 @@ def test_the_collectors_records_give_the_same_events(snippet: dict[str, Any], at
         found += [make_event(m, record, attribution) for m in stream.feed(record)]
     found += [make_event(m, Record(""), attribution) for m in stream.flush()]
     assert [(e.rule, e.severity, e.pci, e.xid) for e in found] == [x[1:] for x in _expected(snippet)]
-
-
-@pytest.mark.skipif(prefilter_module.Automaton is None, reason="the native matcher is not built")
-@pytest.mark.parametrize("form", ["dmesg", "syslog", "kmsg", "journal"])
-def test_the_native_and_the_regex_prefilter_give_the_same_events(form: str, attribution: Attribution,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """The whole corpus as one log, scanned and fed record by record, with each prefilter implementation."""
-    records = [record for snippet in SNIPPETS for record in _records(snippet)]
-    _skip_unless_kmsg_decodes(records, form)
-    data, _ = _render(records, form)
-
-    def events(rules: RuleSet) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-        scanned = [(e.line, e.rule, e.severity, e.pci, e.xid) for e in
-                   scan(io.BytesIO(data), rules, attribution, ScanStats())]
-        stream, fed = rules.stream(), []
-        for message in records:
-            fed += [(m.rule, m.severity, m.pci, m.xid) for m in stream.feed(Record(message))]
-        fed += [(m.rule, m.severity, m.pci, m.xid) for m in stream.flush()]
-        return scanned, fed
-
-    native = events(RULES)
-    assert RULES.prefilter is not None and RULES.prefilter.native
-    monkeypatch.setattr(prefilter_module, "Automaton", None)
-    regex_rules = load_rules([])
-    assert regex_rules.prefilter is not None and not regex_rules.prefilter.native
-    assert events(regex_rules) == native
-    assert len(native[0]) > 200 and len(native[1]) > 200
 
 
 def test_the_corpus_is_large_real_and_varied() -> None:

@@ -16,8 +16,7 @@ from tpuwatch.kernel_log import logscan
 from tpuwatch.kernel_log import scan as scan_module
 from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver
 from tpuwatch.kernel_log.events import KernelEvent
-from tpuwatch.kernel_log.prefilter import native_is_text, native_lines
-from tpuwatch.kernel_log.records import MAX_LINE_BYTES, is_text
+from tpuwatch.kernel_log.records import MAX_LINE_BYTES
 from tpuwatch.kernel_log.rulefile import load_rules
 from tpuwatch.kernel_log.scan import ScanStats, scan
 
@@ -109,40 +108,6 @@ def test_nul_runs_a_crash_left_in_the_file_hide_no_line() -> None:
     xid = b"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
     events, stats = _scan(b"e1000e: eno1 NIC Link is Up\n" + b"\0" * (2 << 20) + xid + xid)
     assert [e.line for e in events] == [2, 3] and stats.skipped == 0
-
-
-@pytest.mark.skipif(native_lines is None, reason="native matcher not built")
-@pytest.mark.parametrize("seed", range(12))
-def test_line_and_record_counts_are_the_same_in_c_and_in_python(seed: int) -> None:
-    """The native counts of newlines and records (a line that starts with white space continues the one above)
-    equal the pure-Python ones, for texts of every string width, on every slice, out-of-range bounds included."""
-    rng = random.Random(seed)
-    alphabet = ["\n", "\n", " ", "\t", "a", "x", "\xe9", "\u20ac", "\U0001f600"][:rng.choice([6, 7, 8, 9])]
-    for _ in range(40):
-        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40)))
-        native, python = scan_module._native_counter(text), scan_module._python_counter(text)
-        for _ in range(20):
-            start, end = rng.randrange(-2, len(text) + 3), rng.randrange(-2, len(text) + 3)
-            if 0 <= start <= len(text) and end <= len(text):
-                assert native(start, end) == python(start, end), (text, start, end)
-    assert native_lines("a\n b\n\tc\nd\n") == (4, 2) and native_lines("a\n b\nc", 2, 6) == (1, 2)
-
-
-@pytest.mark.skipif(native_is_text is None, reason="native matcher not built")
-def test_the_control_byte_check_is_the_same_in_c_and_in_python() -> None:
-    rng = random.Random(3)
-    special = [0, 9, 10, 13, 0x1B, 0x1F, 0x20, 0x7E, 0x7F, 0x80, 0xFF]
-    for _ in range(20_000):
-        data = bytes(rng.choice(special) if rng.random() < 0.1 else rng.randrange(0x20, 0x7F)
-                     for _ in range(rng.randrange(0, 30)))
-        assert native_is_text(data) is is_text(data), data
-    assert native_is_text(b"text\tline\r\n" * 1000) and not native_is_text(b"x" * 1001 + b"\x7f")
-    # C looks at 64 bytes at a time, in vectors of 16: every byte value, in every lane, in and after the vectors.
-    clean = bytes(rng.randrange(0x20, 0x7F) for _ in range(200)).replace(b"e", b"\n")
-    for value in range(256):
-        for at in (*range(0, 64), *range(64, 200, 7)):
-            data = clean[:at] + bytes([value]) + clean[at + 1:rng.choice([at + 1, 150, 200])]
-            assert native_is_text(data) is is_text(data), (value, at, len(data))
 
 
 def test_line_numbers_and_counts_do_not_depend_on_where_blocks_end(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,7 +34,6 @@ from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.config import Config
 from tpuwatch.devices import sim
 from tpuwatch.devices.base import DeviceReading, reading_samples
-from tpuwatch.kernel_log.prefilter import KEYWORD_MATCHER
 from tpuwatch.registry import ACTIONS, Action, Sources, build_canary, build_sources
 from tpuwatch.sampler import Sampler, Stage
 from tpuwatch.samples import Sample, sample
@@ -62,8 +61,7 @@ class SelfMetrics:
 
     def collect(self) -> list[Sample]:
         """The build and every source's samples."""
-        out = [sample("tpuwatch_build_info", 1, version=__version__, python=platform.python_version(),
-                      keyword_matcher=KEYWORD_MATCHER)]
+        out = [sample("tpuwatch_build_info", 1, version=__version__, python=platform.python_version())]
         for source in self.sources:
             out.extend(source())
         return out

@@ -203,7 +203,7 @@ _SPECS = [
     MetricSpec("tpuwatch_config_last_reload_success_timestamp_seconds", "gauge",
                "Unix time of the last successful config (re)load."),
     MetricSpec("tpuwatch_build_info", "gauge", "tpuwatch build; value is always 1.",
-               ("version", "python", "keyword_matcher")),
+               ("version", "python")),
     # --- HTTP endpoint ---
     MetricSpec("tpuwatch_http_connections_closed_total", "counter",
                "Connections and requests the endpoint refused, evicted, timed out or answered with an error, "

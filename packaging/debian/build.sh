@@ -1,7 +1,7 @@
 #!/bin/sh
-# Build tpuwatch_VERSION_ARCH.deb from this checkout, offline, into OUTDIR
+# Build tpuwatch_VERSION_all.deb from this checkout, offline, into OUTDIR
 # (default: dist/ at the repository root); prints the .deb's path.
-# Needs: apt-get install debhelper dh-python python3-all python3-dev gcc dpkg-dev
+# Needs: apt-get install debhelper dh-python python3-all dpkg-dev
 set -eu
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -17,7 +17,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 src="$work/tpuwatch-$version"
 mkdir "$src"
-tar -C "$root" --exclude=__pycache__ --exclude='*.so' -c tpuwatch packaging/config.example.yaml docs | tar -C "$src" -x
+tar -C "$root" --exclude=__pycache__ -c tpuwatch packaging/config.example.yaml docs | tar -C "$src" -x
 tar -C "$root/packaging" --exclude=build.sh -c debian | tar -C "$src" -x
 for name in service sysusers tmpfiles; do
 	cp "$root/systemd/tpuwatch.$name" "$src/debian/tpuwatch.$name"
@@ -27,6 +27,6 @@ done
 	exit 1
 }
 mkdir -p "$out"
-deb="tpuwatch_${version}_$(dpkg-architecture -qDEB_HOST_ARCH).deb"
+deb="tpuwatch_${version}_all.deb"
 mv "$work/$deb" "$out/"
 echo "$out/$deb"

@@ -1,9 +1,5 @@
-"""Where rule keywords are in a text: every keyword found in one pass.
+"""Where rule keywords are in a text: every keyword found in one pass of one compiled regex.
 
-Two implementations find the same keywords.  The native one (``_keywords.c``,
-built by setup.py when a C compiler is at hand) is an Aho-Corasick automaton:
-one table step per character, every occurrence of every keyword reported.  The
-pure-Python one, used when the native one is not built, is one compiled regex.
 Python's ``re`` steps through a text one character at a time and starts a
 match attempt wherever a character can begin a keyword; kernel logs are full of
 the capitals most keywords begin with (CPU, PCI, ACPI), so the regex enters
@@ -18,24 +14,9 @@ which other keywords it may then stand for.
 
 from __future__ import annotations
 
-import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from operator import itemgetter
-
-# The one import of the native module: its automaton here, and its block helpers (line counts, the control-byte
-# check) for scan.py, which uses them where a Prefilter is native.
-try:
-    from tpuwatch.kernel_log._keywords import Automaton
-    from tpuwatch.kernel_log._keywords import is_text as native_is_text
-    from tpuwatch.kernel_log._keywords import lines as native_lines
-except ImportError:  # not built (no C compiler at install): the regex below finds the same keywords
-    Automaton = None  # type: ignore[assignment,misc]
-    native_is_text = native_lines = None  # type: ignore[assignment]
-
-KEYWORD_MATCHER = "regex" if Automaton is None else "native"  # what a Prefilter uses by default
-
-log = logging.getLogger(__name__)
 
 # How often each printable ASCII character occurs in everyday kernel log lines, per 100,000 characters: counted
 # over the lines of the real logs in tests/testdata/kernel_log/corpus.yaml that give no event.  A character not
@@ -59,32 +40,11 @@ def _weight(char: str) -> float:
 
 
 class Prefilter:
-    """One search for ``keywords`` (see the module docstring); ``native=False`` takes the regex even where the
-    native matcher is built."""
+    """One search for ``keywords`` (see the module docstring)."""
 
-    def __init__(self, keywords: Iterable[str], native: bool = True) -> None:
+    def __init__(self, keywords: Iterable[str]) -> None:
         self.keywords = tuple(sorted(set(keywords)))
-        self.finds: Callable[[str], list[tuple[int, str]]]
-        """Each keyword found in a text, as (offset, keyword), sorted."""
-        self.search: Callable[[str], object]
-        """Truthy when a keyword is in a text: one call into C, the quick answer for the many texts that hold none."""
-        self.hides: dict[str, tuple[str, ...]]
-        """The other keywords a find of each keyword may stand for (where it is found, they were not looked for)."""
-        self.native = native and Automaton is not None
-        anchor = _anchors(self.keywords)  # keyword -> the offset of its anchor character in it
-        if self.native:
-            try:  # entered at the anchors: the automaton leaves its root only at their characters
-                automaton = Automaton(self.keywords, tuple(anchor[keyword] for keyword in self.keywords))
-                self.finds, self.search = automaton.finds, automaton.search
-            except ValueError as exc:  # keywords too many for its table (16 MiB at most): the regex takes them
-                log.warning("kernel log: the rules' %d keywords (%d characters) are too many for the native keyword "
-                            "matcher (%s): the pure-Python one finds the same lines, several times slower",
-                            len(self.keywords), sum(map(len, self.keywords)), exc)
-                self.native = False
-            else:
-                self.hides = {keyword: () for keyword in self.keywords}  # every occurrence is found
-                return
-        self.anchor = anchor
+        self.anchor = _anchors(self.keywords)  # keyword -> the offset of its anchor character in it
         self._names: dict[str, str] = {}
         ends: list[tuple[str, str]] = []
         by_suffix: dict[str, list[str]] = {}
@@ -103,10 +63,13 @@ class Prefilter:
             by_first.setdefault(suffix[0], []).append((suffix[1:], end))
         self.regex = re.compile("|".join(f"{re.escape(first)}(?={_trie(rest)})"
                                          for first, rest in sorted(by_first.items())) or "(?!)")
-        self.finds, self.search = self._regex_finds, self.regex.search
+        self.search = self.regex.search
+        """Truthy when a keyword is in a text: the quick answer for the many texts that hold none."""
         self.hides = {keyword: _hidden(keyword, by_suffix, self.anchor) for keyword in self.keywords}
+        """The other keywords a find of each keyword may stand for (where it is found, they were not looked for)."""
 
-    def _regex_finds(self, text: str) -> list[tuple[int, str]]:
+    def finds(self, text: str) -> list[tuple[int, str]]:
+        """Each keyword found in ``text``, as (offset, keyword), sorted (one per anchor: see ``hides``)."""
         names, anchor = self._names, self.anchor
         return sorted((m.start() - anchor[keyword], keyword) for m in self.regex.finditer(text)
                       if (keyword := names[m.lastgroup]))  # type: ignore[index]

@@ -20,14 +20,12 @@ from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import partial
 from itertools import chain, islice
 from typing import BinaryIO
 
 from tpuwatch.kernel_log.attribution import Attribution, as_attribution
 from tpuwatch.kernel_log.events import KernelEvent, make_event
 from tpuwatch.kernel_log.matcher import StreamMatcher
-from tpuwatch.kernel_log.prefilter import native_is_text, native_lines
 from tpuwatch.kernel_log.records import (
     JSON_STREAM_HEADS,
     KMSG_HEAD_RE,
@@ -104,10 +102,8 @@ class _Scanner:
         self.lines_of: dict[int, int] = {}  # record index -> 1-based line, for recent fed records
         self.passed: dict[str, int] = {}  # keyword -> its finds since _rejected last refused one
         self.block_lines = 0  # lines in the last block
-        # The per-character work on each block: in C with the native matcher, else in Python (the same answers).
-        native = rules.prefilter is not None and rules.prefilter.native
-        self.is_text = native_is_text if native and native_is_text is not None else is_text
-        self.line_counter = _native_counter if native else _python_counter
+        self.is_text = is_text
+        self.line_counter = _python_counter
 
     def drop_line(self) -> list[KernelEvent]:
         """A line dropped unread (over 64 KiB): no record, but it counts for line numbers and ends the context."""
@@ -235,15 +231,9 @@ def _rejected(text: str, start: int, hit: int, keyword: str, rules: RuleSet, exp
     return not rules.line_may_match(keyword, raw, expects)
 
 
-def _native_counter(text: str) -> Callable[[int, int], tuple[int, int]]:
-    """``counts(start, end)``: the newlines in ``text[start:end]`` and the records whose head lines begin there
-    (``start`` begins one; a line that starts with white space continues the record above it), in one pass in C."""
-    assert native_lines is not None  # a native Prefilter means the native module is built
-    return partial(native_lines, text)
-
-
 def _python_counter(text: str) -> Callable[[int, int], tuple[int, int]]:
-    """``_native_counter`` in Python: ``str.count``, and a search for the continuation lines of the whole text."""
+    """``counts(start, end)``: the newlines in ``text[start:end]`` and the records whose head lines begin there
+    (``start`` begins one; a line that starts with white space continues the record above it)."""
     continuations = [m.start() for m in _CONTINUATION.finditer(text)]  # the newlines that begin continuation lines
 
     def counts(start: int, end: int) -> tuple[int, int]:
