@@ -3,10 +3,11 @@ one event per fault, PCI attribution and Xid, as logscan sees the file and as th
 
 from __future__ import annotations
 
-import io
 import json
+import random
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,14 +16,20 @@ import yaml
 from test_kernel_log_resilience import journal_entry, write_journal
 
 from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver, prefix_device
-from tpuwatch.kernel_log.events import make_event
-from tpuwatch.kernel_log.records import Record, parse_kmsg, parse_line
+from tpuwatch.kernel_log.collector import KernelLogCollector
+from tpuwatch.kernel_log.events import KernelEvent, make_event
+from tpuwatch.kernel_log.filesource import FileSource
+from tpuwatch.kernel_log.matcher import StreamMatcher
+from tpuwatch.kernel_log.records import Record, Splitter, parse_kmsg, parse_line
 from tpuwatch.kernel_log.rulefile import load_rules
-from tpuwatch.kernel_log.scan import ScanStats, scan
 
 from conftest import require_tool
+from kernellog import scan
 
 DATA = Path(__file__).parent / "testdata" / "kernel_log"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from kernel_log import generate  # noqa: E402  # the benchmark logs' generator
+
 SNIPPETS: list[dict[str, Any]] = yaml.safe_load((DATA / "corpus.yaml").read_text())["snippets"]
 RULES = load_rules([])
 FORMS = ["dmesg", "dmesg_T", "dmesg_H", "syslog", "short_full", "short_monotonic", "short_unix", "kmsg", "journal"]
@@ -173,7 +180,7 @@ def test_logscan_finds_each_fault_once_in_every_form(snippet: dict[str, Any], fo
     records = _records(snippet)
     _skip_unless_kmsg_decodes(records, form)
     data, starts = _render(records, form)
-    events = list(scan(io.BytesIO(data), RULES, attribution, ScanStats()))
+    events = scan(data, RULES, attribution).events
     found = [(starts.index(e.line) + 1 if e.line in starts else -(e.line or 0), e.rule, e.severity, e.pci, e.xid)
              for e in events]
     assert found == _expected(snippet)
@@ -184,7 +191,7 @@ def test_logscan_finds_each_fault_once_in_every_form(snippet: dict[str, Any], fo
 def test_logscan_reads_every_form_util_linux_dmesg_prints(snippet: dict[str, Any], options: str, tmp_path: Path,
                                                           attribution: Attribution) -> None:
     data, starts = _dmesg_render(_records(snippet), DMESG_OPTIONS[options], tmp_path)
-    events = list(scan(io.BytesIO(data), RULES, attribution, ScanStats()))
+    events = scan(data, RULES, attribution).events
     found = [(starts.index(e.line) + 1 if e.line in starts else -(e.line or 0), e.rule, e.severity, e.pci, e.xid)
              for e in events]
     assert found == _expected(snippet)
@@ -205,7 +212,7 @@ def test_logscan_reads_every_form_journalctl_prints(index: int, mode: str, journ
     starts = [1]
     for message in records:
         starts.append(starts[-1] + (1 if mode.startswith("json") else message.count("\n") + 1))
-    events = list(scan(io.BytesIO(data), RULES, attribution, ScanStats()))
+    events = scan(data, RULES, attribution).events
     found = [(starts.index(e.line) + 1 if e.line in starts else -(e.line or 0), e.rule, e.severity, e.pci, e.xid)
              for e in events]
     assert found == _expected(SNIPPETS[index])
@@ -213,12 +220,12 @@ def test_logscan_reads_every_form_journalctl_prints(index: int, mode: str, journ
 
 @pytest.mark.parametrize("snippet", SNIPPETS, ids=IDS)
 def test_the_collectors_records_give_the_same_events(snippet: dict[str, Any], attribution: Attribution) -> None:
-    stream = RULES.stream()
+    stream = StreamMatcher(RULES)
     found = []
     for message in _records(snippet):
         device = _device(message)
         record = Record(message, device[1] if device else None)
-        found += [make_event(m, record, attribution) for m in stream.feed(record)]
+        found += [make_event(m, record, attribution) for m in stream.feed([record])]
     found += [make_event(m, Record(""), attribution) for m in stream.flush()]
     assert [(e.rule, e.severity, e.pci, e.xid) for e in found] == [x[1:] for x in _expected(snippet)]
 
@@ -232,3 +239,92 @@ def test_the_corpus_is_large_real_and_varied() -> None:
     assert benign >= 2 * sum(len(s["events"]) for s in SNIPPETS)  # plenty of neighbours that must match nothing
     assert {e["rule"] for s in SNIPPETS for e in s["events"]} >= {r.name for r in RULES.rules} - {"cper_fatal"}
     assert all(parse_line(line).message == line for s in SNIPPETS for line in _records(s) if "\n" not in line)
+
+
+# --- logscan is the daemon's path ----------------------------------------------------------------------------
+
+class Recording(KernelLogCollector):
+    """The daemon's kernel log collector, keeping every event it hands on (storm folding off: window 0)."""
+
+    def __init__(self, source: FileSource, attribution: Attribution) -> None:
+        super().__init__(source, RULES, attribution, storm_window=0.0, deadline=1e9)
+        self.events: list[KernelEvent] = []
+
+    def _publish(self, events: list[KernelEvent]) -> None:
+        self.events += events
+        super()._publish(events)
+
+
+def _followed(data: bytes, tmp_path: Path, attribution: Attribution, rng: random.Random) -> tuple[
+        list[tuple[Any, ...]], dict[tuple[str, str], float]]:
+    """The events and counts of the daemon's collector following a file that ``data`` is appended to, in pieces of
+    random sizes, a collection after each.  A piece ends where no event waits for the records after it: a
+    collection that reaches the end of the log lets a waiting event out (the follower waits a second for more),
+    which a block cut in two would split."""
+    log = tmp_path / "followed.log"
+    log.write_bytes(b"")
+    collector = Recording(FileSource(str(log), None), attribution)
+    block = Splitter().split(data)  # the test logs: text without NUL bytes, so that characters map back to bytes
+    ends, matcher, start, offset = [], StreamMatcher(RULES), 0, 0
+    while start < len(block.text):
+        end = block.end_of(start)
+        matcher.feed([block.record(start)])
+        offset += len(block.text[start:end].encode())
+        if not (matcher._held or matcher._later):
+            ends.append(offset)
+        start = end
+    cuts = sorted({0, len(data), *(rng.choice(ends) for _ in range(max(1, len(ends) // 40)))})
+    values = {}
+    for begin, end in zip(cuts, cuts[1:]):
+        with open(log, "ab") as out:
+            out.write(data[begin:end])
+        values = {(s.name, s.labels): s.value for s in collector.collect()}
+    counts: dict[tuple[str, str], float] = {}
+    for (name, labels), value in values.items():
+        if name == "tpuwatch_kernel_events_total" and value:
+            key = (dict(labels)["rule"], dict(labels)["severity"])
+            counts[key] = counts.get(key, 0) + value
+    collector.close()
+    return [(e.rule, e.severity, e.pci, e.xid, e.message) for e in collector.events], counts
+
+
+def _logscan(data: bytes, attribution: Attribution) -> tuple[list[tuple[Any, ...]], dict[tuple[str, str], float]]:
+    events = scan(data, RULES, attribution).events
+    counts: dict[tuple[str, str], float] = {}
+    for e in events:
+        counts[(e.rule, e.severity)] = counts.get((e.rule, e.severity), 0) + 1
+    return [(e.rule, e.severity, e.pci, e.xid, e.message) for e in events], counts
+
+
+TESTDATA_LOGS = ["dmesg.txt", "dmesg_T.txt", "kern.log", "kmsg.txt", "journal.json",
+                 *(str(p.relative_to(DATA)) for p in sorted((DATA / "pstore").rglob("dmesg*")))]
+
+
+@pytest.mark.parametrize("name", TESTDATA_LOGS)
+def test_logscan_gives_the_daemons_events_on_every_test_log(name: str, tmp_path: Path,
+                                                            attribution: Attribution) -> None:
+    data = (DATA / name).read_bytes()
+    for seed in range(3):
+        assert _followed(data, tmp_path, attribution, random.Random(seed)) == _logscan(data, attribution)
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_logscan_gives_the_daemons_events_on_the_whole_corpus(form: str, tmp_path: Path,
+                                                              attribution: Attribution) -> None:
+    records = [record for snippet in SNIPPETS for record in _records(snippet)]
+    _skip_unless_kmsg_decodes(records, form)
+    data, _ = _render(records, form)
+    daemon, logscan = _followed(data, tmp_path, attribution, random.Random(1)), _logscan(data, attribution)
+    assert daemon == logscan and len(logscan[0]) > 200
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["busy", "keyword-dense"])
+def test_logscan_gives_the_daemons_events_on_the_benchmark_logs(dense: bool, tmp_path: Path,
+                                                                attribution: Attribution) -> None:
+    """The benchmark's generator (benchmarks/kernel_log.py, which checks the same on its 1,000,000-line logs), at a
+    size a test can read."""
+    path = tmp_path / "generated.log"
+    generate(path, 40_000, 1, dense)
+    data = path.read_bytes()
+    daemon, logscan = _followed(data, tmp_path, attribution, random.Random(2)), _logscan(data, attribution)
+    assert daemon == logscan and len(logscan[0]) > 300

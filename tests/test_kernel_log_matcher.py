@@ -3,28 +3,25 @@ record, escalation, bounded state, and logscan agreeing with the collector's rec
 
 from __future__ import annotations
 
-import io
 import random
 from pathlib import Path
 
+import pytest
+
+from tpuwatch.kernel_log import filesource
 from tpuwatch.kernel_log import matcher as matcher_module
+from tpuwatch.kernel_log.matcher import StreamMatcher
 from tpuwatch.kernel_log.records import Record
-from tpuwatch.kernel_log.rule import Match
 from tpuwatch.kernel_log.rulefile import load_rules
 from tpuwatch.kernel_log.rules import RuleSet
-from tpuwatch.kernel_log.scan import ScanStats, scan
+
+from kernellog import feed, scan
 
 RULES = load_rules([])
 
 
 def _feed(rules: RuleSet, lines: list[str | Record], flush: bool = True) -> list[tuple[int | None, str, str]]:
-    stream = rules.stream()
-    out: list[Match] = []
-    for line in lines:
-        out += stream.feed(line if isinstance(line, Record) else Record(line))
-    if flush:
-        out += stream.flush()
-    return [(m.index, m.rule, m.severity) for m in out]
+    return [(m.index, m.rule, m.severity) for m in feed(rules, lines, flush)]
 
 
 def _rules(tmp_path: Path, text: str) -> RuleSet:
@@ -80,19 +77,19 @@ CPER = ["{7}[Hardware Error]: Hardware error from APEI Generic Hardware Error So
 
 
 def test_a_cper_record_waits_for_its_device_id_through_other_records_until_its_hold_ends() -> None:
-    stream = RULES.stream()
+    stream = StreamMatcher(RULES)
     nmi = "Uhhuh. NMI received for unknown reason 2d on CPU 11."  # interleaved, as real logs have them
-    assert [stream.feed(Record(line)) for line in [*CPER[:4], nmi, nmi, *CPER[4:]]] == [[]] * 8
+    assert [stream.feed([Record(line)]) for line in [*CPER[:4], nmi, nmi, *CPER[4:]]] == [[]] * 8
     assert stream.skip(26) == []  # 32 records after its first line: still within its hold
-    [held] = stream.feed(Record("pcieport 0000:00:01.0: AER: aer_status: 0x00004000, aer_mask: 0x00000000"))
+    [held] = stream.feed([Record("pcieport 0000:00:01.0: AER: aer_status: 0x00004000, aer_mask: 0x00000000")])
     assert (held.rule, held.severity, held.pci, held.index) == ("cper_recoverable", "warning", "0000:00:01.0", 2)
     assert held.record == Record(CPER[1])
 
 
 def test_events_come_out_in_the_order_of_their_first_lines() -> None:
     xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python3, GPU has fallen off the bus."
-    stream = RULES.stream()
-    assert stream.feed(Record(CPER[1])) == [] and stream.feed(Record(xid)) == []  # behind the waiting one
+    stream = StreamMatcher(RULES)
+    assert stream.feed([Record(CPER[1])]) == [] and stream.feed([Record(xid)]) == []  # behind the waiting one
     assert [(m.rule, m.index) for m in stream.flush()] == [("cper_recoverable", 1), ("nvidia_xid", 2)]
 
 
@@ -132,21 +129,21 @@ def test_a_boot_or_driver_load_starts_afresh() -> None:
         assert _feed(RULES, [XID, restart, INIT_FAILED, INIT_FAILED]) == [(1, "nvidia_xid", "critical"),
                                                                            (3, "nvrm_error", "critical")]
         text = "\n".join([XID, NOISE, restart, INIT_FAILED]).encode() + b"\n"  # logscan: only keyword lines fed
-        assert [(e.rule, e.line) for e in scan(io.BytesIO(text), RULES, lambda pci: None, ScanStats())] == [
+        assert [(e.rule, e.line) for e in scan(text, RULES, lambda pci: None).events] == [
             ("nvidia_xid", 1), ("nvrm_error", 4)]
 
 
 def test_a_waiting_event_comes_out_with_the_record_its_hold_ends_whatever_waits_after_it() -> None:
     logged = "mce: [Hardware Error]: Machine check events logged"  # waits 8 records
-    stream = RULES.stream()
+    stream = StreamMatcher(RULES)
     given = {}
     for number, line in enumerate([logged, INIT_FAILED, *[NOISE] * 30], start=1):  # INIT_FAILED waits 16
-        for match in stream.feed(Record(line)):
+        for match in stream.feed([Record(line)]):
             given[match.rule] = number
     assert given == {"mce_logged": 1 + 8 + 1, "nvrm_error": 2 + 16 + 1}
-    stream = RULES.stream()
-    stream.feed(Record(logged))
-    stream.feed(Record(INIT_FAILED))
+    stream = StreamMatcher(RULES)
+    stream.feed([Record(logged)])
+    stream.feed([Record(INIT_FAILED)])
     assert [m.rule for m in stream.skip(7)] == [] and [m.rule for m in stream.skip(1)] == ["mce_logged"]
 
 
@@ -186,13 +183,13 @@ def test_a_waiting_event_is_superseded_only_by_a_report_as_severe(tmp_path: Path
 
 
 def test_waiting_events_come_out_at_the_hold_limit_on_skip_and_on_flush() -> None:
-    stream = RULES.stream()
+    stream = StreamMatcher(RULES)
     for line in CPER:
-        assert stream.feed(Record(line)) == []
+        assert stream.feed([Record(line)]) == []
     assert stream.skip(3) == []  # still within its hold of 32 records
     assert [m.rule for m in stream.skip(30)] == ["cper_recoverable"]
-    stream = RULES.stream()
-    stream.feed(Record(CPER[1]))
+    stream = StreamMatcher(RULES)
+    stream.feed([Record(CPER[1])])
     assert [m.rule for m in stream.flush()] == ["cper_recoverable"] and stream.flush() == []
     assert stream.skip(0) == []
     long_block = [CPER[1], *[CPER[2]] * 40]
@@ -204,8 +201,8 @@ MULTILINE = ["NVRM: The NVIDIA GPU 0000:b3:00.0", "NVRM: (PCI ID: 10de:26b5) ins
 
 
 def test_a_message_printed_over_three_records_is_one_event_of_its_first_line() -> None:
-    stream = RULES.stream()
-    out = [m for line in [NOISE, *MULTILINE, NOISE] for m in stream.feed(Record(line))]
+    stream = StreamMatcher(RULES)
+    out = [m for line in [NOISE, *MULTILINE, NOISE] for m in stream.feed([Record(line)])]
     [match] = out
     assert (match.rule, match.severity, match.pci, match.index) == ("gpu_fell_off_bus", "critical", "0000:b3:00.0", 2)
     assert match.record is not None and match.record.message == "\n".join(MULTILINE)
@@ -229,15 +226,15 @@ def test_one_event_per_record_the_most_severe(tmp_path: Path) -> None:
 
 
 def test_state_stays_bounded(monkeypatch: object) -> None:
-    stream = RULES.stream()
+    stream = StreamMatcher(RULES)
     for index in range(500):
-        stream.feed(Record(f"accel accel{index}: f: Failed to reset device"))
-        stream.feed(Record(f"{{{index}}}[Hardware Error]: event severity: corrected"))
+        stream.feed([Record(f"accel accel{index}: f: Failed to reset device")])
+        stream.feed([Record(f"{{{index}}}[Hardware Error]: event severity: corrected")])
     assert all(len(faults) <= matcher_module.MAX_OPEN_FAULTS for faults in stream._open.values())
     assert len(stream._held) <= matcher_module.MAX_HELD and len(stream._last) <= len(RULES.rules)
 
 
-def test_logscan_feeding_only_hits_agrees_with_feeding_every_record() -> None:
+def test_reading_blocks_agrees_with_feeding_every_record() -> None:
     pieces = [[HEADER, DETAIL, STATUS], [DETAIL, STATUS], CPER, MULTILINE,
               ["mce: [Hardware Error]: Machine check events logged",
                "mce: [Hardware Error]: CPU 0: Machine Check: 0 Bank 4: a600000000020408"],
@@ -247,15 +244,15 @@ def test_logscan_feeding_only_hits_agrees_with_feeding_every_record() -> None:
     _agree(RULES, pieces, random.Random(7))
 
 
-# Lines holding a keyword whose regexes do not match them, and follow lines with no fault open: logscan passes
-# over them without parsing, and must still agree with the collector, which sees every record.
+# Lines holding a keyword whose regexes do not match them, and follow lines with no fault open: read in blocks,
+# they must give the events of feeding every record.
 NEAR = ["mce: [Hardware Error]: TSC 2ac997e3063c3 ", "mce: CPU supports 16 MCE banks",
         "{7}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 1",
         "pcieport 0000:00:01.0: AER: aer_status: 0x00004000, aer_mask: 0x00000000",
         "EDAC sbridge MC0: HANDLING MCE MEMORY ERROR", "Process accounting resumed"]
 
 
-def test_lines_logscan_passes_over_unparsed_agree_with_feeding_every_record() -> None:
+def test_near_misses_read_in_blocks_agree_with_feeding_every_record() -> None:
     pieces = [[line] for line in NEAR] + [CPER, CPER[:1] + CPER[2:], [HEADER, DETAIL], [STATUS, DETAIL],
                                           ["mce: [Hardware Error]: Machine check events logged", NEAR[4]],
                                           ["mce: [Hardware Error]: Machine check events logged", NOISE]]
@@ -266,15 +263,9 @@ RESTARTS = ["Linux version 6.1.0-28-amd64 (debian-kernel@lists.debian.org) (gcc-
             "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.154.05  Thu Dec 28 15:37:48 UTC 2023"]
 
 
-def test_a_restart_with_nothing_to_end_is_passed_over_and_still_agrees_with_feeding_every_record() -> None:
-    # logscan passes over a boot or driver load line while the matcher is fresh; one that ends a waiting event,
-    # an open fault or a remembered report must be fed.
-    stream = RULES.stream()
-    assert stream.fresh()
-    stream.feed(Record(XID))
-    assert not stream.fresh()
-    stream.feed(Record(RESTARTS[1]))
-    assert stream.fresh()
+def test_restarts_between_faults_agree_with_feeding_every_record() -> None:
+    """A boot or driver load ends every waiting event and open fault: read in blocks, with the records between
+    counted, the events are those of feeding every record."""
     edac = "EDAC MC0: 1 CE Single-bit ECC on unknown memory (node:0 card:0 module:0 page:0x12345 offset:0x0)"
     logged = "mce: [Hardware Error]: Machine check events logged"  # waits; an EDAC report just before stands for it
     corrected = "pcieport 0000:00:01.0: AER: Corrected error message received from 0000:3b:00.0"
@@ -292,21 +283,20 @@ def test_a_restart_with_nothing_to_end_is_passed_over_and_still_agrees_with_feed
                                               [edac, *[NOISE] * 3, RESTARTS[1], logged]]
     _agree(RULES, pieces, random.Random(5))
     rng = random.Random(9)
-    stream = RULES.stream()
-    looks = {j: max(RULES.rules[i].hold for i in range(len(RULES.rules)) if j in RULES.superseded_by[i])
-             for j in {j for s in RULES.superseded_by for j in s}}
-    for _ in range(3000):  # fresh() is exactly "no state a restart would end that a later record could meet"
+    stream = StreamMatcher(RULES)
+    for _ in range(3000):  # the index through which no waiting event's hold runs out stays exact
         if rng.random() < 0.2:
             stream.skip(rng.choice([1, 5, 17, 33, 65, 129]))
-        stream.feed(Record(rng.choice([*sum(pieces, []), NOISE])))
-        for pending in (0, 3, 20, 70):
-            index = stream._index + pending
-            waits = bool(stream._held or stream._later)
-            met = any(index - latest <= RULES.rules[rule].follow.within  # type: ignore[union-attr]
-                      for rule, latest in stream._latest.items()) or any(
-                index - last[0] <= looks.get(rule, -1) for rule, last in stream._last.items())
-            assert stream.fresh(pending) == (not waits and not met)
+        stream.feed([Record(rng.choice([*sum(pieces, []), NOISE]))])
         assert not stream._held or stream._due == min(held.due for held in stream._held)  # exact, not just early
+
+
+@pytest.mark.parametrize("size", [64, 200, 4096])
+def test_blocks_of_any_size_agree_with_feeding_every_record(size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a read's block ends (a record waits for the next one: it may have continuation lines) changes nothing:
+    the records, their lines and the events are those of feeding every record."""
+    monkeypatch.setattr(filesource, "FILE_READ_BYTES", size)
+    _agree(RULES, [[HEADER, DETAIL, STATUS], CPER, MULTILINE, *([line] for line in NEAR[:3])], random.Random(size))
 
 
 def test_rules_that_look_outside_the_message_are_tried_on_the_parsed_record(tmp_path: Path) -> None:
@@ -318,7 +308,7 @@ def test_rules_that_look_outside_the_message_are_tried_on_the_parsed_record(tmp_
     lines = ["chip wedged", "it is not stalled", "queue stalled", "the chip wedged"]
     _agree(rules, [[line] for line in lines], random.Random(3))
     text = "".join(f"[{n:6d}.000000] {line}\n" for n, line in enumerate(lines)).encode()
-    assert [e.rule for e in scan(io.BytesIO(text), rules, lambda pci: None, ScanStats())] == ["anchored", "behind"]
+    assert [e.rule for e in scan(text, rules, lambda pci: None).events] == ["anchored", "behind"]
 
 
 def _agree(rules: RuleSet, pieces: list[list[str]], rng: random.Random) -> None:
@@ -334,7 +324,7 @@ def _agree(rules: RuleSet, pieces: list[list[str]], rng: random.Random) -> None:
         for form in forms:
             text = "".join(form.format(n=n, line=line) for n, line in enumerate(lines)).encode()
             scanned = [(e.line, e.rule, e.severity)
-                       for e in scan(io.BytesIO(text), rules, lambda pci: None, ScanStats())]
+                       for e in scan(text, rules, lambda pci: None).events]
             if form.startswith("6,"):  # three lines per record
                 scanned = [((line - 1) // 3 + 1 if line else line, rule, sev) for line, rule, sev in scanned]
             assert scanned == fed, form

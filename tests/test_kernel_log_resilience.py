@@ -21,12 +21,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from tpuwatch.kernel_log.attribution import device_lookup
 from tpuwatch.kernel_log.collector import KernelLogCollector
 from tpuwatch.kernel_log.filesource import FileSource
+from tpuwatch.kernel_log.journal import JournalSource
 from tpuwatch.kernel_log.position import Position
 from tpuwatch.kernel_log.records import MAX_MESSAGE_CHARS, Record
 from tpuwatch.kernel_log.rulefile import load_rules
-from tpuwatch.kernel_log.sources import JournalSource, KmsgSource, read_boot_id
+from tpuwatch.kernel_log.sources import KmsgSource, read_boot_id
 
 from conftest import SIM_FAST, DaemonProcess, require_tool, saved_state, wait_until, write_selftest_rule
+from kernellog import records as records_of
 
 JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
 KMSG = "/dev/kmsg"
@@ -157,7 +159,7 @@ def test_file_positions_of_the_wrong_shape_are_ignored(tmp_path: Path, caplog: p
         caplog.clear()
         source = FileSource(str(log), state)  # starts at the end, as without a position
         _append(log, f"after {name}\n")
-        assert [r.message for r in source.read(10)] == [f"after {name}"], name
+        assert [r.message for r in records_of(source.read())] == [f"after {name}"], name
         assert sum("ignoring unusable kernel log position file" in r.message for r in caplog.records) == 1, name
         source.commit()
         assert saved_state(state)["offset"] == log.stat().st_size  # replaced by a good one
@@ -172,7 +174,7 @@ def test_a_damaged_digit_of_a_saved_offset_reads_nothing_again(tmp_path: Path,
     xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
     log.write_text("x" * 99 + "\n" + xid + "y" * (99 - len(xid)) + "\n")  # the Xid at 100, the end at 200
     source = FileSource(str(log), state)
-    assert [r.message for r in source.read(10)] == []  # a first start begins at the end
+    assert [r.message for r in records_of(source.read())] == []  # a first start begins at the end
     source.commit()
     source.close()
     saved = state.read_text()
@@ -181,7 +183,7 @@ def test_a_damaged_digit_of_a_saved_offset_reads_nothing_again(tmp_path: Path,
     state.write_text(damaged)
     source = FileSource(str(log), state)  # starts at the end, as without a position
     _append(log, "after the restart\n")
-    assert [r.message for r in source.read(10)] == ["after the restart"]  # not the Xid line again
+    assert [r.message for r in records_of(source.read())] == ["after the restart"]  # not the Xid line again
     assert any("integrity check failed" in r.message for r in caplog.records)
 
 
@@ -190,7 +192,7 @@ def test_file_offset_beyond_the_end_means_truncated_while_down(tmp_path: Path) -
     log.write_text("a\n")
     st = log.stat()
     state.write_text(json.dumps({"path": str(log), "dev": st.st_dev, "ino": st.st_ino, "offset": 1000}))
-    assert [r.message for r in FileSource(str(log), state).read(10)] == ["a"]
+    assert [r.message for r in records_of(FileSource(str(log), state).read())] == ["a"]
 
 
 @pytest.mark.skipif(not os.access(KMSG, os.R_OK | os.W_OK), reason="needs root and /dev/kmsg")
@@ -205,7 +207,7 @@ def test_kmsg_positions_of_the_wrong_shape_or_from_the_future_are_ignored(tmp_pa
         state = tmp_path / f"{name}.json"
         state.write_bytes(data)
         source = KmsgSource(KMSG, state, boot)  # no lookback: the whole ring, as on a first start
-        messages = [r.message for r in source.read(1_000_000)]
+        messages = [r.message for r in records_of(source.read())]
         assert f"{tag}: written before" in messages, name
         source.commit()
         assert saved_state(state)["seq"] < 10**15
@@ -222,13 +224,13 @@ def test_journal_cursors_of_the_wrong_shape_or_unknown_are_ignored(tmp_path: Pat
         state = tmp_path / f"{name}.json"
         state.write_bytes(data)
         source = JournalSource(state, str(journal))
-        source.read(100)  # no exception, whatever the cursor
+        records_of(source.read())  # no exception, whatever the cursor
         source.commit()
         assert saved_state(state)["cursor"].startswith("s="), name
         source.close()
     restarted = JournalSource(tmp_path / "unknown.json", str(journal))
     write_journal(journal, [journal_entry({"MESSAGE": "next"}, now)])
-    assert [r.message for r in restarted.read(100)] == ["next"]
+    assert [r.message for r in records_of(restarted.read())] == ["next"]
 
 
 def test_journal_messages_keep_their_newlines_and_odd_entries_are_counted(tmp_path: Path,
@@ -242,22 +244,11 @@ def test_journal_messages_keep_their_newlines_and_odd_entries_are_counted(tmp_pa
                             journal_entry({"MESSAGE": b"\xff\xfe\x00bin"}, 1002),
                             journal_entry({"MESSAGE": "x" * 100_000}, 1003)])
     source = JournalSource(None, str(journal))
-    records = source.read(100)
+    records = records_of(source.read())
     assert [(r.message, r.kernel_device) for r in records[:2]] == [
         (three, "+pci:0000:b3:00.0"), ("\ufffd\ufffd\x00bin", None)]
     assert records[2].message == "x" * MAX_MESSAGE_CHARS and len(records) == 3
     assert source.skipped["malformed"] == 1
-
-
-def test_journal_backlog_is_passed_over_counted_and_resumed(tmp_path: Path, journal_module: object) -> None:
-    journal, state = tmp_path / "k.journal", tmp_path / "journal.json"
-    write_journal(journal, [journal_entry({"MESSAGE": f"m{i}"}, 1000 + i) for i in range(50)])
-    source = JournalSource(state, str(journal))
-    assert [r.message for r in source.read(5)] == [f"m{i}" for i in range(5)]
-    assert source.skip_ahead(10, lambda: True) == 35 and source.skipped["backlog"] == 35
-    assert [r.message for r in source.read(100)] == [f"m{i}" for i in range(40, 50)]
-    source.commit()
-    assert JournalSource(state, str(journal)).read(100) == []
 
 
 class CountingJournal(JournalSource):
@@ -265,10 +256,27 @@ class CountingJournal(JournalSource):
 
     handed_out = 0
 
-    def read(self, limit: int) -> list[Record]:
-        out = super().read(limit)
+    def read(self) -> list[Record]:
+        out = super().read()
         self.handed_out += len(out)
         return out
+
+
+def _journal_storm(tmp_path: Path, journal: Path) -> KernelLogCollector:
+    """A collector of ``journal`` whose budget runs on the records it reads (20 us each) and the entries it
+    passes over (5 us each: they are still walked), so that it does not depend on this machine's load."""
+    source = CountingJournal(tmp_path / "journal.json", str(journal))
+    collector = KernelLogCollector(source, load_rules([]), device_lookup(lambda: []), 60.0, deadline=0.2,
+                                   timer=lambda: collector.reader.records * 20e-6 + source.skipped["backlog"] * 5e-6)
+    return collector
+
+
+def _caught_up(collector: KernelLogCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    for _ in range(100):
+        values = _values(collector.collect())
+        if collector.source.caught_up:
+            return values
+    raise AssertionError("not caught up after 100 cycles")
 
 
 def test_journal_storm_is_passed_over_and_the_next_record_counted_in_one_cycle(tmp_path: Path,
@@ -276,11 +284,8 @@ def test_journal_storm_is_passed_over_and_the_next_record_counted_in_one_cycle(t
     journal = tmp_path / "k.journal"
     storm = [journal_entry({"MESSAGE": XID79.replace("79", "13")}, 1000 + i) for i in range(20_000)]
     write_journal(journal, [*storm, journal_entry({"MESSAGE": XID79}, 30_000)])
-    source = CountingJournal(tmp_path / "journal.json", str(journal))
-    cost = 20e-6  # seconds per record, so that the budget does not depend on this machine's load
-    collector = KernelLogCollector(source, load_rules([]), device_lookup(lambda: []), 60.0, deadline=0.2,
-                                   timer=lambda: source.handed_out * cost)
-    values = _values(collector.collect())
+    collector = _journal_storm(tmp_path, journal)
+    values = _caught_up(collector)
     read = values[("tpuwatch_kernel_log_records_total", (("source", "journal"),))]
     passed = values[("tpuwatch_kernel_log_skipped_total", (("reason", "backlog"), ("source", "journal")))]
     assert values[CRITICAL_XID] == 1 and passed > 0 and read + passed == 20_001
@@ -296,11 +301,8 @@ def test_journal_storm_passed_over_still_yields_a_critical_entry_from_its_middle
                                                    "fallen off the bus.", "_KERNEL_DEVICE": "+pci:0000:b3:00.0"},
                                        15_000))
     write_journal(journal, storm)
-    source = CountingJournal(tmp_path / "journal.json", str(journal))
-    cost = 20e-6
-    collector = KernelLogCollector(source, load_rules([]), device_lookup(lambda: []), 60.0, deadline=0.2,
-                                   timer=lambda: source.handed_out * cost)
-    values = _values(collector.collect())
+    collector = _journal_storm(tmp_path, journal)
+    values = _caught_up(collector)
     read = values[("tpuwatch_kernel_log_records_total", (("source", "journal"),))]
     passed = values[("tpuwatch_kernel_log_skipped_total", (("reason", "backlog"), ("source", "journal")))]
     assert passed > 10_000 and read + passed == 20_001
@@ -315,7 +317,7 @@ def test_journal_without_kernel_messages_is_degraded_until_one_arrives(tmp_path:
     source = JournalSource(None, str(journal))
     assert source.degraded is not None and "holds no kernel messages" in source.degraded
     write_journal(journal, [journal_entry({"MESSAGE": "kernel"}, 1001)])
-    assert [r.message for r in source.read(10)] == ["kernel"] and source.degraded is None
+    assert [r.message for r in records_of(source.read())] == ["kernel"] and source.degraded is None
 
 
 # --- a full or read-only disk never blinds the kernel log ----------------------------------------------------
@@ -397,10 +399,30 @@ def test_daemon_on_a_full_disk_counts_the_next_event(start_daemon: Callable[...,
     _append(log, f"{tag}: device 0000:10:00.0 failed\n")
     counter = ("tpuwatch_kernel_events_total", (("device", "0"), ("rule", "selftest"), ("severity", "critical")))
     wait_until(lambda: _scrape(daemon).get(counter) == 1.0, what="the event to be counted on a full disk")
-    metrics = _scrape(daemon)
-    assert metrics[("tpuwatch_collector_success", (("collector", "kernel_log"),))] == 1.0
-    assert metrics[("tpuwatch_kernel_log_position_save_failures_total", (("source", "file"),))] >= 1
+    failures = ("tpuwatch_kernel_log_position_save_failures_total", (("source", "file"),))
+    wait_until(lambda: _scrape(daemon).get(failures, 0) >= 1, timeout=20, what="a failed save of the position")
+    assert _scrape(daemon)[("tpuwatch_collector_success", (("collector", "kernel_log"),))] == 1.0
     assert "Traceback" not in daemon.log()
+
+
+def test_a_kernel_event_is_on_metrics_before_the_next_cycle(start_daemon: Callable[..., DaemonProcess],
+                                                            tmp_path: Path) -> None:
+    """The follower reads as lines come and publishes what it counted: at the default 10 s interval, an event is on
+    /metrics within a few seconds, not at the next cycle."""
+    tag = f"tpuwatch-test-{uuid.uuid4().hex[:12]}"
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    daemon = start_daemon({**SIM_FAST, "interval": "10s", "collector_timeout": "5s",
+                           "kernel_log": {"source": "file", "path": str(log),
+                                          "rules_dirs": [write_selftest_rule(tmp_path / "rules", tag)]}})
+    daemon.wait_ready()
+    zero = ("tpuwatch_kernel_events_total", (("device", ""), ("rule", "selftest"), ("severity", "critical")))
+    wait_until(lambda: zero in _scrape(daemon), timeout=20, what="the first cycle's counters")
+    _append(log, f"{tag}: device 0000:10:00.0 failed\n")
+    written = time.monotonic()
+    counter = ("tpuwatch_kernel_events_total", (("device", "0"), ("rule", "selftest"), ("severity", "critical")))
+    wait_until(lambda: _scrape(daemon).get(counter) == 1.0, timeout=5, what="the event on /metrics")
+    assert time.monotonic() - written < 5.0  # well before the next cycle, 10 s away
 
 
 # --- nothing silently unmonitored ----------------------------------------------------------------------------

@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tpuwatch.kernel_log import records as records_module
+from tpuwatch.kernel_log import formats
 from tpuwatch.kernel_log import rules as rules_module
 from tpuwatch.kernel_log.events import make_event
+from tpuwatch.kernel_log.matcher import StreamMatcher
 from tpuwatch.kernel_log.prefilter import literal_alternation
 from tpuwatch.kernel_log.records import (
     Record,
@@ -22,6 +23,8 @@ from tpuwatch.kernel_log.records import (
     pci_of_kernel_device,
 )
 from tpuwatch.kernel_log.rulefile import SHIPPED_DIR, RuleError, load_rules
+
+from kernellog import scan
 
 DATA = Path(__file__).parent / "testdata" / "kernel_log"
 CASES: dict[str, Any] = yaml.safe_load((DATA / "cases.yaml").read_text())
@@ -54,21 +57,22 @@ def test_every_shipped_rule_matches_its_lines_in_every_format(rule: str, case: d
     event = make_event(match, record, lambda pci: None)
     assert (event.rule, event.severity, event.pci, event.xid) == (rule, case["severity"], case.get("pci"),
                                                                   case.get("xid"))
-    stream = RULES.stream()
-    assert [m.rule for m in [*stream.feed(record), *stream.flush()]] == [rule]
+    stream = StreamMatcher(RULES)
+    assert [m.rule for m in [*stream.feed([record]), *stream.flush()]] == [rule]
 
 
 @pytest.mark.parametrize(("rule", "line"), NEAR_MISSES, ids=[f"{r}-{i}" for i, (r, _) in enumerate(NEAR_MISSES)])
 def test_near_misses_match_no_rule(rule: str, line: str) -> None:
     assert RULES.match(line) == []
-    stream = RULES.stream()
-    assert stream.feed(Record(line)) + stream.flush() == []
+    stream = StreamMatcher(RULES)
+    assert stream.feed([Record(line)]) + stream.flush() == []
 
 
 def test_every_rule_keyword_prefilter_admits_all_its_fixture_lines() -> None:
     for rule, case in MATCHES:
         text = "noise line\n" + case["line"] + "\nmore noise\n"
-        hits = RULES.hits(text)
+        assert RULES.prefilter is not None
+        hits = [offset for offset, _ in RULES.prefilter.finds(text)]
         assert any(11 <= h < 11 + len(case["line"]) for h in hits), (rule, case["line"])
 
 
@@ -193,11 +197,11 @@ def test_the_quick_test_for_another_programs_line_never_says_no_where_the_regex_
     lines = ["[  123.456789] gpu-node-a root[4242]: NVRM: Xid (PCI:0000:01:00): 79",
              "[  123.456789 <    0.000123>] gpu-node-a root[4242]: NVRM: Xid (PCI:0000:01:00): 79",
              *(line for path in DATA.glob("*.txt") for line in path.read_text().splitlines())]
-    assert sum(1 for line in lines[:2] if records_module._OTHER_PROGRAM_RE.match(line)) == 2
+    assert sum(1 for line in lines[:2] if formats.OTHER_PROGRAM_RE.match(line)) == 2
     for _ in range(2000):
         lines.append("[" + "".join(rng.choice(pieces) for _ in range(rng.randint(0, 9))))
     for line in lines:
-        assert records_module._maybe_other_program(line) or not records_module._OTHER_PROGRAM_RE.match(line), line
+        assert formats.maybe_other_program(line) or not formats.OTHER_PROGRAM_RE.match(line), line
 
 
 def _rule_file(tmp_path: Path, text: str, name: str = "local.yaml") -> Path:
@@ -283,7 +287,9 @@ rules:
     assert rules.match("watchdog: BUG: soft lockup - CPU#3 stuck for 23s! [python3:4242]") == []
     [link] = rules.match("ice 0000:5e:00.0: NIC Link is Down")
     assert (link.rule, link.severity, link.pci) == ("ice_link_down", "warning", "0000:5e:00.0")
-    assert rules.hits("x\nice 0000:5e:00.0: NIC Link is Down\n") == [2]  # an unkeyed rule scans by its regex
+    # A rule without keywords: every record is read for its regex.
+    assert [(e.line, e.rule) for e in scan(b"x\nice 0000:5e:00.0: NIC Link is Down\n", rules).events] == [
+        (2, "ice_link_down")]
 
 
 def test_rule_file_over_the_size_limit_is_refused(tmp_path: Path) -> None:

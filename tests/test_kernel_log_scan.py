@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from tpuwatch.config import Config, parse
-from tpuwatch.kernel_log import logscan
-from tpuwatch.kernel_log import scan as scan_module
+from tpuwatch.kernel_log import filesource, logscan
 from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver
 from tpuwatch.kernel_log.events import KernelEvent
-from tpuwatch.kernel_log.records import MAX_LINE_BYTES
+from tpuwatch.kernel_log.matcher import StreamMatcher
+from tpuwatch.kernel_log.records import MAX_LINE_BYTES, Block, parse_kmsg, parse_record
 from tpuwatch.kernel_log.rulefile import load_rules
-from tpuwatch.kernel_log.scan import ScanStats, scan
+
+from kernellog import Scanned, scan
 
 DATA = Path(__file__).parent / "testdata" / "kernel_log"
 FORMATS = ["dmesg.txt", "dmesg_T.txt", "kern.log", "kmsg.txt", "journal.json"]
@@ -44,9 +45,9 @@ def _lookup(pci: str) -> str | None:
 
 
 def _scan(data: bytes, lookup: Callable[[str], str | None] | Attribution = lambda pci: None
-          ) -> tuple[list[KernelEvent], ScanStats]:
-    stats = ScanStats()
-    return list(scan(io.BytesIO(data), RULES, lookup, stats)), stats
+          ) -> tuple[list[KernelEvent], Scanned]:
+    scanned = scan(data, RULES, lookup)
+    return scanned.events, scanned
 
 
 def _logscan(capsys: pytest.CaptureFixture[str], *argv: str, config: Config | None = None) -> tuple[int, str, str]:
@@ -77,7 +78,7 @@ def test_kmsg_continuation_attributes_through_sysfs_and_is_not_split_across_bloc
     record = (b"3,7,100,-;accel accel0: gasket_reset_nolock: Device reported as dead.\n"
               b" SUBSYSTEM=accel\n DEVICE=c121:0\n")
     filler = b"6,1,1,-;" + b"x" * 60 + b"\n"
-    monkeypatch.setattr(scan_module, "BLOCK_BYTES", 256)
+    monkeypatch.setattr(filesource, "FILE_READ_BYTES", 256)
     for padding in range(12):  # the record lands across every possible block boundary
         events, stats = _scan(filler * padding + record + filler, attribution)
         assert [(e.line, e.pci, e.device) for e in events] == [(padding + 1, "0000:3b:00.0", "3")]
@@ -126,11 +127,11 @@ def test_line_numbers_and_counts_do_not_depend_on_where_blocks_end(monkeypatch: 
         whole, stats = _scan(data)
         assert stats.lines == data.count(b"\n") + (not data.endswith(b"\n"))
         for size in (64, 200, 333):
-            monkeypatch.setattr(scan_module, "BLOCK_BYTES", size)
+            monkeypatch.setattr(filesource, "FILE_READ_BYTES", size)
             events, small = _scan(data)
             assert [(e.line, e.rule) for e in events] == [(e.line, e.rule) for e in whole]
             assert small.lines == stats.lines
-        monkeypatch.setattr(scan_module, "BLOCK_BYTES", 1 << 20)
+        monkeypatch.setattr(filesource, "FILE_READ_BYTES", 256 << 10)
 
 
 def test_huge_line_never_held_whole() -> None:
@@ -151,9 +152,8 @@ def test_huge_line_never_held_whole() -> None:
             self.left -= chunk
             return b"z" * chunk
 
-    stats = ScanStats()
-    events = list(scan(Stream(), RULES, lambda pci: None, stats))  # type: ignore[arg-type]
-    assert [e.line for e in events] == [2] and (stats.lines, stats.skipped) == (2, 1)
+    stats = scan(Stream(), RULES)
+    assert [e.line for e in stats.events] == [2] and (stats.lines, stats.skipped) == (2, 1)
 
 
 def test_empty_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -221,60 +221,22 @@ def test_a_line_flooded_with_keywords_is_looked_at_once_per_keyword(monkeypatch:
     """Hostile input: a line of thousands of keyword finds costs one look at the line, not one per find (each
     look searches back to the line's start), and the fault after it is still found."""
     calls: list[int] = []
-    record_start = scan_module._record_start
+    start_of = Block.start_of
 
-    def counted(text: str, offset: int) -> int:
+    def counted(self: Block, offset: int) -> int:
         calls.append(offset)
-        return record_start(text, offset)
+        return start_of(self, offset)
 
-    monkeypatch.setattr(scan_module, "_record_start", counted)
+    monkeypatch.setattr(Block, "start_of", counted)
     flood = "[    1.000000] " + "BUG" * 5000 + " Oops" * 1000 + "\n"
     data = (flood * 3 + "[    2.000000] BUG: soft lockup - CPU#3 stuck for 23s! [python3:1234]\n").encode()
-    events = list(scan(io.BytesIO(data), load_rules([]), lambda pci: None, ScanStats()))
-    assert [e.rule for e in events] == ["soft_lockup"]
-    assert len(calls) <= 3 + 2, len(calls)  # each flooded line once, the lockup's line (and its context) once
-
-
-def test_lines_the_regexes_cannot_match_are_refused_unparsed_until_a_keyword_keeps_matching(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The search of a raw line for its keyword's regexes (_rejected) spares parsing a near miss and costs a search
-    of every line that matches: once eight finds of a keyword in a row matched, it is tried on every 64th only,
-    and at every find again after it refuses one.  Either way the events are those of feeding every record."""
-    tried: list[str] = []
-    rejected = scan_module._rejected
-
-    def counted(text: str, start: int, hit: int, keyword: str, *rest: object) -> bool:
-        tried.append(keyword)
-        return rejected(text, start, hit, keyword, *rest)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(scan_module, "_rejected", counted)
-    hung = "INFO: task python3:4242 blocked for more than 120 seconds."
-    near = "INFO: task list is empty"  # the keyword, and no regex matches
-    rng = random.Random(4)
-    messages = [hung] * 300 + [near] * 20 + [hung] * 100 + [rng.choice([hung, near]) for _ in range(300)]
-    data = "".join(f"[{n:6d}.000000] {m}\n" for n, m in enumerate(messages)).encode()
-    events = list(scan(io.BytesIO(data), RULES, lambda pci: None, ScanStats()))
-    stream = RULES.stream()
-    fed = [m.index for message in messages for m in stream.feed(scan_module.Record(message))] + [
-        m.index for m in stream.flush()]
-    assert [e.line for e in events] == fed and len(fed) == messages.count(hung)
-    assert set(tried) == {"INFO: task "} and len(tried) < len(messages) // 2  # most matches are not searched twice
-    tried.clear()
-    list(scan(io.BytesIO("".join(f"[{n:6d}.000000] {hung}\n" for n in range(640)).encode()), RULES,
-              lambda pci: None, ScanStats()))
-    assert len(tried) == 8 + 639 // 64  # the first 8 finds (0-7), then finds 64, 128, ..., 576
-    tried.clear()
-    messages = [hung] * 300 + [near] * 100 + [hung] * 100
-    list(scan(io.BytesIO("".join(f"[{n:6d}.000000] {m}\n" for n, m in enumerate(messages)).encode()), RULES,
-              lambda pci: None, ScanStats()))
-    # 300 matches: finds 0-7 and 64, 128, 192, 256 (12); the near misses: the 21st is find 320, refused, and each
-    # after it is tried and refused (80); 100 matches: finds 0-7 and 64 again (9)
-    assert len(tried) == 12 + 80 + 9
+    assert [e.rule for e in scan(data, RULES).events] == ["soft_lockup"]
+    assert len(calls) <= 3 + 1, len(calls)  # each flooded line once, the lockup's line once
 
 
 @pytest.mark.parametrize("seed", range(10))
 def test_a_kmsg_record_read_from_a_block_is_the_one_parse_kmsg_gives(seed: int) -> None:
-    """logscan reads a kmsg record's message and device from its lines as parse_kmsg does (which cuts the record at
+    """A kmsg record's message and device come from its lines as parse_kmsg reads them (which cuts the record at
     64 KiB: a DEVICE= line past that is not read), escapes and all."""
     rng = random.Random(seed)
     for _ in range(50):
@@ -283,6 +245,18 @@ def test_a_kmsg_record_read_from_a_block_is_the_one_parse_kmsg_gives(seed: int) 
         extra = [" SUBSYSTEM=pci"] + [" X=" + "y" * rng.choice([0, 20_000, 40_000]) for _ in range(rng.randint(0, 3))]
         extra.insert(rng.randint(0, len(extra)), " DEVICE=+pci:0000:3b:00.0")
         text = "\n".join([head, *extra]) + "\n[    1.000000] next\n"
-        record, end = scan_module._record(text, 0)
-        parsed = scan_module.parse_kmsg("\n".join([head, *extra]))
-        assert parsed is not None and record == parsed.record and text[end:].startswith("[    1.000000]")
+        block = Block(text)
+        parsed = parse_kmsg("\n".join([head, *extra]))
+        assert parsed is not None and parse_record([head, *extra]) == parsed.record
+        assert block.record(0) == parsed.record and text[block.end_of(0):].startswith("[    1.000000]")
+        assert len(block) == 2
+
+
+def test_a_record_feeds_the_matcher_with_the_lines_it_spans() -> None:
+    """One record splitter: a line that starts with white space continues the record above it, up to 16 of them."""
+    text = "[1.0] first message\n  indented continuation\n" + "6,1,1,-;x\n" + " K=v\n" * 17 + "[2.0] last\n"
+    block = Block(text)
+    assert [r.message for r in block.records()] == ["first message\nindented continuation", "x", " K=v", "last"]
+    assert len(block) == 4 and block.capped
+    matcher = StreamMatcher(RULES)
+    assert matcher.feed(block) == [] and matcher._index == 4

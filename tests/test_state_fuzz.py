@@ -31,9 +31,11 @@ from tpuwatch.canary.history import FingerprintHistory
 from tpuwatch.canary.judge import history_key, judge
 from tpuwatch.config import TrendConfig
 from tpuwatch.kernel_log.filesource import FileSource
-from tpuwatch.kernel_log.sources import JournalSource, KmsgSource, read_boot_id
+from tpuwatch.kernel_log.journal import JournalSource
+from tpuwatch.kernel_log.sources import KmsgSource, read_boot_id
 
 import statefuzz
+from kernellog import drain
 
 TABLES = {"alerts": ["fingerprint", "labels", "annotations", "state", "active_at", "fired_at", "resolved_at",
                      "value"],
@@ -135,10 +137,10 @@ def test_fuzzed_file_position_never_blinds_the_kernel_log(tmp_path: Path, sealed
             "kernel_log/file.json" if sealed else "kernel_log/file.json before the digest"))):
         position.write_bytes(data)
         source = FileSource(str(log_file), position)
-        source.read(1000)
+        drain(source)
         with open(log_file, "a") as handle:
             handle.write(f"event {i}\n")
-        assert f"event {i}" in [r.message for r in source.read(100_000)], name
+        assert f"event {i}" in [r.message for r in drain(source)], name
         source.commit()
         source.close()
 
@@ -147,7 +149,7 @@ def _fuzz_positions(position: Path, open_source: Callable[[], Any], what: str) -
     """A good position saved by a real read, then every broken variant of it: opening, reading and saving never
     raise."""
     source = open_source()
-    source.read(100_000)
+    drain(source)
     source.commit()
     source.close()
     good = json.loads(position.read_text())
@@ -156,7 +158,7 @@ def _fuzz_positions(position: Path, open_source: Callable[[], Any], what: str) -
         position.write_bytes(data)
         source = open_source()
         try:
-            source.read(50)
+            source.read()
             source.commit()
         finally:
             source.close()
@@ -213,9 +215,9 @@ def test_a_kmsg_position_beyond_the_ring_does_not_blind_the_kernel_log(tmp_path:
     source = KmsgSource("/dev/kmsg", position, read_boot_id())
     tag = f"tpuwatch-test-{os.getpid()}-{time.monotonic_ns()}"
     try:
-        source.read(1_000_000)
+        drain(source)
         with open("/dev/kmsg", "w") as kmsg:
             kmsg.write(f"<6>{tag}: a record after the restart\n")
-        assert any(tag in r.message for r in source.read(1_000_000))
+        assert any(tag in r.message for r in drain(source))
     finally:
         source.close()

@@ -29,6 +29,7 @@ from tpuwatch.assembly import Parts, assemble, retire
 from tpuwatch.canary.runner import kill_running_workers
 from tpuwatch.config import Config, Scenario
 from tpuwatch.exporter import build_registry
+from tpuwatch.kernel_log.collector import KernelLogCollector
 from tpuwatch.registry import ACTIONS
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
@@ -84,6 +85,8 @@ class Daemon:
         self.registry = build_registry(lambda: self.parts.store.current())
         self.status_page = StatusPage(self._status_sources(), cycle=lambda: self.parts.sampler.last_cycle_end)
         self.endpoint = Endpoint(config.listen, self.registry, self._routes(), self.parts.web)
+        self._first_cycle = threading.Event()
+        self._wire_kernel_log()
 
     @property
     def config(self) -> Config:
@@ -95,6 +98,7 @@ class Daemon:
     def start(self) -> None:
         """First sample, then the schedule; tells systemd READY=1."""
         self._sample()
+        self._first_cycle.set()  # the kernel log's follower reads from here: the chips to attribute events to known
         self._schedule()
         self._scheduler.start()
         self.parts.alerting.start()
@@ -121,6 +125,8 @@ class Daemon:
         self.parts.alerting.stop()
         for action in self.parts.actions.values():
             action.stop()
+        if (kernel_log := self.parts.sources.kernel_log) is not None:
+            kernel_log.close()  # its follower stops and saves its position
         self.endpoint.close()
         self.state.close()
         log.info("tpuwatch stopped")
@@ -149,6 +155,7 @@ class Daemon:
             return False
         old, self.parts = self.parts, parts
         retire(old, parts)
+        self._wire_kernel_log()
         for name, action in parts.actions.items():
             if old.actions.get(name) is not action:
                 action.start()
@@ -219,6 +226,19 @@ class Daemon:
     def _sample(self) -> None:
         self.parts.sampler.run_once()
         self.registry.render()
+
+    def _wire_kernel_log(self) -> None:
+        """The kernel log's follower (from the first cycle on) publishes what it counts as it counts: its samples,
+        and /metrics."""
+        kernel_log = self.parts.sources.kernel_log
+        if kernel_log is not None:
+            kernel_log.on_update = functools.partial(self._publish_kernel_log, kernel_log)
+            kernel_log.start(after=self._first_cycle)
+
+    def _publish_kernel_log(self, kernel_log: KernelLogCollector) -> None:
+        if self.parts.sources.kernel_log is kernel_log:
+            self.parts.store.refresh(kernel_log.name, kernel_log.collect())
+            self.registry.render()
 
     def _save_trend(self) -> None:
         parts = self.parts

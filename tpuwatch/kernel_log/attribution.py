@@ -57,6 +57,17 @@ def kernel_device_key(value: str | None) -> str | None:
     return value if _DEVICE_RE.fullmatch(value) else None
 
 
+def printed_prefix(message: str) -> str | None:
+    """The ``dev_printk`` prefix a message starts with, as printed (``"nvidia 0000:3b:00.0: "``), or None."""
+    found = _PREFIX_RE.match(message)
+    return None if found is None else found[0]
+
+
+def names_a_device(text: str) -> bool:
+    """True if a ``dev_printk`` prefix is anywhere in ``text`` (a raw line: after its timestamp or syslog head)."""
+    return _PREFIX_RE.search(text) is not None
+
+
 def prefix_device(message: str) -> tuple[str, str] | None:
     """The ``(driver, device)`` a message's ``dev_printk`` prefix names, e.g. ``("accel", "accel0")``."""
     found = _PREFIX_RE.match(message)

@@ -1,12 +1,17 @@
 """The kernel log collector: new records -> rule matches -> device events and counters.
 
-A cycle's work is bounded by time as well as by count, well inside the
-collector deadline: the collector reads for half its budget; if the source
-has not caught up by then, it skips ahead, passing over (and counting) the
-middle of the backlog so that what the other half of the budget can read
-ends at the newest record.  A storm therefore never makes a cycle time out,
-and a record written after it is counted in the next cycle.  The counters
-are returned every cycle, whatever the source, a record or the disk does.
+In the daemon a thread of its own (``start()``) follows the log: every
+``FOLLOW_S`` it reads what is new through the one path (``LogReader``),
+spending at most ``WORK_SHARE`` of a core on average (thread CPU time, a
+bucket of at most ``MAX_SPEND_S``), and publishes what it counted
+(``on_update``).  When the log comes faster than that (a storm), the lines of
+the storms it has learned are passed over unread and counted
+(``reason="backlog"``), while every other line is still read and matched
+(``sieve``): a storm costs one keyword pass over its bytes, and the first
+line after it is read within a follow period or two.  Without the thread
+(``tpuwatch check``, tests) each ``collect()`` reads for ``BUDGET_SHARE`` of
+its deadline.  The counters are returned every cycle, whatever the source, a
+record or the disk does.
 """
 
 from __future__ import annotations
@@ -20,14 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpuwatch.config import Config
-from tpuwatch.kernel_log.events import KernelEvent, StormFilter, make_event
+from tpuwatch.kernel_log.events import KernelEvent, StormFilter
 from tpuwatch.kernel_log.filesource import FileSource, absent, open_regular
-from tpuwatch.kernel_log.records import SKIP_REASONS, Record
-from tpuwatch.kernel_log.rulefile import MAX_WITHIN, load_rules
+from tpuwatch.kernel_log.journal import JournalSource
+from tpuwatch.kernel_log.reader import LogReader
+from tpuwatch.kernel_log.records import SKIP_REASONS
+from tpuwatch.kernel_log.rulefile import load_rules
 from tpuwatch.kernel_log.rules import RuleSet
-from tpuwatch.kernel_log.sieve import MAX_PICKED, BacklogSieve
 from tpuwatch.kernel_log.sources import (
-    JournalSource,
     KmsgSource,
     NoSource,
     Source,
@@ -38,23 +43,25 @@ from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
 
 log = logging.getLogger(__name__)
-# Records counted between two lines picked from a backlog: more than any rule's follow window or hold, so that
-# they share no fault.
-APART = MAX_WITHIN + 1
 
-MAX_RECORDS_PER_CYCLE = 2_000_000
 MAX_RECENT_EVENTS = 50
 MAX_LOGGED_EVENTS = 20  # per cycle; the rest are counted in one line
-BATCH_RECORDS = 2048
-BUDGET_SHARE = 0.4  # of the collector deadline, for reading and matching
-SIEVE_SHARE = 0.25  # of what is left of the budget when a cycle skips ahead, for sieving what it passes over
+BUDGET_SHARE = 0.4  # of the collector deadline, for reading and matching in collect() (no thread)
 DEFAULT_DEADLINE = 5.0
+FOLLOW_S = 0.25  # the follower looks for new records this often
+WORK_SHARE = 0.2  # of a core, on average, for the follower
+MAX_SPEND_S = 0.5  # what the follower may spend at once after a quiet time (a burst, the first read)
+COMMIT_S = 1.0  # the follower saves its position at most this often
+PUBLISH_S = 1.0  # the follower publishes what it counted at most this often
+PASS_AFTER_S = 0.05  # reading for this long in one go with a storm known: pass its lines over
+PASS_HOLD_S = 2.0  # and go on passing them over at once for this long after the last one
+SETTLE_S = 1.0  # the follower lets waiting events out once nothing new was written for this long
 
 DeviceLookup = Callable[[str], "str | int | None"]
 
 
 class KernelLogCollector:
-    """Reads what is new in the kernel log each cycle, within a time and record budget, and counts rule matches.
+    """Reads what is new in the kernel log, within a budget of time, and counts rule matches.
 
     Samples: ``tpuwatch_kernel_events_total{rule,severity,device}`` (every
     occurrence read, storms included; ``device`` is "" when unattributed),
@@ -62,47 +69,97 @@ class KernelLogCollector:
     ``tpuwatch_kernel_log_skipped_total{reason}`` and
     ``tpuwatch_kernel_log_position_save_failures_total``.  Events pass through
     storm aggregation into a bounded list of recent events (``recent_events()``).
-    ``deadline`` is the time one ``collect()`` may take; it works for
-    ``BUDGET_SHARE`` of it.  With a NoSource it returns no samples (nothing is
-    read, so nothing is counted) and is ``degraded``.
+    ``deadline`` is the time one ``collect()`` may take; without the follower it
+    reads for ``BUDGET_SHARE`` of it (on ``timer``).  With a NoSource it returns
+    no samples (nothing is read, so nothing is counted) and is ``degraded``.
     """
 
     name = "kernel_log"
 
     def __init__(self, source: Source, rules: RuleSet, device_for_pci: DeviceLookup, storm_window: float,
-                 max_records: int = MAX_RECORDS_PER_CYCLE, clock: Callable[[], float] = time.monotonic,
-                 deadline: float = DEFAULT_DEADLINE, timer: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, deadline: float = DEFAULT_DEADLINE,
+                 timer: Callable[[], float] = time.monotonic) -> None:
         self.source = source
-        self._matcher = rules.stream()
-        self._sieve = BacklogSieve(rules)
-        self._device_for_pci = device_for_pci
-        self._max_records = max_records
+        self.reader = LogReader(source, rules, device_for_pci)  # type: ignore[arg-type]
         self._budget = deadline * BUDGET_SHARE
         self._timer = timer
         self._storms = StormFilter(storm_window, clock=clock)
         self._counts: Counter[tuple[str, str, str]] = Counter(
             {(r.name, s, ""): 0 for r in rules.rules for s in r.severities()})
-        self._records = 0
-        self._errors = 0
         self._logged_error = False
         self._read_problem: str | None = None
-        self._skipping = 0  # records passed over in the current storm, for its log lines
-        self._lock = threading.Lock()
+        self._passing = 0  # lines passed over in the current storms, for the log
+        self._pass_until = 0.0  # when to stop passing storms' lines over at once (time.monotonic)
+        self._settled = (0, 0.0)  # the records read, and when that count last changed
+        self._lock = threading.Lock()  # the counters and recent events, read by collect() and the endpoint
+        self._work = threading.Lock()  # one reader at a time
         self._recent: deque[KernelEvent] = deque(maxlen=MAX_RECENT_EVENTS)
         self._logged_this_cycle = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.on_update: Callable[[], None] | None = None
+        """Called by the follower after it counted something new (the daemon publishes the samples)."""
 
     @property
     def degraded(self) -> str | None:
         """Why the kernel log is not fully seen (no source, a missing file, a failing read), or None."""
         return self._read_problem or self.source.degraded
 
+    def start(self, after: threading.Event | None = None) -> None:
+        """Follow the log from now on in a thread of its own (the daemon), once ``after`` is set (the daemon's first
+        cycle, which tells the chips that events are attributed to); ``collect()`` then reads nothing itself."""
+        if self._thread is not None or isinstance(self.source, NoSource):
+            return
+        self.source.start()
+        self._thread = threading.Thread(target=self._follow, args=(after,), name="kernel-log", daemon=True)
+        self._thread.start()
+
     def collect(self) -> list[Sample]:
-        """Process new records within the budget, save the source position, return the counters."""
+        """The counters; without the follower, process new records within the budget and save the position first."""
         if isinstance(self.source, NoSource):
             return []
-        self._logged_this_cycle = 0
+        self._logged_this_cycle = 0  # events are logged up to MAX_LOGGED_EVENTS a cycle, whoever reads them
+        if self._thread is None:
+            with self._work:
+                self._cycle(self._budget, self._timer)
+                self.source.commit()  # never raises: a failed save is counted and retried
+        return self._samples()
+
+    def _follow(self, after: threading.Event | None) -> None:
+        """The follower's loop: read what is new every FOLLOW_S, spending at most WORK_SHARE of a core."""
+        if after is not None:
+            while not after.wait(FOLLOW_S):
+                if self._stop.is_set():
+                    return
+        bucket, last, committed, published = MAX_SPEND_S, time.monotonic(), 0.0, (0.0, self._counted())
+        while True:
+            now = time.monotonic()
+            bucket = min(MAX_SPEND_S, bucket + WORK_SHARE * (now - last))
+            last = now
+            if bucket > 0:
+                spent = time.thread_time()
+                with self._work:
+                    self._cycle(bucket, time.thread_time)
+                    if now - committed >= COMMIT_S:
+                        self.source.commit()
+                        committed = now
+                bucket -= time.thread_time() - spent
+            if self.on_update is not None and now - published[0] >= PUBLISH_S and self._counted() != published[1]:
+                published = (now, self._counted())
+                try:
+                    self.on_update()
+                except Exception:  # noqa: BLE001 - publishing must not stop the follower
+                    log.exception("kernel log: publishing the counters failed")
+            if self._stop.wait(FOLLOW_S):
+                return
+
+    def _counted(self) -> tuple[int, int]:
+        return self.reader.records, self.source.skipped["backlog"]
+
+    def _cycle(self, budget: float, timer: Callable[[], float]) -> None:
+        """Read for at most ``budget`` seconds of ``timer`` (``_read``); a failing read is said once, and retried."""
         try:
-            self._read_cycle()
+            self._read(budget, timer)
         except Exception as exc:  # noqa: BLE001 - an unreadable source must not stop the counters
             problem = f"reading the kernel log failed: {type(exc).__name__}: {exc}"
             if problem != self._read_problem:
@@ -112,98 +169,79 @@ class KernelLogCollector:
             if self._read_problem is not None:
                 log.info("kernel log (%s): reading again", self.source.name)
             self._read_problem = None
+        self._note_error()
         self._publish(self._storms.flush())
-        self.source.commit()  # never raises: a failed save is counted and retried
-        return self._samples()
 
-    def _read_cycle(self) -> None:
-        """Read for half the budget; if not caught up, skip ahead to what the other half can read."""
-        started = self._timer()
-        end = started + self._budget
-        done = self._process(started + self._budget / 2, self._max_records // 2)
-        if self.source.caught_up:
-            if self._skipping:
-                log.warning("kernel log (%s): caught up after passing over %d records of a backlog",
-                            self.source.name, self._skipping)
-                self._skipping = 0
-            return
-        now = self._timer()
-        rate = done / (now - started) if now > started else float("inf")
-        keep = int(min(rate * max(0.0, end - now), self._max_records - done) / 2)  # half: a margin for the estimate
-        sieve_end = now + max(0.0, end - now) * SIEVE_SHARE
-        self._sieve.start(lambda: self._timer() < sieve_end)
-        passed = self.source.skip_ahead(keep, lambda: self._timer() < end, self._sieve)
-        self._match(self.source.take_picked(), apart=True)
-        if (self._sieve.full or self._sieve.unsieved) and not self._skipping:
-            log.warning("kernel log (%s): %s: the rest of this backlog is passed over unsieved",
-                        self.source.name, f"more than {MAX_PICKED} different lines that may be critical"
-                        if self._sieve.full else "no time left to sieve it for lines that may be critical")
-        if passed and not self._skipping:
-            log.warning("kernel log (%s): a backlog larger than one cycle can read (%d records read in %.2fs): "
-                        "passing over %d records to read the newest; counted in "
-                        "tpuwatch_kernel_log_skipped_total{reason=\"backlog\"}",
-                        self.source.name, done, now - started, passed)
-        self._skipping += passed
-        self._process(end, self._max_records - done)
-
-    def _process(self, deadline: float, limit: int) -> int:
-        """Read and match batches until ``deadline``, ``limit`` records, or the end of the log."""
-        done = 0
-        while done < limit:
-            batch = self.source.read(min(BATCH_RECORDS, limit - done))
-            done += len(batch)
-            self._match(batch)
-            if self.source.caught_up or self._timer() >= deadline:
+    def _read(self, budget: float, timer: Callable[[], float]) -> None:
+        """Read until the log's end or ``budget`` seconds of ``timer``.  The storms' lines are passed over once
+        reading has taken half the budget in one go (the follower: PASS_AFTER_S, if less), and for PASS_HOLD_S
+        after lines were last passed over: a storm's lines keep coming."""
+        started = timer()
+        reader = self.reader
+        pass_after = budget / 2 if self._thread is None else min(budget / 2, PASS_AFTER_S)
+        while True:
+            spent = timer() - started
+            if spent >= budget:
                 break
-        return done
+            passing = reader.storms > 0 and (time.monotonic() < self._pass_until or spent >= pass_after)
+            before = self.source.skipped["backlog"]
+            self._count(reader.read(passing))
+            if passed := self.source.skipped["backlog"] - before:
+                if not self._passing:
+                    log.warning("kernel log (%s): the log comes faster than tpuwatch reads it: passing over the "
+                                "lines of %d storms (each one rule on one device at one severity), reading every "
+                                "other line; counted in tpuwatch_kernel_log_skipped_total{reason=\"backlog\"}",
+                                self.source.name, reader.storms)
+                self._passing += passed
+                self._pass_until = time.monotonic() + PASS_HOLD_S
+            if self.source.caught_up:
+                break
+        self._settle()
+        if self._passing and time.monotonic() >= self._pass_until:
+            log.warning("kernel log (%s): the storms are over: %d of their lines were passed over",
+                        self.source.name, self._passing)
+            self._passing = 0
 
-    def _match(self, records: list[Record], apart: bool = False) -> None:
-        """Match ``records`` in order; ``apart``: each on its own (lines picked from a backlog, not neighbours)."""
-        self._records += len(records)
-        now = time.time()
-        passed: list[KernelEvent] = []
-        for record in records:
-            try:
-                matches = self._matcher.skip(APART) if apart else []
-                for match in matches:
-                    if match.record is not None:
-                        self._count(make_event(match, match.record, self._device_for_pci, when=now), passed)
-                for match in self._matcher.feed(record):
-                    self._count(make_event(match, record, self._device_for_pci, when=now), passed)
-            except Exception as exc:  # noqa: BLE001 - no record may stop the counting
-                self._note_error(exc)
-        try:  # what waited for the records after it (a CPER block, a machine-check summary) is due now
-            for match in self._matcher.flush():
-                if match.record is not None:
-                    self._count(make_event(match, match.record, self._device_for_pci, when=now), passed)
-        except Exception as exc:  # noqa: BLE001 - no record may stop the counting
-            self._note_error(exc)
-        self._publish(passed)
+    def _settle(self) -> None:
+        """Events that wait for the records after them come out once the log's end is reached: at once without the
+        follower (a collection reads what there is), else once nothing new was written for SETTLE_S (a block the
+        writer is still writing line by line stays one event)."""
+        now = time.monotonic()
+        if self.reader.records != self._settled[0]:
+            self._settled = (self.reader.records, now)
+        if self.source.caught_up and (self._thread is None or now - self._settled[1] >= SETTLE_S):
+            self._count(self.reader.finish())
 
-    def _note_error(self, exc: Exception) -> None:
-        self._errors += 1
-        if not self._logged_error:
+    def _note_error(self) -> None:
+        error = self.reader.matcher.error
+        if error is not None and not self._logged_error:
             self._logged_error = True
             log.warning("kernel log (%s): a record could not be matched: %s: %s (logged once; counted in "
                         "tpuwatch_kernel_log_skipped_total{reason=\"error\"})", self.source.name,
-                        type(exc).__name__, exc)
+                        type(error).__name__, error)
 
     def _samples(self) -> list[Sample]:
         source = self.source
-        out = [sample("tpuwatch_kernel_events_total", n, rule=rule, severity=severity, device=device)
-               for (rule, severity, device), n in sorted(self._counts.items())]
-        out.append(sample("tpuwatch_kernel_log_records_total", self._records, source=source.name))
+        with self._lock:
+            out = [sample("tpuwatch_kernel_events_total", n, rule=rule, severity=severity, device=device)
+                   for (rule, severity, device), n in sorted(self._counts.items())]
+        out.append(sample("tpuwatch_kernel_log_records_total", self.reader.records, source=source.name))
         out.append(sample("tpuwatch_kernel_log_lost_total", source.lost, source=source.name))
-        skipped = source.skipped + Counter(error=self._errors)
+        skipped = source.skipped + Counter(error=self.reader.errors)
         out.extend(sample("tpuwatch_kernel_log_skipped_total", skipped[reason], source=source.name, reason=reason)
                    for reason in SKIP_REASONS)
         out.append(sample("tpuwatch_kernel_log_position_save_failures_total", source.position.failures,
                           source=source.name))
         return out
 
-    def _count(self, event: KernelEvent, passed: list[KernelEvent]) -> None:
-        self._counts[(event.rule, event.severity, event.device or "")] += 1
-        passed.extend(self._storms.offer(event))
+    def _count(self, events: list[KernelEvent]) -> None:
+        passed: list[KernelEvent] = []
+        with self._lock:
+            for event in events:
+                self._counts[(event.rule, event.severity, event.device or "")] += 1
+        for event in events:
+            passed.extend(self._storms.offer(event))
+        self._publish(passed)
 
     def _publish(self, events: list[KernelEvent]) -> None:
         with self._lock:
@@ -225,7 +263,17 @@ class KernelLogCollector:
                 event.device or "-", event.pci or "-", event.message)
 
     def close(self) -> None:
-        """Close the source (/dev/kmsg, the journal, the followed file)."""
+        """Stop the follower, save the position and close the source (/dev/kmsg, the journal, the followed file)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10 * FOLLOW_S)
+            if self._thread.is_alive():
+                log.warning("kernel log: the follower did not stop within %.1fs; closing its source", 10 * FOLLOW_S)
+        if self._work.acquire(timeout=10 * FOLLOW_S):  # a read that hangs keeps its lock: close without saving
+            try:
+                self.source.commit()
+            finally:
+                self._work.release()
         self.source.close()
 
     def recent_events(self) -> list[KernelEvent]:

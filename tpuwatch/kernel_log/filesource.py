@@ -1,37 +1,24 @@
-"""A followed text log file (kern.log, dmesg output, raw kmsg records, journalctl -o json) as a kernel log source."""
+"""A followed text log file (kern.log, dmesg output, raw kmsg records, journalctl -o json) as a kernel log source,
+and a stream read once from its start (``StreamSource``: what ``tpuwatch logscan`` reads): both through the one
+record splitter (``records.Splitter``)."""
 
 from __future__ import annotations
 
 import errno
 import logging
 import os
-import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 from tpuwatch.kernel_log.position import INT64_MAX, Position, is_count
-from tpuwatch.kernel_log.records import (
-    KMSG_HEAD_BYTES_RE,
-    MAX_LINE_BYTES,
-    Record,
-    parse_line,
-    text_or_reason,
-    unescape_kmsg,
-)
+from tpuwatch.kernel_log.records import Block, Splitter
 from tpuwatch.kernel_log.sources import Source, SourceError
-
-if TYPE_CHECKING:
-    from tpuwatch.kernel_log.sieve import BacklogSieve
 
 log = logging.getLogger(__name__)
 
-FILE_READ_BYTES = 1 << 20
-FILE_BUDGET_BYTES = 8 << 20
-SKIP_CHUNK_BYTES = 1 << 20
-_CONTINUATION = re.compile(rb" [A-Z0-9_]{1,64}=")
-_DEFAULT_LINE_BYTES = 128.0
+FILE_READ_BYTES = 256 << 10
 
 
 def _file_check(state: dict[str, Any]) -> str | None:
@@ -52,10 +39,9 @@ class FileSource(Source):
     the saved file) is read first.  Without a saved position it starts at the
     end.  A path that does not exist (yet) is a warning and ``degraded``; the
     file is followed from its start once it appears; so is one that replaces a FIFO, a device or a directory at
-    the path, which are refused (opened without blocking, never read).  Bad bytes in a line are read as
-    U+FFFD; lines mostly of them (binary junk) or longer than 64 KiB are skipped and counted; runs of NUL bytes before a
-    line (a crash's zero-filled tail, however long) are dropped.  kmsg continuation lines (`` DEVICE=...``)
-    after a raw kmsg record belong to it.
+    the path, which are refused (opened without blocking, never read).  ``read()`` gives the next ``Block`` of
+    whole records, at most ``FILE_READ_BYTES`` of the file (see ``records.Splitter`` for lines that are no
+    records, and for a record's continuation lines).
     """
 
     name = "file"
@@ -65,15 +51,13 @@ class FileSource(Source):
         self.path = path
         self._handle: BinaryIO | None = None
         self._identity: tuple[int, int] | None = None
-        self._offset = 0
+        self._offset = 0  # the first byte not in a block yet: the position saved
+        self._read_at = 0  # the first byte not read yet
+        self._splitter = Splitter()
         self._draining_old = False
-        self._discarding = False
-        self._after_kmsg = False  # the last line was a raw kmsg record (or one of its continuation lines)
         self._problem: str | None = None
         self._missing_problem: str | None = None  # the text of _problem while the path is missing
         self._missing_reads = 0
-        self._bytes_seen = 0
-        self._lines_seen = 0
         self._start_at_end = False  # an existing file that could not be opened at start: no replay once it can
         state = self.position.load()
         try:
@@ -120,7 +104,8 @@ class FileSource(Source):
         self._offset = offset if offset <= st.st_size else 0
         if self._start_at_end:
             self._offset, self._start_at_end = st.st_size, False
-        self._discarding = self._after_kmsg = False
+        self._read_at = self._offset
+        self._splitter = Splitter(start=self._offset == 0)
 
     def _follow_path(self) -> bool:
         """Open the path from its start (a new file after rotation, or one that appeared); False if it cannot be."""
@@ -138,33 +123,36 @@ class FileSource(Source):
         self._draining_old = False
         return True
 
-    def read(self, limit: int) -> list[Record]:
-        """Complete new lines, at most ``limit`` records; switches to the new file after a rotation."""
-        out: list[Record] = []
+    def read(self) -> Block:
+        """The next block of complete new records; switches to the new file after a rotation."""
         self.caught_up = False
         current = _identity_of(self.path)
         self._note_missing(current is None)
-        budget = FILE_BUDGET_BYTES
-        while len(out) < limit and budget > 0:
-            if self._handle is None:
-                if current is None or not self._follow_path():
-                    self.caught_up = True
-                    break
+        for _ in range(4):  # the old file's last piece, the switch to the new one, its first piece
+            if self._handle is None and (current is None or not self._follow_path()):
+                break
+            assert self._handle is not None
             rotated = self._draining_old or (current is not None and current != self._identity)
-            consumed = self._read_lines(out, limit, final=rotated)
-            budget -= consumed
-            if consumed:
-                continue
+            data = os.pread(self._handle.fileno(), FILE_READ_BYTES, self._read_at)
+            if data:
+                more = len(data) == FILE_READ_BYTES
+                block = self._splitter.split(data, "more" if more else "final" if rotated else "eof")
+                self._read_at += len(data)
+                self._offset = self._read_at - self._splitter.pending
+                self.caught_up = not more and not rotated
+                return self.counted(block)
             if rotated and current is not None:  # the old file is read to its end: follow the new one
+                if self._splitter.pending:  # its last line, without a newline
+                    self._offset = self._read_at
+                    return self.counted(self._splitter.split(b"", "final"))
                 if not self._follow_path():
-                    self.caught_up = True
                     break
-            elif self._handle is not None and os.fstat(self._handle.fileno()).st_size < self._offset:
+            elif os.fstat(self._handle.fileno()).st_size < self._read_at:
                 self._open(self.path, 0)  # truncated in place
             else:
-                self.caught_up = True
                 break
-        return out
+        self.caught_up = True
+        return Block("")
 
     def _note_missing(self, missing: bool) -> None:
         """A path missing at two reads in a row (not just between a rename and a create) is degraded."""
@@ -174,129 +162,6 @@ class FileSource(Source):
             log.warning("kernel log: %s", self._problem)
         elif not missing and self._handle is not None and self._problem == self._missing_problem:
             self._problem = None  # back under its old name: it is read on
-
-    def _read_lines(self, out: list[Record], limit: int, final: bool) -> int:
-        """Append records from the open file and return the bytes consumed.
-
-        A last line without a newline is taken only when ``final`` (the file was rotated away).
-        """
-        assert self._handle is not None
-        self._handle.seek(self._offset)
-        data = self._handle.read(FILE_READ_BYTES)
-        if not self._discarding and data.startswith(b"\0"):  # a crash's zero-filled tail: no line is in it
-            run = len(data) - len(data.lstrip(b"\0"))
-            self._offset += run
-            self._bytes_seen += run
-            return run
-        skip = 0
-        if self._discarding:  # the rest of an over-long line
-            newline = data.find(b"\n")
-            skip = len(data) if newline < 0 else newline + 1
-            self._discarding = newline < 0
-        end = data.rfind(b"\n") + 1
-        if final and len(data) < FILE_READ_BYTES:
-            end = len(data)
-        if end <= skip:
-            if len(data) - skip > MAX_LINE_BYTES:  # no newline in sight: skip this line
-                self.skip("too_long", f"in {self.path} at offset {self._offset + skip}")
-                self._discarding = True
-                skip = len(data)
-            self._offset += skip
-            return skip
-        position, lines, kmsg_start = skip, 0, -1
-        while position < end:
-            newline = data.find(b"\n", position, end)
-            stop = end if newline < 0 else newline + 1
-            line = data[position:stop].rstrip(b"\r\n")
-            if self._after_kmsg and _CONTINUATION.match(line):
-                if line.startswith(b" DEVICE=") and out and kmsg_start >= 0:
-                    device = unescape_kmsg(line[len(b" DEVICE="):][:256].decode("ascii", "replace"))
-                    out[-1] = Record(out[-1].message, device)
-                position, lines = stop, lines + 1
-                continue
-            if len(out) >= limit:
-                break
-            record = self._parse(line)
-            self._after_kmsg = record is not None and KMSG_HEAD_BYTES_RE.match(line) is not None
-            if record is not None:
-                out.append(record)
-                kmsg_start = position if self._after_kmsg else -1
-            position, lines = stop, lines + 1
-        if self._after_kmsg and kmsg_start > skip and position == end and len(data) == FILE_READ_BYTES:
-            out.pop()  # more continuation lines may follow in the next block: read this record again with them
-            position, self._after_kmsg = kmsg_start, False
-        self._offset += position
-        self._bytes_seen += position - skip
-        self._lines_seen += lines
-        return position
-
-    def _parse(self, line: bytes) -> Record | None:
-        text, reason = text_or_reason(line.lstrip(b"\0"))
-        if text is None:
-            self.skip(reason, f"in {self.path} at offset {self._offset}")
-            return None
-        try:
-            return parse_line(text)
-        except Exception as exc:  # noqa: BLE001 - no line may stop the reading
-            self.skip("error", f"{type(exc).__name__}: {exc}")
-            return None
-
-    def skip_ahead(self, keep: int, in_time: Callable[[], bool], sieve: BacklogSieve | None = None) -> int:
-        """Move to about ``keep`` lines (at the average line length seen) before the end, counting the lines passed
-        and reading the lines ``sieve`` picks from them (``take_picked``).
-
-        Lines that start with a space (kmsg continuation lines) are not counted: they are no records.
-        """
-        if self._handle is None:
-            return 0
-        fd = self._handle.fileno()
-        average = self._bytes_seen / self._lines_seen if self._lines_seen else _DEFAULT_LINE_BYTES
-        target = os.fstat(fd).st_size - int(keep * average)
-        start = position = line_start = self._offset
-        lines = continuations = 0  # continuation lines (" KEY=...") of kmsg records are no records
-        previous = b""
-        partial: bytes | None = None if self._discarding else b""  # a line going on in the next chunk (None: too long)
-        self._picked = []
-        while position < target and in_time():
-            chunk = os.pread(fd, min(SKIP_CHUNK_BYTES, target - position), position)
-            if not chunk:
-                break
-            lines += chunk.count(b"\n")
-            continuations += chunk.count(b"\n ") + (previous == b"\n" and chunk.startswith(b" "))
-            last = chunk.rfind(b"\n")
-            if last >= 0:
-                line_start = position + last + 1
-            if sieve is not None and sieve.active:
-                partial = self._sift(sieve, partial, chunk, last)
-            previous = chunk[-1:]
-            position += len(chunk)
-        kept_first = os.pread(fd, 1, line_start) if line_start < position else b""
-        passed = lines - continuations + (kept_first == b" ") - len(self._picked)  # its own start counted above
-        if line_start == start:
-            return 0
-        self._offset = line_start
-        self._discarding = False
-        self._after_kmsg = True  # continuation lines here belong to a record passed over
-        self.skip("backlog", "", passed)
-        return passed
-
-    def _sift(self, sieve: BacklogSieve, partial: bytes | None, chunk: bytes, last: int) -> bytes | None:
-        """Hand the whole lines that ``chunk`` completes to ``sieve`` and keep the records of those it picks;
-        returns the new partial line."""
-        if last < 0:
-            if partial is None or len(partial) + len(chunk) > MAX_LINE_BYTES:
-                return None
-            return partial + chunk
-        if partial is None:  # the rest of an over-long line
-            lines = chunk[chunk.find(b"\n") + 1:last + 1]
-        else:
-            lines = partial + chunk[:last + 1]
-        for line in sieve.pick(lines):
-            record = self._parse(line.rstrip(b"\r"))
-            if record is not None:
-                self._picked.append(record)
-        rest = chunk[last + 1:]
-        return rest if len(rest) <= MAX_LINE_BYTES else None
 
     def commit(self) -> None:
         """Save the file identity and the offset of the first unread byte."""
@@ -308,6 +173,32 @@ class FileSource(Source):
         """Close the file."""
         if self._handle is not None:
             self._handle.close()
+
+
+class StreamSource(Source):
+    """A stream read once, from its start to its end: a file, stdin or a decompressed log (``tpuwatch logscan``).
+
+    ``read`` is the stream's: up to the bytes asked for, fewer only at its end.  Its records come through the
+    same splitter as a followed file's; ``lines`` counts the lines read so far.
+    """
+
+    name = "file"
+
+    def __init__(self, read: Callable[[int], bytes]) -> None:
+        super().__init__(Position(None, _file_check))
+        self._read = read
+        self._splitter = Splitter(start=True)
+
+    @property
+    def lines(self) -> int:
+        """The lines read so far."""
+        return self._splitter.line - 1
+
+    def read(self) -> Block:
+        """The next block of whole records (the rest, at the end of the stream)."""
+        data = self._read(FILE_READ_BYTES)
+        self.caught_up = len(data) < FILE_READ_BYTES
+        return self.counted(self._splitter.split(data, "final" if self.caught_up else "more"))
 
 
 def absent(path: str) -> str:

@@ -1,6 +1,8 @@
 """``tpuwatch logscan FILE [--rules PATH] [--json]``: run the kernel log rules over a file.
 
-Exit 0 when no critical event was found, 1 when one was, 2 for a usage,
+The file is read as the daemon reads a followed file, from its start: the
+same splitter, the same matcher, the same events (``reader.LogReader`` over a
+``filesource.StreamSource``).  Exit 0 when no critical event was found, 1 when one was, 2 for a usage,
 config or rule file error or a file that cannot be read to its end (one line
 on stderr).  Rotated logs compressed with gzip, xz or bzip2 are read as they
 are; a zstd file, a binary journal file and the journal's multi-line forms
@@ -18,16 +20,19 @@ import lzma
 import os
 import sys
 import zlib
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO, TextIO
 
 from tpuwatch.config import Config
 from tpuwatch.devices import select_backend
 from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver, device_lookup
 from tpuwatch.kernel_log.events import KernelEvent
+from tpuwatch.kernel_log.filesource import StreamSource
+from tpuwatch.kernel_log.reader import LogReader
 from tpuwatch.kernel_log.rule import SEVERITIES
 from tpuwatch.kernel_log.rulefile import load_rules
-from tpuwatch.kernel_log.scan import ScanStats, scan
+from tpuwatch.kernel_log.rules import RuleSet
 from tpuwatch.schema import ConfigError
 
 EXIT_OK, EXIT_CRITICAL, EXIT_USAGE = 0, 1, 2
@@ -59,14 +64,14 @@ def run(args: argparse.Namespace, config: Config) -> int:
         print(f"tpuwatch: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
         return EXIT_USAGE
     _keep_freed_memory()
-    stats = ScanStats()
     with raw:
         stream = _Reading(raw)
         refused = stream.refused()
         if refused:
             print(f"tpuwatch: logscan {args.file}: {refused}", file=sys.stderr)
             return EXIT_USAGE
-        events = scan(stream, rules, _chip_lookup(config), stats)  # type: ignore[arg-type]
+        stats = Scan(stream, rules, _chip_lookup(config))
+        events = stats.events()
         try:
             (_write_json if args.json else _write_text)(events, stats, args.file, sys.stdout)
             sys.stdout.flush()
@@ -81,6 +86,38 @@ def run(args: argparse.Namespace, config: Config) -> int:
     if stats.severities["critical"]:
         return EXIT_CRITICAL
     return EXIT_USAGE if stream.error else EXIT_OK
+
+
+class Scan:
+    """One file read from its start through the daemon's path; ``lines``, ``skipped`` and ``severities`` grow as
+    ``events()`` is consumed."""
+
+    def __init__(self, stream: _Reading, rules: RuleSet, attribution: Attribution) -> None:
+        self._source = StreamSource(stream.read)
+        self._reader = LogReader(self._source, rules, attribution, line_numbers=True)
+        self.severities: Counter[str] = Counter()
+
+    @property
+    def lines(self) -> int:
+        """Lines read."""
+        return self._source.lines
+
+    @property
+    def skipped(self) -> int:
+        """Lines that were no records (binary junk, over 64 KiB)."""
+        return self._source.skipped["not_text"] + self._source.skipped["too_long"]
+
+    def events(self) -> Iterator[KernelEvent]:
+        """Every event, in order, as the file is read."""
+        while True:
+            for event in self._reader.read():
+                self.severities[event.severity] += 1
+                yield event
+            if self._source.caught_up:
+                for event in self._reader.finish():
+                    self.severities[event.severity] += 1
+                    yield event
+                return
 
 
 # The first bytes of compressed and binary files (each format's magic number).
@@ -160,7 +197,7 @@ def _chip_lookup(config: Config) -> Attribution:
     return Attribution(device_lookup(lambda: readings), SysfsResolver(config.paths.sysfs))
 
 
-def _write_text(events: Iterable[KernelEvent], stats: ScanStats, name: str, out: TextIO) -> None:
+def _write_text(events: Iterable[KernelEvent], stats: Scan, name: str, out: TextIO) -> None:
     for e in events:
         xid = f" xid={e.xid}" if e.xid is not None else ""
         count = f" x{e.count}" if e.count != 1 else ""
@@ -172,7 +209,7 @@ def _write_text(events: Iterable[KernelEvent], stats: ScanStats, name: str, out:
               f"{stats.skipped} lines skipped (not text or over 64 KiB)\n")
 
 
-def _write_json(events: Iterable[KernelEvent], stats: ScanStats, name: str, out: TextIO) -> None:
+def _write_json(events: Iterable[KernelEvent], stats: Scan, name: str, out: TextIO) -> None:
     """One JSON document, written as the scan goes so memory does not grow with the file."""
     out.write(f'{{"file": {json.dumps(name)}, "events": [')
     out.writelines(("," if index else "") + "\n  " + json.dumps(event.to_json()) for index, event in enumerate(events))

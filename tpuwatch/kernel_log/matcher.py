@@ -5,30 +5,30 @@ records (``lines``), the detail lines of one fault that must not count again
 and that stand for it when its first line was lost (``follow``), and an event
 that waits for the lines after it (``hold``, a CPER block's ``device_id:``).
 State is a few records deep: at most ``MAX_OPEN_FAULTS`` open faults per rule,
-``MAX_HELD`` waiting events and the events behind them, the last ``lines - 1`` messages.
-A boot or a reload of the NVIDIA driver (``RESTARTS``) ends it all: what came
-before can neither absorb nor stand for what comes after.
+``MAX_HELD`` waiting events and the events behind them, the last ``lines - 1`` records.
+A boot or a reload of the NVIDIA driver (``rules.RESTARTS``) ends it all: what
+came before can neither absorb nor stand for what comes after.
+
+Every reader of the kernel log (the daemon's sources, ``tpuwatch logscan``,
+``tpuwatch check``) feeds its records through ``StreamMatcher.feed``; a text
+log comes as ``Block``s, whose records without a keyword are counted, not
+parsed.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from tpuwatch.kernel_log.attribution import device_key, pci_of_key, prefix_device
-from tpuwatch.kernel_log.records import Record
+from tpuwatch.kernel_log.records import Block, Record
 from tpuwatch.kernel_log.rule import RANK, Match
-
-if TYPE_CHECKING:
-    from tpuwatch.kernel_log.rules import RuleSet
+from tpuwatch.kernel_log.rules import RESTART_STARTS, RuleSet
+from tpuwatch.kernel_log.sieve import BacklogSieve
 
 MAX_OPEN_FAULTS = 32
 MAX_HELD = 64
-# Messages that start afresh: the kernel's banner at boot (start_kernel) and nvidia_init_module()'s at a load of
-# the driver; they are among the prefilter's keywords, so that logscan feeds them.
-RESTARTS = ("Linux version ", "VRM: loading NVIDIA UNIX")
-_RESTART_STARTS = ("Linux version ", "NVRM: loading NVIDIA UNIX")
 
 
 class _Fault:
@@ -74,12 +74,13 @@ class _Held:
 class StreamMatcher:
     """Matches the records of one stream in order; one stream, one matcher.
 
-    ``feed(record)`` gives the matches the record completes (at most one for
-    the record itself, plus any waiting events it ends), in the order of their
-    first records: a match after a waiting event comes out with or after it;
-    ``skip(n)`` tells it that ``n`` records matching no keyword went by unfed;
-    ``flush()`` gives everything still waiting, at the end of a read or of the
-    stream.
+    ``feed(batch)`` gives the matches the records complete (at most one for
+    each record itself, plus any waiting events they end), in the order of
+    their first records: a match after a waiting event comes out with or after
+    it; each match carries its record and the record's index in the stream.
+    ``skip(n)`` tells it that ``n`` records went by unread (passed over in a
+    backlog); ``flush()`` gives everything still waiting, at the end of a read
+    or of the stream.
     """
 
     def __init__(self, rules: RuleSet) -> None:
@@ -88,24 +89,42 @@ class StreamMatcher:
         self._always = bool(rules.unkeyed or rules.unkeyed_follow)
         self._can_match = rules.can_match
         self._search = rules.prefilter.search if rules.prefilter is not None else _nothing
+        self._finds = rules.prefilter.finds if rules.prefilter is not None else _no_finds
         self._index = 0
-        # Per rule, how far back its last event still counts (the longest hold of the rules it supersedes: _emit)
-        # and its faults (its follow's within); _until: the last index at which something remembered does.
-        self._looks_back = [-1] * len(self._rules)
-        for i, rule in enumerate(self._rules):
-            for j in rules.superseded_by[i]:
-                self._looks_back[j] = max(self._looks_back[j], rule.hold)
         self._within = [rule.follow.within if rule.follow else -1 for rule in self._rules]
-        self._until = -1
-        self._context: deque[str] | None = deque(maxlen=rules.max_lines - 1) if rules.max_lines > 1 else None
+        self._context: deque[Record] | None = deque(maxlen=rules.max_lines - 1) if rules.max_lines > 1 else None
         self._open: dict[int, deque[_Fault]] = {}
         self._held: list[_Held] = []
         self._due = 0  # the last index through which no waiting event's hold runs out
         self._later: list[Match] = []  # matches after a waiting event, given out once it ends
         self._latest: dict[int, int] = {}  # rule -> the last record any of its open faults took
         self._last: dict[int, tuple[int, int, str | None]] = {}  # rule -> (index, rank, pci) of its last event
+        self._absorbed: list[tuple[Match, Record]] = []
+        self.errors = 0  # records whose matching failed (passed over)
+        self.error: Exception | None = None  # the last such failure
 
-    def feed(self, record: Record) -> list[Match]:
+    def feed(self, batch: Block | Sequence[Record], passing: BacklogSieve | None = None) -> list[Match]:
+        """The matches the next records of the stream complete: a ``Block`` of a text log, or records.  With
+        ``passing``, the lines of the storms it knows are passed over unread (``BacklogSieve``)."""
+        out: list[Match] = []
+        sieving = passing is not None and bool(passing.storms) and not self._always
+        if isinstance(batch, Block):
+            items = (passing.walk(batch) if sieving else None) or batch.walk(  # type: ignore[union-attr]
+                None if self._always else self._finds, self.rules.max_lines - 1, self.rules.wants_context)
+        else:
+            items = passing.each(batch) if sieving else batch  # type: ignore[union-attr]
+        for item in items:
+            if isinstance(item, int):
+                out += self.skip(item)
+                continue
+            try:
+                out += self._feed_one(item)
+            except Exception as exc:  # noqa: BLE001 - no record may stop the stream: counted, passed over
+                self.errors += 1
+                self.error = exc
+        return out
+
+    def _feed_one(self, record: Record) -> list[Match]:
         """The matches for the next record of the stream."""
         self._index += 1
         message = record.message
@@ -116,18 +135,9 @@ class StreamMatcher:
         else:  # nothing waits, or no hold runs out yet (what waits behind an event keeps waiting): nothing to give
             out = None
         if self._context is not None:
-            self._context.append(message)
+            self._context.append(record)
         if out is None:
             return []
-        return self._in_order(out) if self._held or self._later else out
-
-    def feed_found(self, record: Record) -> list[Match]:
-        """``feed`` for a record already known to hold a keyword whose regexes may match (logscan's hits): the
-        same matches, without looking again."""
-        self._index += 1
-        out = self._match(record)
-        if self._context is not None:
-            self._context.append(record.message)
         return self._in_order(out) if self._held or self._later else out
 
     def expects_any(self, rules: tuple[int, ...]) -> bool:
@@ -141,13 +151,6 @@ class StreamMatcher:
             if rule in latest and self._index - latest[rule] <= self._within[rule]:
                 return True
         return False
-
-    def fresh(self, pending: int = 0) -> bool:
-        """True if a restart now, after ``pending`` more records without keywords, would change nothing but the
-        context: no event since the last restart (so nothing waits and no fault is open: each starts with an
-        event, which ``_emit`` remembers), or nothing waits and every event and fault remembered is further back
-        than any rule looks (its ``hold``, its follow's ``within``), so that no later record can meet it."""
-        return not (self._held or self._later) and self._until < self._index + pending
 
     def skip(self, count: int) -> list[Match]:
         """``count`` records that contain no keyword went by: waiting events whose ``hold`` they pass end."""
@@ -200,7 +203,7 @@ class StreamMatcher:
 
     def _match(self, record: Record) -> list[Match]:
         index, message, rules = self._index, record.message, self._rules
-        if message.startswith(_RESTART_STARTS):
+        if message.startswith(RESTART_STARTS):
             return self._restart()
         primary, follows = self.rules.analyse(message)
         matches: list[tuple[int, Match]] = []
@@ -219,7 +222,7 @@ class StreamMatcher:
                 return out
         record_key = device_key(record) if matches or follows or self._held else None
         absorbed: list[tuple[str | None, int]] = []
-        taken = self._held_follows(follows, dict(matches), record_key, index, out, absorbed) if self._held else set()
+        taken = self._held_follows(follows, dict(matches), record, record_key, out, absorbed) if self._held else set()
         alone: list[tuple[int, Match]] = []
         for i, found in follows:
             if i in taken:
@@ -227,8 +230,7 @@ class StreamMatcher:
             key = found.pci or record_key
             fault = self._fault(i, found, key, index)
             if fault is not None and RANK[found.severity] <= fault.rank:
-                fault.last = index
-                self._fault_took(fault.rule, index)
+                self._took(fault, found, record, index)
                 absorbed.append((fault.key, fault.rank))
             elif rules[i].follow.alone:  # type: ignore[union-attr]
                 alone.append((i, found))
@@ -240,13 +242,14 @@ class StreamMatcher:
             self._emit(i, chosen, record, record_key, index, out)
         return out
 
-    def _held_follows(self, follows: tuple[tuple[int, Match], ...], primaries: dict[int, Match], record_key: str | None,
-                      index: int, out: list[Match], absorbed: list[tuple[str | None, int]]) -> set[int]:
+    def _held_follows(self, follows: tuple[tuple[int, Match], ...], primaries: dict[int, Match], record: Record,
+                      record_key: str | None, out: list[Match], absorbed: list[tuple[str | None, int]]) -> set[int]:
         """Waiting events are superseded (dropped: a rule that reports the fault matched this record, as severe,
         about the same device), take this record as one of their lines, keep waiting through a record of
         something else, or end (released: their ``hold`` is over, or their rule's next fault began).
         ``primaries``: rule -> its match on this record."""
         taken: set[int] = set()
+        index = self._index
         for held in list(self._held):
             rule = self._rules[held.rule]
             if any(held.superseded(RANK[m.severity], m.pci) for j in self.rules.superseded_by[held.rule]
@@ -256,8 +259,7 @@ class StreamMatcher:
             line = next((m for i, m in follows if i == held.rule), None)
             fault = self._fault(held.rule, line, line.pci or record_key, index) if line is not None else None
             if line is not None and fault is not None and fault.held is held and index - held.index <= rule.hold:
-                fault.last = index
-                self._fault_took(fault.rule, index)
+                self._took(fault, line, record, index)
                 pci = line.pci or (pci_of_key(record_key) if fault.key is None else None)
                 if held.match.pci is None and pci is not None:  # the first line named no device, this one does
                     held.match = replace(held.match, pci=pci)
@@ -278,7 +280,6 @@ class StreamMatcher:
         match = Match(match.rule, match.severity, match.pci, match.xid, match.fields, match.record or record, start)
         fault = _Fault(i, match.pci or record_key, match, index) if rule.follow is not None else None
         self._last[i] = (index, RANK[match.severity], match.pci)
-        self._until = max(self._until, index + self._looks_back[i])
         if rule.hold:
             reported = [(last[1], last[2]) for j in self.rules.superseded_by[i]
                         if (last := self._last.get(j)) is not None and last[0] >= index - rule.hold]
@@ -299,10 +300,21 @@ class StreamMatcher:
             faults.append(fault)
             self._fault_took(i, index)
 
+    def _took(self, fault: _Fault, line: Match, record: Record, index: int) -> None:
+        """``fault`` takes the record at ``index``: ``line`` is one of its follow lines, no event of its own (kept in
+        ``absorbed`` until ``take_absorbed``: a storm of them is a storm all the same)."""
+        fault.last = index
+        self._fault_took(fault.rule, index)
+        self._absorbed.append((line, record))
+
+    def take_absorbed(self) -> list[tuple[Match, Record]]:
+        """The follow lines faults took since the last call, each with its record."""
+        taken, self._absorbed = self._absorbed, []
+        return taken
+
     def _fault_took(self, rule: int, index: int) -> None:
         """A fault of ``rule`` took record ``index``: its follow lines count for ``within`` records more."""
         self._latest[rule] = index
-        self._until = max(self._until, index + self._within[rule])
 
     def _fault(self, i: int, line: Match | None, key: str | None, index: int) -> _Fault | None:
         """The latest open fault of rule ``i`` that ``line`` can belong to."""
@@ -326,7 +338,6 @@ class StreamMatcher:
         self._open.clear()
         self._latest.clear()
         self._last.clear()
-        self._until = -1
         if self._context is not None:
             self._context.clear()
         return out
@@ -335,17 +346,19 @@ class StreamMatcher:
         """Rule ``i`` on this record joined with the ones before it: a match that starts before it and ends in it."""
         rule = self._rules[i]
         assert self._context is not None
-        previous = list(self._context)[-(rule.lines - 1):]
-        if not previous:
+        parts = [*list(self._context)[-(rule.lines - 1):], record]
+        if len(parts) == 1:
             return None
-        text = "\n".join([*previous, record.message])
-        start = len(text) - len(record.message)
+        text = "\n".join(part.message for part in parts)
+        starts = [0]
+        for part in parts[:-1]:
+            starts.append(starts[-1] + len(part.message) + 1)
         for found in rule.regex.finditer(text):
-            if found.start() < start < found.end():
-                first = text.rfind("\n", 0, found.start()) + 1
-                joined = Record(text[first:], record.kernel_device)
+            if found.start() < starts[-1] < found.end():
+                first = max(k for k, at in enumerate(starts) if at <= found.start())
+                joined = Record(text[starts[first]:], record.kernel_device, parts[first].line)
                 match = rule.verdict(found, rule.severity)
-                return replace(match, record=joined, index=self._index - text.count("\n", first))
+                return replace(match, record=joined, index=self._index - (len(parts) - 1 - first))
         return None
 
     def _let_go(self, held: _Held, out: list[Match]) -> None:
@@ -364,6 +377,11 @@ def _sibling(pci: str | None, own: str) -> bool:
 def _nothing(message: str) -> None:
     """The prefilter of a rule set without keywords."""
     return None
+
+
+def _no_finds(text: str) -> list[tuple[int, str]]:
+    """The finds of a rule set without keywords."""
+    return []
 
 
 def _covered(key: str | None, rank: int, absorbed: list[tuple[str | None, int]]) -> bool:

@@ -1,24 +1,35 @@
-"""Pure parsing of kernel log text: kmsg records, dmesg and syslog lines, ``journalctl -o json`` lines.
+"""Pure parsing of kernel log text: the one record splitter, kmsg records, dmesg and syslog lines, journal JSON.
 
-Nothing here does I/O.  A line of any supported format becomes a ``Record``:
-the kernel's message text with timestamps and prefixes removed, plus the
-device the kernel attached to it (kmsg ``DEVICE=``, journal ``_KERNEL_DEVICE``).
-Every step is bounded: a line is cut at ``MAX_LINE_BYTES``, a message at
-``MAX_MESSAGE_CHARS``, header numbers at 20 digits, and JSON that is too deep,
-holds a number Python refuses or is not an object falls back to plain text;
-nothing raises on any input.
+Nothing here does I/O.  Text logs (a followed file, logscan's input, the raw
+records /dev/kmsg gives) go through one ``Splitter``: bytes in pieces of any
+size become ``Block``s of whole records, where a line that starts with white
+space continues the record above it (kmsg's `` KEY=VALUE`` lines; the
+indented later lines dmesg and journalctl print for a message with newlines).
+A record of any supported format becomes a ``Record``: the kernel's message
+text with timestamps and prefixes removed, plus the device the kernel attached
+to it (kmsg ``DEVICE=``, journal ``_KERNEL_DEVICE``).  Every step is bounded:
+a line is cut at ``MAX_LINE_BYTES``, a message at ``MAX_MESSAGE_CHARS``,
+header numbers at 20 digits, and JSON that is too deep, holds a number Python
+refuses or is not an object falls back to plain text; nothing raises on any
+input.
 """
 
 from __future__ import annotations
 
-import json
 import re
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-MAX_MESSAGE_CHARS = 2048
-MAX_LINE_BYTES = 64 * 1024
-_JUNK_BYTES = bytes(b for b in range(32) if b not in (9, 10, 13)) + b"\x7f"
-_JUNK_TO_REPLACEMENT = {b: "\ufffd" for b in _JUNK_BYTES}
+from tpuwatch.kernel_log.formats import (
+    KMSG_HEAD_RE,
+    MAX_LINE_BYTES,
+    MAX_MESSAGE_CHARS,
+    is_text,
+    kmsg_message,
+    line_message,
+    text_or_reason,
+)
 
 # Why a record was skipped (the ``reason`` label of tpuwatch_kernel_log_skipped_total).
 SKIP_REASONS = ("not_text", "too_long", "malformed", "error", "backlog")
@@ -26,77 +37,14 @@ SKIP_REASONS = ("not_text", "too_long", "malformed", "error", "backlog")
 _PCI_RE = re.compile(
     r"(?:(?:0000)?(?P<domain>[0-9a-fA-F]{1,4}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<slot>[0-9a-fA-F]{2})(?:\.(?P<fn>[0-7]))?")
 
-# Raw /dev/kmsg: "PRIO,SEQ,USEC,FLAGS[,...];text" (the kernel prints 64-bit numbers: at most 20 digits).
-KMSG_HEAD = r"(\d{1,20}),(\d{1,20}),(\d{1,20}),[^;\n]{0,256};"
-KMSG_HEAD_RE = re.compile(KMSG_HEAD)
-KMSG_HEAD_BYTES_RE = re.compile(KMSG_HEAD.encode())
-# /dev/kmsg escapes every byte below 0x20 or above 0x7e, and the backslash itself, as \xNN
-# (Documentation/ABI/testing/dev-kmsg; msg_add_ext_text() in kernel/printk/printk.c).
-_KMSG_ESCAPE_RE = re.compile(rb"\\x([0-9a-fA-F]{2})")
-_KEPT_CONTROLS = (0x09, 0x0A)  # tab and newline are decoded; other control bytes stay written as \xNN
-
-# A month or weekday name in any language strftime writes (Nov, Mär, фев, mrt.).
-_NAME = r"[^\W\d_]{2,4}\.?"
-# A syslog line's head before its program tag: the time and a host name, which `journalctl --no-hostname` leaves
-# out.  The time as syslog daemons and every `journalctl -o short-*` mode write it: traditional (short; with
-# microseconds, short-precise), ISO 8601 with T or a space (short-iso, short-iso-precise, RFC 3339), with the
-# weekday and zone (short-full, with-unit: "Mon 2026-11-30 04:37:39 UTC"), seconds since the epoch (short-unix),
-# or as Incus OS exports it ("04 Aug, 14:03:32").
-_SYSLOG_TIME = (rf"(?:{_NAME} +\d+ \d\d:\d\d:\d\d(?:\.\d{{1,9}})?"
-                rf"|(?:{_NAME} )?\d{{4}}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:\.\d{{1,9}})?"
-                r"(?:Z| ?[+-]\d\d(?::?\d\d)?| [A-Za-z]{1,6})?"
-                rf"|\d{{1,12}}\.\d{{1,9}}|\d\d {_NAME}, \d\d:\d\d:\d\d)")
-# journalctl -o short-monotonic and short-delta: "[  123.456789] host kernel: ", "[  123.456789 <  1.000000 >]
-# host kernel: " (the first entry padded with spaces instead), which dmesg's own "[seconds] " head only differs
-# from by what follows it.
-_MONOTONIC = r"\[ *\d+\.\d+(?: <[ \d.]+>| +)?\]"
-_HOST = r"(?: [^\s:](?:\S*[^\s:])?)?"
-_SYSLOG_HEAD = rf"(?:{_SYSLOG_TIME}|{_MONOTONIC}){_HOST} "
-_KERNEL_TAG = r"kernel(?:\[\d+\])?: "
-_CALLER = r"\[ *[TC]\d{1,10}\]"  # printk's caller (CONFIG_PRINTK_CALLER): "[  T123]", "[    C3]"
-
-# The times dmesg writes before a message: [seconds], -T (ctime), -H (a time, then deltas), --time-format delta
-# and iso (a comma before the microseconds, as no syslog head has), each maybe followed by the printk caller
-# (CONFIG_PRINTK_CALLER: "[    5.123456][  T123] ").
-_DMESG_TIME = (rf"(?:(?:\[\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d{{1,9}})?\])?\[ *\d+\.\d+\]"
-               rf"|\[{_NAME} {_NAME} [ \d]\d \d\d:\d\d:\d\d \d{{4}}\]"
-               rf"|\[ *\+ *\d+\.\d+\]|\[{_NAME} ?\d\d? \d\d:\d\d\]|\[< *\d+\.\d+>\]"
-               rf"|\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d,\d{{1,9}}(?:[+-]\d\d:?\d\d)?)(?: ?{_CALLER})? ")
-
-# Prefixes that dmesg, syslog daemons and `dmesg -x/-r/-T` put before the kernel's text; also a bare "kernel: "
-# (a syslog line pasted without its time and host) and `talosctl dmesg`'s "host: kern:  warn: [RFC 3339 time]: ".
-_PREFIX_RE = re.compile(
-    r"(?:<\d+>)?"                                                     # dmesg -r: <prio>
-    r"(?:[a-z]+ *:[a-z]+ *: |[^\s:]+: kern: *[a-z]+: \[[\dT:.Z+-]{1,40}\]: )?"  # dmesg -x: "kern  :warn  : "
-    rf"(?P<syslog>(?:{_SYSLOG_HEAD})?{_KERNEL_TAG}(?:{_CALLER} )?)?"  # syslog: "Nov 30 04:37:39 host kernel: "
-    rf"(?:{_DMESG_TIME})?"
-)
-
-# A syslog line some other program wrote ("Nov 30 04:37:39 host job[4242]: ..."): not the kernel's, whatever it
-# says (any local user can log "NVRM: Xid ..."); it becomes an empty record, which no rule matches.  After a
-# monotonic time only with a host and a [pid]: dmesg's "[  5.1] usb 1-1: ..." has the same shape without them.
-_IDENT = r"[^\s:\[\]]{1,64}"
-_OTHER_PROGRAM_RE = re.compile(
-    rf"(?:<\d+>)?(?:{_SYSLOG_TIME}{_HOST} (?!{_KERNEL_TAG}){_IDENT}(?:\[\d{{1,10}}\])?"
-    rf"|{_MONOTONIC} [^\s:](?:\S*[^\s:])? (?!{_KERNEL_TAG}){_IDENT}\[\d{{1,10}}\]): ")
-
-
-def _maybe_other_program(line: str) -> bool:
-    """False where ``_OTHER_PROGRAM_RE`` cannot match, cheaply: a line that starts with "[" (dmesg's, nearly every
-    line) can only be journalctl's short-monotonic "[  5.1] host job[42]: ", so it needs "]: "."""
-    return not line.startswith("[") or "]: " in line
-
-
-# journalctl -o json-seq puts RS (0x1e, read as U+FFFD) before each entry.
-JSON_STREAM_HEADS = ("\x1e{", "\ufffd{")
-
-
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One kernel message: its text and the device the kernel attributed it to, if any."""
+    """One kernel message: its text, the device the kernel attributed it to, if any, and the number of the line it
+    begins on in a text log (None elsewhere)."""
 
     message: str
     kernel_device: str | None = None
+    line: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,111 +77,318 @@ def pci_of_kernel_device(value: str | None) -> str | None:
     return normalise_pci(value[len("+pci:"):])
 
 
-def unescape_kmsg(text: str) -> str:
-    """The real text of a /dev/kmsg record: ``\\xNN`` escapes decoded as bytes, then as UTF-8.
-
-    ``\\x0a`` becomes a newline (one record, several lines: newer NVIDIA drivers
-    print those), ``\\x5c`` a backslash, ``\\xc3\\xa9`` an "é"; a control byte other
-    than tab and newline stays written as ``\\xNN`` so that no message carries one.
-    """
-    if "\\x" not in text:
-        return text
-
-    def byte(match: re.Match[bytes]) -> bytes:
-        value = int(match[1], 16)
-        return match[0] if (value < 0x20 and value not in _KEPT_CONTROLS) or value == 0x7F else bytes((value,))
-
-    return _KMSG_ESCAPE_RE.sub(byte, text.encode("utf-8", "surrogatepass")).decode("utf-8", "replace")
-
-
 def parse_kmsg(raw: str) -> KmsgRecord | None:
     """A raw /dev/kmsg record (header line plus `` KEY=VALUE`` continuation lines), or None if malformed."""
     head, _, rest = raw[:MAX_LINE_BYTES].partition("\n")
     match = KMSG_HEAD_RE.match(head)
     if match is None:
         return None
-    return KmsgRecord(int(match[2]), int(match[1]) & 7, kmsg_record(head, match, rest.split("\n")), int(match[3]))
+    return KmsgRecord(int(match[2]), int(match[1]) & 7, _kmsg_record(head, match, rest.split("\n")), int(match[3]))
 
 
-def kmsg_record(head: str, match: re.Match[str], continuation_lines: list[str]) -> Record:
-    """The record of a /dev/kmsg header line that ``KMSG_HEAD_RE`` matched (``match``) and its continuation
-    lines (``parse_kmsg`` without the sequence number, priority and time)."""
-    message = unescape_kmsg(head[match.end():match.end() + 4 * MAX_MESSAGE_CHARS])[:MAX_MESSAGE_CHARS]
-    return Record(message, kmsg_device(continuation_lines))
-
-
-def kmsg_device(continuation_lines: list[str]) -> str | None:
-    """The ``DEVICE=`` value among kmsg continuation lines (each starting with a space)."""
-    for line in continuation_lines:
-        if line.startswith(" DEVICE="):
-            return unescape_kmsg(line[len(" DEVICE="):len(" DEVICE=") + 256].rstrip("\r"))
-    return None
+def _kmsg_record(head: str, match: re.Match[str], continuation_lines: list[str], line: int | None = None) -> Record:
+    """The record of a /dev/kmsg header line that ``KMSG_HEAD_RE`` matched (``match``) and its continuation lines."""
+    return Record(*kmsg_message(head, match, continuation_lines), line)
 
 
 def parse_line(line: str) -> Record:
     """The record in one line of dmesg text, syslog, raw kmsg or ``journalctl -o json`` output."""
-    line = line[:MAX_LINE_BYTES].rstrip("\r\n")
-    if line.startswith(JSON_STREAM_HEADS):
-        line = line[1:]
-    if line.startswith("{"):
-        record = _parse_json(line)
-        if record is not None:
-            return record
-    kmsg = KMSG_HEAD_RE.match(line)
-    if kmsg is not None:
-        return Record(unescape_kmsg(line[kmsg.end():kmsg.end() + 4 * MAX_MESSAGE_CHARS])[:MAX_MESSAGE_CHARS])
-    prefix = _PREFIX_RE.match(line)
-    start = prefix.end() if prefix else 0
-    if (prefix is None or prefix["syslog"] is None) and _OTHER_PROGRAM_RE.match(line):
-        return Record("")
-    return Record(line[start:start + MAX_MESSAGE_CHARS])
+    return Record(*line_message(line))
 
 
-def _parse_json(line: str) -> Record | None:
-    try:
-        entry = json.loads(line)
-    except (ValueError, RecursionError):  # not JSON, a number Python refuses to parse, nesting too deep
-        return None
-    if not isinstance(entry, dict):
-        return None
-    if entry.get("_TRANSPORT", "kernel") != "kernel":  # an entry some program logged: not the kernel's
-        return Record("")
-    message = entry.get("MESSAGE")
-    if isinstance(message, list):  # journald's form of a message that is not valid UTF-8
-        message = bytes(b & 0xFF for b in message[:4 * MAX_MESSAGE_CHARS] if isinstance(b, int)).decode(
-            "utf-8", "replace")
-    if not isinstance(message, str):
-        return None
-    device = entry.get("_KERNEL_DEVICE")
-    return Record(message[:MAX_MESSAGE_CHARS], device if isinstance(device, str) else None)
+# --- the one record splitter -------------------------------------------------------------------------------------
+
+# A line that starts with white space continues the record above it, at most MAX_CONTINUATION_LINES of them (the
+# next one begins a record of its own).
+MAX_CONTINUATION_LINES = 16
+_CONTINUATION_RE = re.compile(r"\n[ \t]")
+_LINE_START_RE = re.compile(r"\n(?=.)", re.DOTALL)
+ESCAPE_RE = re.compile(r"\\")  # a kmsg or JSON escape: the message parsed from the line may hold a keyword
+RECORD_SPLIT_RE = re.compile(r"\n(?![ \t])")  # where records begin, within MAX_CONTINUATION_LINES (Block.capped)
+_WHITE = (" ", "\t")
+_TERMINAL_CODE_RE = re.compile(rb"\x1b\[[0-?]{0,32}[ -/]{0,8}[@-~]")  # an ECMA-48 control sequence (CSI)
+BLANK = "\ufffd"  # stands for a line that is no record (junk, over 64 KiB), so that line numbers hold
+# `dmesg --json` (util-linux 2.38+): one document, {"dmesg": [{"pri": 4, "time": 5.1, "msg": "..."}, ...]}, an
+# entry's fields on lines of their own, indented.  Each "msg" line becomes the journal JSON line of its message and
+# the other lines lose their indent (they are no continuation lines), line for line.
+_DMESG_JSON_RE = re.compile(rb'\A\s*\{\s*"dmesg"\s*:\s*\[')
+_DMESG_JSON_MSG_RE = re.compile(rb'^[ \t]*"msg"[ \t]*:[ \t]*("(?:[^"\\\n]|\\.)*")[ \t]*,?[ \t]*$', re.MULTILINE)
+_INDENT_RE = re.compile(rb"^[ \t]+", re.MULTILINE)
 
 
-def is_text(data: bytes) -> bool:
-    """True if ``data`` holds no control bytes other than tab, CR and LF (UTF-8 validity is not checked)."""
-    return len(data.translate(None, _JUNK_BYTES)) == len(data)
+class Block:
+    """Whole records of a text log, in order: what a followed file, logscan and /dev/kmsg hand the matcher.
 
-
-def as_text(line: bytes) -> str | None:
-    """One line as text, its invalid UTF-8 and control bytes (other than tab and CR) each written as U+FFFD.
-
-    A few bad bytes never hide a line: a process name is set by whoever runs the process, and syslog daemons
-    write it raw, so one byte in it must not keep an Xid or an OOM kill from matching.  None for a line over
-    64 KiB, or one that is mostly junk (more than a quarter replaced: binary data, not a message).
+    ``text`` holds complete lines, each ending in a newline (only the last line of an input may lack it).  A line
+    that starts with white space continues the record above it (``MAX_CONTINUATION_LINES`` at most); the first
+    line always begins a record.  ``line`` is the 1-based number of the first line in its stream; ``skipped``
+    counts the lines that are no records (``BLANK`` lines in the text: ``not_text``, ``too_long``).  Records are
+    parsed only when asked for (``record``): most lines of a log hold no keyword and are only counted.
     """
-    if len(line) > MAX_LINE_BYTES:
-        return None
-    if is_text(line):
+
+    __slots__ = ("text", "line", "skipped", "capped", "_continuations", "_blanks", "_length")
+
+    def __init__(self, text: str, line: int = 1, skipped: dict[str, int] | None = None,
+                 blanks: tuple[int, ...] = ()) -> None:
+        self.text = text
+        self.line = line
+        self.skipped = skipped or {}
+        self._blanks = blanks  # offsets of the BLANK lines, which are counted as records, and skipped
+        continuations = [m.start() + 1 for m in _CONTINUATION_RE.finditer(text)] if "\n " in text or "\n\t" in text \
+            else []
+        self._continuations = _bounded(text, continuations)
+        self.capped = len(self._continuations) != len(continuations)
+        """A record of the block had more than MAX_CONTINUATION_LINES: not every line that starts with white
+        space continues one (``RECORD_SPLIT_RE`` does not split it as the block counts it)."""
+        self._length = self.lines - len(self._continuations)
+
+    @property
+    def lines(self) -> int:
+        """The lines of the block."""
+        return self.text.count("\n") + (bool(self.text) and not self.text.endswith("\n"))
+
+    def __len__(self) -> int:
+        """The records of the block (``BLANK`` lines included: each is counted as skipped, not read)."""
+        return self._length
+
+    def count(self, start: int, end: int) -> int:
+        """The records whose first lines begin in ``text[start:end]`` (``start`` begins a record)."""
+        if end <= start:
+            return 0
+        text, continuations = self.text, self._continuations
+        lines = text.count("\n", start, end) + (text[end - 1] != "\n")
+        return lines - (bisect_left(continuations, end) - bisect_right(continuations, start))
+
+    def start_of(self, offset: int) -> int:
+        """Where the record that holds ``offset`` begins."""
+        start = self.text.rfind("\n", 0, offset) + 1
+        continuations = self._continuations
+        while start and _holds(continuations, start):
+            start = self.text.rfind("\n", 0, start - 1) + 1
+        return start
+
+    def end_of(self, start: int) -> int:
+        """The offset just past the record that begins at ``start`` (its last line's newline)."""
+        text, continuations = self.text, self._continuations
+        end = text.find("\n", start)
+        while end >= 0 and _holds(continuations, end + 1):
+            end = text.find("\n", end + 1)
+        return len(text) if end < 0 else end + 1
+
+    def record(self, start: int, line: int | None = None) -> Record:
+        """The record that begins at ``start`` (``line``: its line number, kept on the record)."""
+        end = self.end_of(start)
+        if start in self._blanks:
+            return Record("", None, line)
+        return parse_record(self.text[start:end].rstrip("\n").split("\n"), line)
+
+    def records(self) -> list[Record]:
+        """Every record, parsed (for what needs them all: tests, short reads); ``BLANK`` lines are none."""
+        out, start, line, text = [], 0, self.line, self.text
+        while start < len(text):
+            end = self.end_of(start)
+            if start not in self._blanks:
+                out.append(self.record(start, line))
+            line += text.count("\n", start, end)
+            start = end
+        return out
+
+    def walk(self, finds: Callable[[str], list[tuple[int, str]]] | None, context: int,
+             wants_context: Callable[[str], bool]) -> Iterator[int | Record]:
+        """The records to feed a stream matcher, and between them how many went by that hold no keyword (counted,
+        not parsed): the records where ``finds`` finds a keyword (or an escape that parsing decodes, which may hide
+        one; ``finds`` None: every record), up to ``context`` records before one whose message ``wants_context``
+        (a rule over several records), and the last ``context`` records (the next block's context)."""
+        text = self.text
+        if finds is None:
+            offsets = [0, *(m.end() for m in _LINE_START_RE.finditer(text))]
+        else:
+            offsets = [offset for offset, _ in finds(text)]
+            if "\\" in text:
+                offsets = sorted([*offsets, *(m.start() for m in ESCAPE_RE.finditer(text))])
+        pos, line = 0, self.line
+        for offset in [*offsets, len(text)]:
+            if offset < pos:
+                continue  # in a record fed already
+            if offset < len(text):
+                start = self.start_of(offset)
+                record: Record | None = self.record(start, line + text.count("\n", pos, start))
+            else:
+                start, record = offset, None
+            before = self._previous(start, pos, context) if context and (
+                record is None or wants_context(record.message)) else []
+            if gap := self.count(pos, before[0] if before else start):
+                yield gap
+            for at in before:
+                yield self.record(at, line + text.count("\n", pos, at))
+            if record is None:
+                return
+            yield record
+            end = self.end_of(start)
+            line += text.count("\n", pos, end)
+            pos = end
+
+    def _previous(self, start: int, floor: int, count: int) -> list[int]:
+        """The starts of up to ``count`` records before the one at ``start`` and not before ``floor``, oldest first."""
+        out: list[int] = []
+        while len(out) < count and start > floor:
+            start = self.start_of(start - 1)
+            out.append(start)
+        return out[::-1]
+
+
+def _bounded(text: str, continuations: list[int]) -> list[int]:
+    """``continuations`` (the starts of lines that start with white space) without those past a record's
+    ``MAX_CONTINUATION_LINES``th: each of those begins a record."""
+    out: list[int] = []
+    run = 0
+    for start in continuations:
+        run = run + 1 if out and text.find("\n", out[-1]) + 1 == start else 1
+        if run > MAX_CONTINUATION_LINES:
+            run = 0
+            continue
+        out.append(start)
+    return out
+
+
+def _holds(offsets: list[int], offset: int) -> bool:
+    index = bisect_left(offsets, offset)
+    return index < len(offsets) and offsets[index] == offset
+
+
+def parse_record(lines: list[str], line: int | None = None) -> Record:
+    """The record of a head line and its continuation lines: a raw kmsg record's `` KEY=VALUE`` lines give its
+    device; the indented lines of other formats are its message's later lines."""
+    head = lines[0]
+    kmsg = KMSG_HEAD_RE.match(head)
+    if kmsg is not None:
+        if sum(map(len, lines)) + len(lines) - 1 > MAX_LINE_BYTES:  # cut as parse_kmsg cuts a record
+            lines = "\n".join(lines)[:MAX_LINE_BYTES].split("\n")
+        return _kmsg_record(head, kmsg, lines[1:], line)
+    record = parse_line(head)
+    if len(lines) > 1:
+        message = "\n".join([record.message, *(extra.strip() for extra in lines[1:])])
+        return Record(message[:MAX_MESSAGE_CHARS * 2], record.kernel_device, line)
+    return record if line is None else Record(record.message, record.kernel_device, line)
+
+
+class Splitter:
+    """The one record splitter: the bytes of a text log, in pieces of any size, to ``Block``s of whole records.
+
+    ``split(data, end)``: ``end`` is "more" when more bytes follow at once (the last record waits for the next
+    piece: continuation lines may follow), "eof" at the end of what a followed file holds now (a line without its
+    newline waits), "final" at the end of the input (everything is given).  Runs of NUL bytes (a crash's
+    zero-filled tail) are dropped; terminal colour codes are taken out; a line mostly of invalid UTF-8 or control
+    bytes, or one over ``MAX_LINE_BYTES`` (never held in memory whole), is a ``BLANK`` line, counted as skipped.
+    ``pending`` is how many bytes of the input given so far are not in a block yet; ``line`` the number of the
+    next block's first line.  A `dmesg --json` document (at the input's start) is read one message per entry.
+    """
+
+    def __init__(self, line: int = 1, start: bool = False) -> None:
+        self.line = line
+        self._pending = b""
+        self._discarding = False  # in the rest of a line over MAX_LINE_BYTES
+        self._first = start  # the input's start, where a dmesg --json document would begin
+        self._json = False
+
+    @property
+    def pending(self) -> int:
+        """Bytes given but not yet in a block (a partial line, a record that may continue)."""
+        return len(self._pending)
+
+    def split(self, data: bytes, end: str = "final") -> Block:
+        """The whole records of what was given so far (see the class docstring)."""
+        skipped: dict[str, int] = {}
+        if b"\0" in data:  # a crash leaves runs of NUL where the file was not written: no line is in them
+            data = data.replace(b"\0", b"")
+        lead = 0  # a line over MAX_LINE_BYTES that ended in this piece: a BLANK line first
+        if self._discarding:
+            newline = data.find(b"\n")
+            if newline < 0:
+                if end != "final":
+                    return self._block(b"", skipped)
+                data = b""
+            else:
+                data = data[newline + 1:]
+            self._discarding, lead, skipped["too_long"] = False, 1, 1
+        buffer = self._pending + data
+        if self._first and buffer:
+            self._first = False
+            self._json = _DMESG_JSON_RE.match(buffer) is not None
+        cut = buffer.rfind(b"\n") + 1
+        if len(buffer) - cut > MAX_LINE_BYTES:  # a line too long to hold: passed over to its newline
+            self._pending = b""
+            if end == "final":
+                skipped["too_long"] = skipped.get("too_long", 0) + 1
+                return self._block(buffer[:cut], skipped, lead, trail=True)
+            self._discarding = True  # its BLANK line, and its count, come with its end
+            return self._block(buffer[:cut], skipped, lead)
+        if end == "final":
+            cut = len(buffer)
+        elif end == "more" and cut:
+            cut = _hold_back(buffer, cut)
+        self._pending = buffer[cut:]
+        return self._block(buffer[:cut], skipped, lead)
+
+    def _block(self, data: bytes, skipped: dict[str, int], lead: int = 0, trail: bool = False) -> Block:
+        """A block of ``data`` (whole lines), after ``lead`` BLANK lines and before a ``trail`` one (over-long
+        lines)."""
+        if self._json:
+            data = _INDENT_RE.sub(b"", _DMESG_JSON_MSG_RE.sub(rb'{"MESSAGE": \1}', data))
+        text, blanks = _decoded(data, skipped)
+        if lead:
+            text = BLANK + "\n" + text
+            blanks = [0, *(offset + 2 for offset in blanks)]
+        if trail:
+            blanks.append(len(text))
+            text += BLANK
+        block = Block(text, self.line, {k: n for k, n in skipped.items() if n}, tuple(blanks))
+        self.line += block.lines
+        return block
+
+
+def _hold_back(buffer: bytes, end: int) -> int:
+    """Where to cut ``buffer[:end]`` (whole lines) so that its last record waits for more continuation lines."""
+    start = buffer.rfind(b"\n", 0, end - 1) + 1
+    for _ in range(MAX_CONTINUATION_LINES):
+        if start == 0 or not buffer.startswith((b" ", b"\t"), start):
+            break
+        start = buffer.rfind(b"\n", 0, start - 1) + 1
+    return start
+
+
+def _decoded(data: bytes, skipped: dict[str, int]) -> tuple[str, list[int]]:
+    """``data`` (whole lines) as text, and the offsets of the lines blanked (``as_text``: junk, over-long); terminal
+    colour codes (``dmesg --color=always``, a captured terminal) are taken out first: one between "NVRM: " and "Xid"
+    would hide the Xid."""
+    clean = is_text(data)
+    if not clean and b"\x1b" in data:  # ESC is no text byte: plain text needs no look for it
+        data = _TERMINAL_CODE_RE.sub(b"", data)
+        clean = is_text(data)
+    if clean and not _has_long_line(data):
         try:
-            return line.decode("utf-8")
+            return data.decode("utf-8"), []
         except UnicodeDecodeError:
             pass
-    text = line.decode("utf-8", "replace").translate(_JUNK_TO_REPLACEMENT)
-    return None if 4 * text.count("\ufffd") > len(text) else text
+    out: list[str] = []
+    blanks: list[int] = []
+    offset = 0
+    for raw in data.split(b"\n"):
+        text, reason = text_or_reason(raw)
+        if text is None:
+            skipped[reason] = skipped.get(reason, 0) + 1
+            blanks.append(offset)
+            text = BLANK
+        out.append(text)
+        offset += len(text) + 1
+    return "\n".join(out), blanks
 
 
-def text_or_reason(line: bytes) -> tuple[str | None, str]:
-    """``(text, "")`` for a usable line, else ``(None, reason)``: ``too_long`` or ``not_text``."""
-    if len(line) > MAX_LINE_BYTES:
-        return None, "too_long"
-    text = as_text(line)
-    return (text, "") if text is not None else (None, "not_text")
+def _has_long_line(data: bytes) -> bool:
+    position = 0
+    while len(data) - position > MAX_LINE_BYTES:
+        newline = data.rfind(b"\n", position, position + MAX_LINE_BYTES + 1)
+        if newline < 0:
+            return True
+        position = newline + 1
+    return False

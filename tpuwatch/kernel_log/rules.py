@@ -1,5 +1,5 @@
-"""Kernel log rules matched behind one keyword prefilter: a ``RuleSet`` finds the lines and messages rules may
-match, and gives each stream of records its ``StreamMatcher``.
+"""Kernel log rules matched behind one keyword prefilter: a ``RuleSet`` finds the messages rules may match; a
+``matcher.StreamMatcher`` matches a stream of records with them.
 
 All keywords of all rules form one prefilter (``prefilter.Prefilter``), and a
 hit dispatches to the rules whose keyword it is; the rule file format and its
@@ -12,14 +12,15 @@ import re
 from collections.abc import Callable
 from operator import itemgetter
 
-from tpuwatch.kernel_log.matcher import RESTARTS, StreamMatcher
 from tpuwatch.kernel_log.prefilter import Prefilter, literal_alternation
 from tpuwatch.kernel_log.rule import Match, Rule
 
-# Per keyword: searches of rule (and stand-alone follow) regexes; (rule indexes, search) of other follow regexes;
-# the indexes of all those other follow regexes' rules.
-Checks = tuple[tuple[Callable[[str], object], ...], tuple[tuple[tuple[int, ...], Callable[[str], object]], ...],
-               tuple[int, ...]]
+# Messages that start afresh: the kernel's banner at boot (start_kernel) and nvidia_init_module()'s at a load of
+# the driver; they are among the prefilter's keywords, so that a block's records that hold one are fed.
+RESTARTS = ("Linux version ", "VRM: loading NVIDIA UNIX")
+RESTART_STARTS = ("Linux version ", "NVRM: loading NVIDIA UNIX")
+# Per keyword: searches of rule (and stand-alone follow) regexes; (rule indexes, search) of other follow regexes.
+Checks = tuple[tuple[Callable[[str], object], ...], tuple[tuple[tuple[int, ...], Callable[[str], object]], ...]]
 # What one message alone gives: each candidate rule's match (None where its regex does not match), in rule order,
 # and the follow regexes' matches (``RuleSet.analyse``).
 Analysis = tuple[tuple[tuple[int, Match | None], ...], tuple[tuple[int, Match], ...]]
@@ -32,7 +33,7 @@ MEMO_CHARS = 512
 
 
 class RuleSet:
-    """Rules ready to match single messages, streams of records, or to find candidate lines in a block of text."""
+    """Rules ready to match single messages, behind one prefilter of all their keywords."""
 
     def __init__(self, rules: list[Rule]) -> None:
         self.rules = list(rules)
@@ -45,7 +46,8 @@ class RuleSet:
             for keyword in rule.follow.keywords if rule.follow else ():
                 follow.setdefault(keyword, set()).add(index)
         keywords = sorted({*primary, *follow, *RESTARTS}) if primary or follow else []
-        self._dispatch = {k: (frozenset(primary.get(k, ())), frozenset(follow.get(k, ()))) for k in keywords}
+        self.dispatch = {k: (frozenset(primary.get(k, ())), frozenset(follow.get(k, ()))) for k in keywords}
+        """Keyword -> the rules whose regex (first) and follow regex (second) a message holding it may match."""
         self.prefilter = Prefilter(keywords) if keywords else None
         self._partners = self.prefilter.hides if self.prefilter is not None else {}
         self.unkeyed = frozenset(i for i, r in enumerate(self.rules) if not r.keywords)
@@ -59,13 +61,6 @@ class RuleSet:
         self.checks = {k: self._checks({k}) for k in keywords}
         # Keywords a find of this one can stand for (``Prefilter.hides``): their checks count when they are in the line.
         self.partner_checks = {k: tuple((p, self.checks[p]) for p in self._partners[k]) for k in keywords}
-        # Keywords that lead only to follow regexes (no partners): keyword -> those regexes' rules; a line holding one
-        # can match only while one of those rules has a fault open.
-        self.follow_only = {k: tests[2] for k, tests in self.checks.items()
-                            if tests is not None and not tests[0] and not self._partners[k]}
-        # The keywords of RESTARTS that stand for no other: a line holding one (and no other keyword) matters only
-        # when the matcher has something for a restart to end (``StreamMatcher.fresh``).
-        self.restarts = frozenset(k for k in RESTARTS if k in self._partners and not self._partners[k])
         self._memo: dict[str, Analysis] = {}
 
     def _checks(self, keywords: set[str]) -> Checks | None:
@@ -76,7 +71,7 @@ class RuleSet:
         searches: dict[str, re.Pattern[str]] = {}
         follows: dict[str, tuple[set[int], Callable[[str], object]]] = {}
         for keyword in keywords:
-            primary, follow = self._dispatch[keyword]
+            primary, follow = self.dispatch[keyword]
             if keyword in RESTARTS or any(self.rules[i].lines > 1 for i in primary):
                 return None
             patterns: list[tuple[int | None, re.Pattern[str]]] = [(None, self.rules[i].regex) for i in primary]
@@ -93,8 +88,7 @@ class RuleSet:
                 else:
                     follows.setdefault(key, (set(), pattern.search))[0].add(index)
         return (_one_search(list(searches.values())),
-                tuple((tuple(sorted(i)), search) for i, search in follows.values()),
-                tuple(sorted({i for rules, _ in follows.values() for i in rules})))
+                tuple((tuple(sorted(i)), search) for i, search in follows.values()))
 
     def candidates(self, message: str) -> tuple[frozenset[int], frozenset[int]]:
         """Indexes of the rules whose regex (first) and follow regex (second) must be tried on ``message``."""
@@ -105,12 +99,12 @@ class RuleSet:
         if len(found) == 1 and not (primary or follow):  # the common case: one keyword, nothing to add to it
             (keyword,) = found
             if not self._partners[keyword]:
-                return self._dispatch[keyword]
+                return self.dispatch[keyword]
         for keyword in list(found):  # a keyword a found one can stand for is not found again: look for it
             if partners := self._partners[keyword]:
                 found.update(k for k in partners if k in message)
         for keyword in found:
-            rules, follows = self._dispatch[keyword]
+            rules, follows = self.dispatch[keyword]
             primary = primary | rules
             follow = follow | follows
         return primary, follow
@@ -136,27 +130,10 @@ class RuleSet:
         return self._multiline_search is not None and self._multiline_search(message) is not None
 
     def match(self, message: str) -> list[Match]:
-        """Every rule's match on ``message`` alone, in rule order (no cross-record logic: see ``stream``)."""
+        """Every rule's match on ``message`` alone, in rule order (no cross-record logic: see ``matcher``)."""
         if not self.can_match(message):
             return []
         return [m for _, m in self.analyse(message)[0] if m is not None]
-
-    def hits(self, text: str) -> list[int]:
-        """Sorted offsets in ``text`` where a line may match: keyword finds and unkeyed regex hits."""
-        return [offset for offset, _ in self.keyed_hits(text)]
-
-    def keyed_hits(self, text: str) -> list[tuple[int, str]]:
-        """``hits`` with the keyword found at each (``""`` for an unkeyed rule's regex hit), sorted by offset."""
-        found = self.prefilter.finds(text) if self.prefilter is not None else []
-        if self.unkeyed or self.unkeyed_follow:
-            for index in self.unkeyed:
-                found.extend((m.start(), "") for m in self.rules[index].regex.finditer(text))
-            for index in self.unkeyed_follow:
-                follow = self.rules[index].follow
-                assert follow is not None
-                found.extend((m.start(), "") for m in follow.regex.finditer(text))
-            found.sort(key=itemgetter(0))
-        return found
 
     def can_match(self, message: str, expects: Expects | None = None) -> bool:
         """False if no rule's regex or follow regex can match ``message`` (a record's whole message, or one raw
@@ -182,10 +159,6 @@ class RuleSet:
                 return True
         return False
 
-    def stream(self) -> StreamMatcher:
-        """A matcher for one stream of records in order (one log source, one scanned file)."""
-        return StreamMatcher(self)
-
 
 def _one_search(patterns: list[re.Pattern[str]]) -> tuple[Callable[[str], object], ...]:
     """The searches of ``patterns`` as one search where they combine into one regex (group names dropped), so that
@@ -206,7 +179,7 @@ def _one_search(patterns: list[re.Pattern[str]]) -> tuple[Callable[[str], object
 def passes(checks: Checks, text: str, expects: Expects | None = None) -> bool:
     """True if a search of ``checks`` finds ``text`` (a follow search only when ``expects`` says one of its rules
     has a fault open)."""
-    primary, follows, _ = checks
+    primary, follows = checks
     for test in primary:
         if test(text):
             return True

@@ -1,79 +1,253 @@
-"""What a storm's backlog may not hide: the lines of it that a critical rule may match.
+"""What a storm may not hide: each storm's signature, and the test that passes its own lines over unread.
 
-When a source skips ahead over a backlog (``Source.skip_ahead``), the chunks it
-passes over go through a ``BacklogSieve`` first.  One compiled search of the
-keywords of every rule that can give a critical event (bytes, no decoding)
-tells whether a chunk may hold such a line; if so, its lines are told apart by
-their message (the timestamp, syslog or kmsg head and the numbers of key=value
-pairs left out, all in C over the whole chunk), and each message a critical
-keyword is in is picked once per skip: a storm repeats one message, so another
-chip's fault in its middle stands out.  The source reads the picked lines as
-records after all.  At most ``limit`` lines are picked per skip, and only while
-its ``in_time()`` holds, so that the skip still reaches the newest records in
-time; past either, the rest is passed over unsieved (``full``, ``unsieved``).
-Rules without keywords are not sieved.
+A storm is one rule on one device, at one severity, repeating.  When the
+kernel log comes faster than tpuwatch may spend on it, the storm's own lines
+are passed over (counted, ``reason="backlog"``) and every other line is still
+read and matched: the record walk (``StreamMatcher.feed``) finds the keywords
+in each block in one pass, and asks ``BacklogSieve.passes`` about each record
+that holds one.  A record is a storm's line, and passed over, only when
+
+- every keyword in it is one the storm's lines hold (so no other rule's keyword),
+- it holds the rule's own keyword where the storm's match holds it,
+- it names the storm's device as the storm's lines print it (the rule's ``pci``
+  field, the kernel's ``DEVICE=`` tag, or the ``dev_printk`` prefix; a storm
+  of no device: no tag and no prefix),
+- it holds the values the rule's severity comes from (``severity_by``) as the
+  storm's lines print them, so a worse line of the same rule and device (an
+  Xid 79 amid the same GPU's Xid 13s) is read.
+
+So another rule's line, another device's, or a worse one is never passed over,
+however many distinct lines the storm has and whatever their severity.  A
+record with an escape that parsing decodes (a kmsg ``\\xNN``, JSON) is always
+read.  Rules without keywords leave nothing to pass over.
+
+Passing a block over (``walk``) costs one search of its text for the keywords
+no storm's lines hold, and a few substring tests per record: the storms'
+records are never parsed.
 """
 
 from __future__ import annotations
 
+import operator
 import re
-from collections.abc import Callable
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from itertools import repeat
 
-from tpuwatch.kernel_log.prefilter import literal_alternation
-from tpuwatch.kernel_log.records import KMSG_HEAD
+from tpuwatch.kernel_log.attribution import names_a_device, printed_prefix
+from tpuwatch.kernel_log.prefilter import Prefilter, literal_alternation
+from tpuwatch.kernel_log.records import ESCAPE_RE, RECORD_SPLIT_RE, Block, Record, parse_record
+from tpuwatch.kernel_log.rule import Match
 from tpuwatch.kernel_log.rules import RuleSet
 
-MAX_PICKED = 4096  # lines picked out of one skip: each is read and matched like any other record
-# What varies from one repeat of a message to the next: a kmsg head, a syslog head, a [timestamp] (each right
-# after the newline before the line), and the numbers of key=value pairs (pid=, seq=, count=).
-_HEADS = re.compile(rb"\n(?:%s)?(?:[^\n]{0,64}? kernel: )?(?:\[[^\]\n]{0,40}\] ?)?" % KMSG_HEAD.encode())
-_VALUES = re.compile(rb"=(?:0x)?[0-9a-fA-F]{1,20}\b")
+MAX_STORMS = 16
+_SEVERITY_CONTEXT = 3  # characters before a severity value kept with it: "): 13," not "13" (pid=1342)
+_TAG = " DEVICE="
 
 
-def _always() -> bool:
-    return True
+@dataclass(frozen=True)
+class Storm:
+    """What every line of one storm holds (see the module docstring)."""
+
+    keywords: frozenset[str]
+    pieces: tuple[str, ...]
+    untagged: bool  # a storm of no device: its lines carry no DEVICE= tag and no dev_printk prefix
+    template: str | None = None  # the text of its line from the first piece to the last, or None (a DEVICE= tag)
 
 
 class BacklogSieve:
-    """Picks the maybe-critical lines out of chunks of a backlog passed over; see the module docstring."""
+    """The storms being passed over, and the test of a record against them; ``passed`` counts the records passed."""
 
-    def __init__(self, rules: RuleSet, limit: int = MAX_PICKED) -> None:
-        words = sorted({keyword for rule in rules.rules if "critical" in rule.severities()
-                        for keyword in rule.keywords})
-        self._search = re.compile(literal_alternation(words).encode()).search if words else None
-        self._limit = limit
-        self._seen: set[bytes] = set()
-        self._in_time: Callable[[], bool] = _always
-        self.full = False  # the limit was reached in this skip
-        self.unsieved = False  # its time ran out in this skip
+    def __init__(self, rules: RuleSet) -> None:
+        self._ruleset = rules
+        self._rules = {rule.name: rule for rule in rules.rules}
+        prefilter = rules.prefilter
+        self._keywords = prefilter.keywords if prefilter is not None else ()
+        self._finds = prefilter.finds if prefilter is not None else None
+        self._hides = prefilter.hides if prefilter is not None else {}
+        self.usable = prefilter is not None and not (rules.unkeyed or rules.unkeyed_follow)
+        self.storms: tuple[Storm, ...] = ()
+        self.passed = 0
+        self._counts: dict[Storm, int] = {}
+        # Each storm; the keywords its lines do not hold; each keyword the storms hold, and how often its template
+        # holds it (a line of it holds a keyword only within its template).
+        self._tests: tuple[tuple[Storm, tuple[str, ...], tuple[tuple[str, int], ...]], ...] = ()
+        self._others: Prefilter | None = None  # the keywords no storm's lines hold
+        self._held: re.Pattern[str] | None = None  # a keyword some storm's lines hold
+        # Storms of one keyword set that share a keyword, their templates, and the keywords: see _whole_block
+        self._whole: tuple[str, tuple[str, ...], tuple[str, ...]] | None = None
 
-    def start(self, in_time: Callable[[], bool] = _always) -> None:
-        """A new skip, sieved while ``in_time()``: forget what was picked before."""
-        self._seen.clear()
-        self._in_time = in_time
-        self.full = self.unsieved = False
+    def use(self, storms: Iterable[Storm]) -> None:
+        """Pass over the lines of these storms (at most MAX_STORMS) from now on."""
+        self.storms = tuple(storms)[:MAX_STORMS] if self.usable else ()
+        held = sorted({keyword for storm in self.storms for keyword in storm.keywords})
+        self._tests = tuple((storm, tuple(k for k in held if k not in storm.keywords),
+                             tuple((k, storm.template.count(k)) for k in held) if storm.template else ())
+                            for storm in self.storms)
+        self._others = Prefilter(k for k in self._keywords if k not in held)
+        self._held = re.compile(literal_alternation(held)) if held else None
+        common = set.intersection(*(set(storm.pieces) for storm in self.storms)) & set(held) if self.storms else set()
+        self._whole = None if not common or any(storm.untagged or storm.template is None for storm in self.storms) \
+            or len({storm.keywords for storm in self.storms}) != 1 else \
+            (min(common), tuple(storm.template for storm in self.storms if storm.template), tuple(held))
 
-    @property
-    def active(self) -> bool:
-        """True while this skip's lines are still sieved (neither ``full`` nor out of time)."""
-        if not (self.full or self.unsieved) and not self._in_time():
-            self.unsieved = True
-        return not (self.full or self.unsieved)
+    def key(self, match: Match, pci: str | None) -> tuple[object, ...]:
+        """What lines of one storm share: the rule, the device, the severity and the values it comes from (an Xid 13
+        storm and an Xid 31 storm of one GPU are two storms, as their lines hold different values)."""
+        rule = self._rules.get(match.rule)
+        values = tuple(match.xid if by.field == "xid" else match.fields.get(by.field)
+                       for by in (rule.severity_by if rule is not None else ()))
+        return match.rule, pci or "", match.severity, values
 
-    def pick(self, chunk: bytes) -> list[bytes]:
-        """The lines of ``chunk`` (whole lines, newline-separated) to read after all, in order."""
-        search = self._search
-        if search is None or not self.active or search(chunk) is None:
-            return []
-        lines = chunk.split(b"\n")
-        keys = _VALUES.sub(b"=", _HEADS.sub(b"\n", b"\n" + chunk)).split(b"\n")[1:]  # one per line
-        picked: list[int] = []
-        for key, index in dict(zip(keys, range(len(keys)))).items():  # each message once (its last line)
-            if key in self._seen or search(key) is None:
+    def storm(self, match: Match, record: Record) -> Storm | None:
+        """The signature of the storm ``match`` on ``record`` is a line of (an event's, or a follow line a fault
+        took), or None when its text cannot tell its lines from others' (its device came from another line)."""
+        rule = self._rules.get(match.rule)
+        if rule is None:
+            return None
+        message = record.message
+        found = rule.regex.search(message) or (rule.follow.regex.search(message) if rule.follow else None)
+        if found is None:
+            return None
+        own = [k for k in (*rule.keywords, *(rule.follow.keywords if rule.follow else ())) if k in found[0]]
+        if not own:
+            return None
+        pieces: list[tuple[int, int]] = []  # spans of what tells one storm from another first (refused at once)
+        groups = found.groupdict()
+        for by in rule.severity_by:
+            if groups.get(by.field) is not None:
+                start, end = found.span(by.field)
+                pieces.append((max(0, start - _SEVERITY_CONTEXT), min(len(message), end + 1)))
+        named = next((name for name in ("pci", "pci_id") if groups.get(name) is not None), None)
+        if match.pci is not None and named is None:
+            return None  # the device came from a line after it
+        tag = None
+        if named is not None:
+            pieces.append(found.span(named))
+        elif record.kernel_device:
+            tag = _TAG + record.kernel_device
+        elif (prefix := printed_prefix(message)) is not None:
+            pieces.append((0, len(prefix)))
+        pieces.extend((found.start() + found[0].find(k), found.start() + found[0].find(k) + len(k))
+                      for k in dict.fromkeys(own))
+        texts = tuple(message[start:end] for start, end in pieces) + ((tag,) if tag else ())
+        template = None if tag else message[min(s for s, _ in pieces):max(e for _, e in pieces)]
+        untagged = named is None and not record.kernel_device and printed_prefix(message) is None
+        return Storm(frozenset(k for k in self._keywords if k in message), texts, untagged, template)
+
+    def passes(self, raw: str, keywords: set[str]) -> bool:
+        """True if the record ``raw`` (its text as read: head line and continuation lines), which holds
+        ``keywords``, is a line of a storm: it is passed over, and counted."""
+        hides = self._hides
+        for keyword in list(keywords):
+            keywords.update(other for other in hides.get(keyword, ()) if other in raw)
+        for storm in self.storms:
+            if keywords <= storm.keywords and all(map(raw.__contains__, storm.pieces)) and not (
+                    storm.untagged and (_TAG in raw or names_a_device(raw))):
+                self.passed += 1
+                self._counts[storm] = self._counts.get(storm, 0) + 1
+                return True
+        return False
+
+    def take_counts(self) -> dict[Storm, int]:
+        """The lines passed over per storm since the last call."""
+        counts, self._counts = self._counts, {}
+        return counts
+
+    def each(self, records: Sequence[Record]) -> Iterator[int | Record]:
+        """``records`` (read whole: journal entries), the storms' passed over (one each, as ``1``)."""
+        assert self._finds is not None  # usable
+        for record in records:
+            keywords = {keyword for _, keyword in self._finds(record.message)}
+            raw = record.message if record.kernel_device is None else \
+                f"{record.message}\n{_TAG}{record.kernel_device}"
+            yield 1 if keywords and self.passes(raw, keywords) else record
+
+    def walk(self, block: Block) -> Iterator[int | Record] | None:
+        """The records of ``block`` to read, and between them how many went by that hold no keyword or are a
+        storm's line (passed over, counted in ``passed``), as ``StreamMatcher`` takes them; None where a record
+        is longer than the record split sees (``Block.capped``): read it all."""
+        if block.capped or self._others is None:
+            return None
+        return self._walk(block)
+
+    def _walk(self, block: Block) -> Iterator[int | Record]:
+        text = block.text
+        records = RECORD_SPLIT_RE.split(text)
+        if text.endswith("\n"):
+            records.pop()  # the split's empty piece after the last newline
+        assert self._others is not None
+        others = [offset for offset, _ in self._others.finds(text)]
+        if "\\" in text:  # an escape that parsing decodes may hide a keyword: its record is read
+            others = sorted([*others, *(m.start() for m in ESCAPE_RE.finditer(text))])
+        elif not others and self._whole_block(text, records):
+            yield len(records)
+            return
+        held, tests = self._held, self._tests
+        context = self._ruleset.max_lines - 1
+        quiet: list[int] = []  # the records just before, without a keyword: a rule over several lines may need them
+        pos, k, gap = 0, 0, 0
+        for index, raw in enumerate(records):
+            end = pos + len(raw) + 1
+            pos = end
+            if k < len(others) and others[k] < end:
+                while k < len(others) and others[k] < end:
+                    k += 1
+            elif self._storm(raw, tests):
+                gap += 1
+                quiet.clear()
                 continue
-            if len(self._seen) >= self._limit:
-                self.full = True
-                break
-            self._seen.add(key)
-            picked.append(index)
-        return [lines[index] for index in sorted(picked)]
+            elif held is None or held.search(raw) is None:
+                gap += 1
+                quiet.append(index)
+                continue
+            record = parse_record(raw.split("\n"))
+            before = quiet[-context:] if context and quiet and self._ruleset.wants_context(record.message) else []
+            quiet.clear()
+            if gap := gap - len(before):
+                yield gap
+            gap = 0
+            yield from (parse_record(records[at].split("\n")) for at in before)
+            yield record
+        tail = quiet[-context:] if context else []
+        if gap := gap - len(tail):
+            yield gap
+        yield from (parse_record(records[at].split("\n")) for at in tail)
+
+    def _whole_block(self, text: str, records: list[str]) -> bool:
+        """True if every record of ``text`` (which holds no escape and no keyword but the storms') that holds a
+        keyword is a storm's line, told by counting: every occurrence of every keyword the storms hold lies in an
+        occurrence of a storm's template (the text of its line from the first piece to the last, which holds
+        them all).  They are passed over and counted, and nothing else in the block needs reading."""
+        if self._whole is None:
+            return False
+        common, templates, held = self._whole
+        counts = [text.count(template) for template in templates]
+        if any(text.count(keyword) != sum(n * t.count(keyword) for n, t in zip(counts, templates))
+               for keyword in held):
+            return False
+        passed = sum(map(operator.contains, records, repeat(common)))
+        self.passed += passed
+        for storm, n in zip(self.storms, counts):
+            self._counts[storm] = self._counts.get(storm, 0) + n
+        return True
+
+    def _storm(self, raw: str, tests: tuple[tuple[Storm, tuple[str, ...], tuple[tuple[str, int], ...]], ...]
+               ) -> bool:
+        """True if ``raw`` (which holds no keyword no storm holds) is a storm's line: counted, passed over.  With a
+        template, every keyword the storms hold must lie within its occurrences in the line: the storm's text
+        written inside another line (a process name) does not make it one."""
+        holds = raw.__contains__
+        for storm, foreign, within in tests:
+            if not all(map(holds, storm.pieces)) or any(map(holds, foreign)) or (
+                    storm.untagged and (_TAG in raw or names_a_device(raw))):
+                continue
+            if within:
+                assert storm.template is not None  # templates are what ``within`` counts in
+                times = raw.count(storm.template)
+                if not times or any(raw.count(keyword) != times * count for keyword, count in within):
+                    continue
+            self.passed += 1
+            self._counts[storm] = self._counts.get(storm, 0) + 1
+            return True
+        return False

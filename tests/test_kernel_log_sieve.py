@@ -1,0 +1,156 @@
+"""Storms passed over: a storm's signature, and what the sieve reads and passes over in a block, by counting and line
+by line: only the storm's own lines are passed over, whatever is written among them."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import pytest
+
+from tpuwatch.kernel_log.filesource import StreamSource
+from tpuwatch.kernel_log.matcher import StreamMatcher
+from tpuwatch.kernel_log.reader import STORM_PERIOD, LogReader
+from tpuwatch.kernel_log.records import Block, Record, Splitter
+from tpuwatch.kernel_log.rule import Match
+from tpuwatch.kernel_log.rulefile import load_rules
+from tpuwatch.kernel_log.sieve import BacklogSieve, Storm
+
+RULES = load_rules([])
+XID = "[{t:13.6f}] NVRM: Xid (PCI:0000:{bus}:00): {xid}, pid={pid}, name={name}, Ch {pid:08x}"
+AER = ("[{t:13.6f}] pcieport 0000:00:01.0: AER: Correctable error message received from 0000:{bus}:00.0")
+HUNG = "[{t:13.6f}] INFO: task {name}:{pid} blocked for more than 120 seconds."
+# Composed: lines a storm of chip 0000:10:00's Xid 13 must not hide, each with why.
+OTHERS = {
+    "worse, same GPU": "[    5.000000] NVRM: Xid (PCI:0000:10:00): 79, pid=1, name=x, GPU has fallen off the bus.",
+    "same code, other GPU": "[    5.000000] NVRM: Xid (PCI:0000:11:00): 13, pid=1, name=x, Ch 00000001",
+    "other code, same GPU": "[    5.000000] NVRM: Xid (PCI:0000:10:00): 31, pid=1, name=x, Ch 00000001",
+    "other rule": "[    5.000000] EDAC MC1: 1 UE memory read error on CPU_SrcID#1_Ha#0_Chan#1_DIMM#0",
+    "other rule, storm's text in it": "[    5.000000] INFO: task NVRM: Xid (PCI:0000:10:00): 13,:4242 blocked for "
+                                      "more than 120 seconds.",
+    "escaped": "4,7,5000000,-;NVRM: Xid (PCI:0000:10:00): 13, pid=1, name=x\\x0aEDAC MC1: 1 UE memory read error",
+    "the storm's template twice, another GPU's Xid": "[    5.000000] NVRM: Xid (PCI:0000:11:00): 79, pid=1, "
+                                                     "name=NVRM: Xid (PCI:0000:10:00): 13, Ch 1",
+}
+
+
+def _storm_lines(n: int, seed: int = 0, xid: int = 13, bus: str = "10") -> list[str]:
+    rng = random.Random(seed)
+    return [XID.format(t=i / 1e4, bus=bus, xid=xid, pid=rng.randrange(1, 99999),
+                       name=rng.choice(["python3", "job-7", "torchrun", "a b"])) for i in range(n)]
+
+
+def _learned(lines: list[str]) -> BacklogSieve:
+    """A sieve that knows the storms of ``lines`` (their events and the follow lines faults took)."""
+    sieve = BacklogSieve(RULES)
+    matcher = StreamMatcher(RULES)
+    storms: dict[tuple[object, ...], Storm] = {}
+    taken: list[tuple[Match, Record]] = [(m, m.record) for m in matcher.feed([Record(line) for line in lines])
+                                         if m.record is not None]
+    for match, record in [*taken, *matcher.take_absorbed()]:
+        storm = sieve.storm(match, record)
+        if storm is not None:
+            storms.setdefault(sieve.key(match, match.pci), storm)
+    sieve.use(storms.values())
+    return sieve
+
+
+def _walk(sieve: BacklogSieve, text: str) -> tuple[list[str], int]:
+    """The messages of the records the sieve reads, and how many records went by (no keyword, or passed over)."""
+    block = Splitter().split(text.encode())
+    walk = sieve.walk(block)
+    assert walk is not None
+    read: list[str] = []
+    went_by = 0
+    for item in walk:
+        if isinstance(item, int):
+            went_by += item
+        else:
+            read.append(item.message)
+    assert went_by + len(read) == len(block)
+    return read, went_by
+
+
+def test_a_storm_is_its_rule_keyword_device_and_severity_values_as_printed() -> None:
+    sieve = _learned(_storm_lines(3))
+    [storm] = sieve.storms
+    assert storm.pieces == ("): 13,", "0000:10:00", "VRM: Xid")
+    assert storm.template == "VRM: Xid (PCI:0000:10:00): 13,"
+    assert storm.keywords == {"VRM: Xid", "Xid (PCI:"} and not storm.untagged
+    tagged = Record("accel accel0: gasket_reset_nolock: Device reported as dead.", "c121:0")
+    [match] = StreamMatcher(RULES).feed([tagged])
+    tpu = sieve.storm(match, tagged)
+    assert tpu is not None and tpu.template is None and " DEVICE=c121:0" in tpu.pieces  # the kernel's tag
+    hung = Record("INFO: task python3:4242 blocked for more than 120 seconds.")
+    [match] = StreamMatcher(RULES).feed([hung])
+    storm_of_no_device = sieve.storm(match, hung)
+    assert storm_of_no_device is not None and storm_of_no_device.untagged
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_only_the_storms_own_lines_are_passed_over(seed: int) -> None:
+    """A block of a storm's lines with lines it must not hide at random places (among them, the storm's template
+    in another line): every one of those is read; the storm's lines are passed over, counted exactly, by counting
+    when nothing else is in the block and line by line when something is."""
+    rng = random.Random(seed)
+    storm = _storm_lines(3000, seed)
+    sieve = _learned(storm[:100])
+    chosen = rng.sample(sorted(OTHERS), rng.randrange(0, 4))
+    lines = list(storm)
+    for name in chosen:
+        lines.insert(rng.randrange(len(lines)), OTHERS[name])
+    noise = rng.randrange(0, 200)
+    for _ in range(noise):
+        lines.insert(rng.randrange(len(lines)), "[    6.000000] e1000e 0000:00:1f.6 eno1: NIC Link is Up 1000 Mbps")
+    before = sieve.passed
+    read, went_by = _walk(sieve, "\n".join(lines) + "\n")
+    assert sieve.passed - before == 3000 and went_by == 3000 + noise
+    assert sorted(read) == sorted(Splitter().split(OTHERS[name].encode() + b"\n").records()[0].message
+                                  for name in chosen)
+
+
+def test_a_storm_of_follow_lines_and_storms_of_several_codes_are_passed_over() -> None:
+    again = [line.replace(", Ch ", ", Graphics Exception: ESR 0x") for line in _storm_lines(300, xid=13)]
+    mixed = [line for pair in zip(_storm_lines(300, xid=13), _storm_lines(300, xid=45)) for line in pair]
+    for lines in (again, mixed):
+        sieve = _learned(lines[:200])
+        read, went_by = _walk(sieve, "\n".join(lines[200:]) + "\n")
+        assert read == [] and went_by == len(lines) - 200
+
+
+def test_a_storm_of_no_device_does_not_hide_a_device_s_line() -> None:
+    hung = [HUNG.format(t=i, name="python3", pid=i) for i in range(200)]
+    sieve = _learned(hung[:100])
+    tagged = ("4,9,1,-;INFO: task python3:7 blocked for more than 120 seconds.\n SUBSYSTEM=pci\n"
+              " DEVICE=+pci:0000:3b:00.0")
+    read, went_by = _walk(sieve, "\n".join([*hung[100:150], tagged, *hung[150:]]) + "\n")
+    assert read == ["INFO: task python3:7 blocked for more than 120 seconds."] and went_by == 100
+
+
+def test_a_record_longer_than_the_split_sees_is_read_whole() -> None:
+    sieve = _learned(_storm_lines(100))
+    long_record = "4,9,1,-;hello\n" + "".join(f" K{i}=v\n" for i in range(20))
+    assert sieve.walk(Block(long_record)) is None  # read it all, record by record
+
+
+def test_journal_records_of_a_storm_are_passed_over_one_by_one() -> None:
+    lines = _storm_lines(300)
+    sieve = _learned(lines[:100])
+    records = [Record(line.split("] ", 1)[1]) for line in lines[100:]]
+    records.insert(50, Record(OTHERS["same code, other GPU"].split("] ", 1)[1]))
+    items = list(sieve.each(records))
+    assert [item.message for item in items if isinstance(item, Record)] == [records[50].message]
+    assert sum(item for item in items if isinstance(item, int)) == 200
+
+
+def test_storms_are_learned_and_let_go_when_their_lines_stop() -> None:
+    """64 lines of one rule, device and severity values within a period make a storm; a period without them lets it
+    go (the storms stay bounded, whatever the log did before)."""
+    first, second = _storm_lines(3 * STORM_PERIOD, bus="10"), _storm_lines(3 * STORM_PERIOD, bus="11")
+    source = StreamSource(io.BytesIO(("\n".join(first + second) + "\n").encode()).read)
+    reader = LogReader(source, RULES, lambda pci: None)
+    devices = []
+    while not source.caught_up:
+        reader.read()
+        devices.append({storm.pieces[1] for storm in reader.sieve.storms})
+    assert {"0000:10:00"} in devices and devices[-1] == {"0000:11:00"}
