@@ -7,8 +7,12 @@ import functools
 import os
 import platform
 import re
+import subprocess
+import time
 from datetime import datetime
 from pathlib import Path
+
+import requests
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS_MD = REPO_ROOT / "BENCHMARKS.md"
@@ -52,3 +56,26 @@ def machine_and_command(facts: dict[str, str], started: datetime, command: str) 
     """The closing lines of a section: the machine, the date and the exact command."""
     return ["### Machine", "", *[f"- {key}: {value}" for key, value in facts.items()],
             f"- Date: {started.strftime('%Y-%m-%d %H:%M UTC')}", "", "### Command", "", "```", command, "```", ""]
+
+
+def to_ere(pattern: str) -> str:
+    """A Python rule regex as an ERE for GNU grep: groups plain, lookarounds dropped, lazy quantifiers greedy."""
+    ere = re.sub(r"\(\?P<\w+>", "(", pattern.replace("(?:", "("))
+    ere = re.sub(r"\(\?<?[=!][^()]*\)", "", ere)
+    ere = re.sub(r"([*+?}])\?", r"\1", ere).replace(r"\d", "[0-9]")
+    return ere
+
+
+def wait_for_first_cycle(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
+    """Wait until the daemon at ``url`` (its /metrics) has finished its first sampling cycle; exit with its log if
+    it dies or does not get there in ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if "tpuwatch_last_sample_timestamp_seconds" in requests.get(f"{url}/metrics", timeout=2).text:
+                return
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise SystemExit(f"the daemon did not come up: {log.read_text()[-4000:]}")
+        time.sleep(0.1)

@@ -53,7 +53,7 @@ from tpuwatch import config as config_module  # noqa: E402
 from tpuwatch import yamlfile  # noqa: E402
 from tpuwatch.schema import ConfigError  # noqa: E402
 
-from common import BENCHMARKS_MD, REPO_ROOT, cpu_model, write_section  # noqa: E402
+from common import BENCHMARKS_MD, REPO_ROOT, cpu_model, wait_for_first_cycle, write_section  # noqa: E402
 from conftest import free_port  # noqa: E402
 
 EXAMPLE = REPO_ROOT / "packaging" / "config.example.yaml"
@@ -128,16 +128,7 @@ def daemon_figures(window: float, workdir: Path) -> dict[str, Any]:
                             stderr=subprocess.STDOUT, cwd=REPO_ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if "tpuwatch_last_sample_timestamp_seconds" in requests.get(f"{url}/metrics", timeout=2).text:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit(f"the daemon did not come up: {(workdir / 'daemon.log').read_text()}")
-            time.sleep(0.1)
+        wait_for_first_cycle(url, proc, workdir / "daemon.log")
         quiet_gap, quiet_cycles = sample_gaps(url, window)
         rss_before = rss_kib(proc.pid)
         config.write_text(yaml.safe_dump({k: v for k, v in base.items()}) + f"log_level: {alias_bomb()}\n")

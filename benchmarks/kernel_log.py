@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""Kernel log throughput: logscan on two generated logs and the daemon's collector path, beside ``grep -E``.
+"""Kernel log throughput: the daemon's path and logscan on two generated logs, beside ``grep -E``.
 
 Usage::
 
@@ -17,25 +16,24 @@ Two corpora of ``N`` lines each (default 1,000,000), in several formats
 
 In the same run it times, on one core (``taskset -c 0`` where available),
 best of 5, every kind of run taking turns (single runs on a shared machine
-swing by 20%): ``tpuwatch logscan FILE --json`` (lines/s, peak RSS),
-``grep -E -c`` with every shipped rule's regex and follow regex (translated to
-ERE), and the collector path: the same corpus as records (parsed beforehand, as
-the sources hand them over, and kept out of the garbage collector's passes with
-``gc.freeze()``: the daemon never holds a million at once) fed one by one
-through ``RuleSet.stream().feed()``; logscan and the collector path each with
-the native keyword matcher (built in place first) and with the pure-Python one.
-It checks that all of them give the same events, and rewrites the
-``kernel_log`` section of BENCHMARKS.md.
+swing by 20%): the daemon's path (a ``FileSource`` following the file from its
+start, read to its end through ``LogReader``, the collector's reader: records/s),
+``tpuwatch logscan FILE --json`` (the same path writing JSON, Python's start
+included: lines/s, peak RSS) and ``grep -E -c`` with every shipped rule's
+regex and follow regex (translated to ERE).  It checks that the daemon's path
+and logscan give the same events, and rewrites the ``kernel_log`` section of
+BENCHMARKS.md.  Targets: the daemon's path >= 250,000 records/s on the busy
+log; logscan >= 0.4x grep's speed on both.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
 import random
-import re
 import shlex
 import shutil
 import subprocess
@@ -50,7 +48,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(REPO_ROOT)]
 from tpuwatch.kernel_log.rulefile import load_rules  # noqa: E402
 
-from common import BENCHMARKS_MD, checkout_env, cpu_model, write_section  # noqa: E402
+from common import BENCHMARKS_MD, checkout_env, cpu_model, to_ere, write_section  # noqa: E402
 
 ENV = checkout_env()
 
@@ -164,21 +162,11 @@ def generate(path: Path, lines: int, seed: int, dense: bool) -> int:
     return errors
 
 
-def to_ere(pattern: str) -> str:
-    """A Python rule regex as an ERE for GNU grep: groups plain, lookarounds dropped, lazy quantifiers greedy."""
-    ere = re.sub(r"\(\?P<\w+>", "(", pattern.replace("(?:", "("))
-    ere = re.sub(r"\(\?<?[=!][^()]*\)", "", ere)
-    ere = re.sub(r"([*+?}])\?", r"\1", ere).replace(r"\d", "[0-9]")
-    return ere
-
-
-def timed(command: list[str], capture: bool = False, matcher: str = "default") -> tuple[float, str, str]:
-    """Wall seconds, stdout (when ``capture``) and stderr of one run of ``command`` (``matcher="regex"``: with the
-    pure-Python keyword matcher)."""
+def timed(command: list[str], capture: bool = False) -> tuple[float, str, str]:
+    """Wall seconds, stdout (when ``capture``) and stderr of one run of ``command``."""
     start = time.perf_counter()
     proc = subprocess.run(command, stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, check=False,
-                          env={**ENV, "TPUWATCH_BENCH_MATCHER": matcher})
+                          stderr=subprocess.PIPE, text=True, check=False, env=ENV)
     elapsed = time.perf_counter() - start
     if proc.returncode not in (0, 1):
         raise SystemExit(f"{shlex.join(command)} failed with exit code {proc.returncode}: {proc.stderr.strip()}")
@@ -190,75 +178,70 @@ def peak_rss_mib(stderr: str) -> float:
     return int(stderr.rsplit("VmHWM:", 1)[1].split()[0]) / 1024
 
 
-# In a child, with TPUWATCH_BENCH_MATCHER=regex: the pure-Python keyword matcher even where the native one is built.
-_MATCHER = ("import os\nfrom tpuwatch.kernel_log import prefilter\n"
-            "if os.environ.get('TPUWATCH_BENCH_MATCHER') == 'regex':\n    prefilter.Automaton = None\n")
 # `tpuwatch logscan`, then the process's own peak resident memory on stderr.
-LOGSCAN = [sys.executable, "-c", (_MATCHER + "import argparse, sys\n"
+LOGSCAN = [sys.executable, "-c", ("import argparse, sys\n"
                                   "from tpuwatch.config import Config\nfrom tpuwatch.kernel_log import logscan\n"
                                   "p = argparse.ArgumentParser(); logscan.add_arguments(p)\n"
                                   "code = logscan.run(p.parse_args(sys.argv[1:]), Config())\n"
                                   "sys.stderr.write(open('/proc/self/status').read())\n"
                                   "sys.exit(code)")]
-# The collector's path: records from the file (parsed first, untimed, kmsg continuation lines folded in as the
-# kmsg source does), then fed one by one; prints records, events and seconds.
-COLLECTOR = [sys.executable, "-c", (
-    _MATCHER + "import sys, time\nfrom tpuwatch.kernel_log.records import parse_kmsg, parse_line, KMSG_HEAD_RE\n"
+# The daemon's path: the file followed from its start (a saved position at offset 0) and read to its end through
+# the collector's reader; prints records, events (rule, severity, pci, xid, message, hashed) and seconds.
+DAEMON_PATH = [sys.executable, "-c", (
+    "import hashlib, json, os, sys, time, tempfile\n"
+    "from tpuwatch.kernel_log.filesource import FileSource\nfrom tpuwatch.kernel_log.reader import LogReader\n"
     "from tpuwatch.kernel_log.rulefile import load_rules\n"
-    "lines = open(sys.argv[1], encoding='utf-8').read().split('\\n')[:-1]\nrecords = []\n"
-    "for line in lines:\n"
-    "    if line.startswith(' ') and records and records[-1][1]:\n        records[-1][0].append(line)\n"
-    "    else:\n        records.append(([line], bool(KMSG_HEAD_RE.match(line))))\n"
-    "records = [parse_kmsg('\\n'.join(r)).record if kmsg else parse_line(r[0]) for r, kmsg in records]\n"
-    "import gc; gc.freeze()\n"  # the harness's million live records, which the daemon never holds: not traversed by GC
-    "matcher = load_rules([]).stream(); feed = matcher.feed\nstart = time.perf_counter()\n"
-    "events = sum(len(feed(r)) for r in records) + len(matcher.flush())\n"
-    "print(len(records), events, time.perf_counter() - start)")]
+    "path = sys.argv[1]; st = os.stat(path)\n"
+    "state = os.path.join(tempfile.mkdtemp(), 'file.json')\n"
+    "open(state, 'w').write(json.dumps({'path': path, 'dev': st.st_dev, 'ino': st.st_ino, 'offset': 0}))\n"
+    "source = FileSource(path, state); reader = LogReader(source, load_rules([]), lambda pci: None)\n"
+    "digest = hashlib.sha256(); events = 0\nstart = time.perf_counter()\n"
+    "while True:\n"
+    "    for e in reader.read():\n"
+    "        events += 1; digest.update(repr((e.rule, e.severity, e.pci, e.xid, e.message)).encode())\n"
+    "    if source.caught_up: break\n"
+    "print(reader.records, events, time.perf_counter() - start, digest.hexdigest())")]
+
+
+def logscan_digest(output: str) -> str:
+    """The hash of logscan's events as the daemon's path hashes its own."""
+    digest = hashlib.sha256()
+    for event in json.loads(output)["events"]:
+        digest.update(repr((event["rule"], event["severity"], event["pci"], event.get("xid"),
+                            event["message"])).encode())
+    return digest.hexdigest()
 
 
 def measure(path: Path, repeats: int, pin: list[str], grep: str, patterns: list[str]) -> dict[str, float]:
-    """logscan and the collector path with each keyword matcher, and grep, on one corpus.  Their runs take turns, so
-    that a slow phase of a shared machine slows each of them alike."""
-    out: dict[str, float] = {}
+    """The daemon's path, logscan and grep on one corpus.  Their runs take turns, so that a slow phase of a shared
+    machine slows each of them alike."""
     grep_command = pin + [grep, "-E", "-c", *[a for p in patterns for a in ("-e", p)], str(path)]
-    scans: dict[str, list[tuple[float, str, str]]] = {"default": [], "regex": []}
-    feeds: dict[str, list[list[str]]] = {"default": [], "regex": []}
-    greps = []
+    scans, feeds, greps = [], [], []
     for _ in range(repeats):
-        for matcher, runs in scans.items():
-            runs.append(timed(pin + LOGSCAN + [str(path), "--json"], True, matcher))
-            feeds[matcher].append(timed(pin + COLLECTOR + [str(path)], True, matcher)[1].split())
+        scans.append(timed(pin + LOGSCAN + [str(path), "--json"], True))
+        feeds.append(timed(pin + DAEMON_PATH + [str(path)], True)[1].split())
         greps.append(timed(grep_command, capture=True))
-    for matcher, runs in scans.items():
-        records, feed_events, _ = feeds[matcher][0]
-        tag = "" if matcher == "default" else "_regex"
-        out |= {f"scan_s{tag}": min(s[0] for s in runs), f"feed_s{tag}": min(float(f[2]) for f in feeds[matcher]),
-                f"events{tag}": runs[0][1].count('"rule": '), f"feed_events{tag}": int(feed_events),
-                f"rss{tag}": max(peak_rss_mib(s[2]) for s in runs), f"logscan_lines{tag}": json.loads(runs[0][1])["lines"]}
-        out["records"] = int(records)
+    records, feed_events, _, feed_digest = feeds[0]
     with open(path, "rb") as file:
         lines = sum(block.count(b"\n") for block in iter(lambda: file.read(1 << 20), b""))
-    return out | {"grep_s": min(g[0] for g in greps), "grep_lines": int(greps[0][1].strip()), "lines": lines}
+    return {"scan_s": min(s[0] for s in scans), "feed_s": min(float(f[2]) for f in feeds),
+            "events": scans[0][1].count('"rule": '), "feed_events": int(feed_events), "records": int(records),
+            "agree": logscan_digest(scans[0][1]) == feed_digest, "rss": max(peak_rss_mib(s[2]) for s in scans),
+            "logscan_lines": json.loads(scans[0][1])["lines"], "grep_s": min(g[0] for g in greps),
+            "grep_lines": int(greps[0][1].strip()), "lines": lines}
 
 
-def row(name: str, m: dict[str, float], startup: float, native: bool) -> str:
+def row(name: str, m: dict[str, float], startup: float) -> str:
     """The table rows of one corpus."""
-    lines = m["lines"]
-    rows = []
-    for tag, label in (("", "native matcher" if native else "pure-Python matcher (native not built)"),
-                       ("_regex", "pure-Python matcher")):
-        if tag and not native:
-            continue
-        scan, feed = m[f"scan_s{tag}"], m[f"feed_s{tag}"]
-        rows.append(f"| {name}: `tpuwatch logscan --json`, {label} | {scan:.2f} s | {lines / scan:,.0f} "
-                    f"({lines / (scan - startup):,.0f} after startup) | {m['grep_s'] / scan:.2f}x | "
-                    f"{m[f'rss{tag}']:.1f} MiB | {m[f'events{tag}']:,.0f} events |")
-        rows.append(f"| {name}: collector path (`feed()` per record), {label} | {feed:.2f} s | "
-                    f"{m['records'] / feed:,.0f} records/s | {m['grep_s'] / feed:.2f}x | - | "
-                    f"{m[f'feed_events{tag}']:,.0f} events |")
-    rows.append(f"| {name}: `grep -E -c` | {m['grep_s']:.2f} s | {lines / m['grep_s']:,.0f} | 1 | - | "
-                f"{m['grep_lines']:,.0f} matching lines |")
-    return "\n".join(rows)
+    lines, scan, feed = m["lines"], m["scan_s"], m["feed_s"]
+    return "\n".join([
+        f"| {name}: the daemon's path (a followed file through `LogReader`) | {feed:.2f} s | "
+        f"{m['records'] / feed:,.0f} records/s | {m['grep_s'] / feed:.2f}x | - | {m['feed_events']:,.0f} events |",
+        f"| {name}: `tpuwatch logscan --json` | {scan:.2f} s | {lines / scan:,.0f} "
+        f"({lines / (scan - startup):,.0f} after startup) | {m['grep_s'] / scan:.2f}x | {m['rss']:.1f} MiB | "
+        f"{m['events']:,.0f} events |",
+        f"| {name}: `grep -E -c` | {m['grep_s']:.2f} s | {lines / m['grep_s']:,.0f} | 1 | - | "
+        f"{m['grep_lines']:,.0f} matching lines |"])
 
 
 def main() -> int:
@@ -294,21 +277,18 @@ def main() -> int:
             for _ in range(3):
                 out.write(busy.read_bytes())
         scan_triple = timed(pin + LOGSCAN + [str(triple), "--json"])
-    native = subprocess.run([sys.executable, "-c", "from tpuwatch.kernel_log.prefilter import KEYWORD_MATCHER as m; "
-                             "print(m)"], capture_output=True, text=True, check=True, env=ENV).stdout.strip() == "native"
     for name, m in results.items():
-        print(f"{name}: logscan {m['lines'] / m['scan_s']:,.0f} lines/s ({m['lines'] / (m['scan_s'] - startup):,.0f} "
-              f"after {startup:.2f} s startup), collector {m['records'] / m['feed_s']:,.0f} records/s "
-              f"({'native' if native else 'pure-Python'} matcher); pure-Python matcher: logscan "
-              f"{m['lines'] / m['scan_s_regex']:,.0f} lines/s, collector {m['records'] / m['feed_s_regex']:,.0f} "
-              f"records/s; grep -E {m['lines'] / m['grep_s']:,.0f} lines/s; events {m['events']:,.0f} (collector "
-              f"{m['feed_events']:,.0f}), grep lines {m['grep_lines']:,.0f}, error lines {m['errors']:,}",
-              file=sys.stderr)
+        print(f"{name}: daemon's path {m['records'] / m['feed_s']:,.0f} records/s; logscan "
+              f"{m['lines'] / m['scan_s']:,.0f} lines/s ({m['lines'] / (m['scan_s'] - startup):,.0f} after "
+              f"{startup:.2f} s startup); grep -E {m['lines'] / m['grep_s']:,.0f} lines/s; events {m['events']:,.0f} "
+              f"(daemon's path {m['feed_events']:,.0f}, the same: {m['agree']}), grep lines {m['grep_lines']:,.0f}, "
+              f"error lines {m['errors']:,}", file=sys.stderr)
     command = "python benchmarks/kernel_log.py" + (" --quick" if args.quick else "") + (
         f" --lines {args.lines}" if args.lines != 1_000_000 else "")
     busy_m, dense_m = results["busy host"], results["keyword-dense"]
-    met = all(m["lines"] / m["scan_s"] >= 1e6 and m["records"] / m["feed_s"] >= 1e6 for m in results.values())
-    report = f"""## Kernel log: logscan and the collector path beside grep
+    path_met = busy_m["records"] / busy_m["feed_s"] >= 250_000
+    scan_met = all(m["grep_s"] / m["scan_s"] >= 0.4 for m in results.values())
+    report = f"""## Kernel log: the daemon's path and logscan beside grep
 
 {"**Quick run: figures not to quote.**" if args.quick else ""}
 `{command}` on {os.cpu_count()} CPUs ({cpu_model()}), Python {platform.python_version()}, {
@@ -319,29 +299,28 @@ records each in dmesg `[seconds]`, `-T`, syslog and raw kmsg forms (kmsg records
 {busy_m['mb']:.0f} MB: everyday noise, 2% near misses) and a keyword-dense host ({dense_m['lines']:,} lines,
 {dense_m['mb']:.0f} MB: 40% NVRM, AER, EDAC, mce, amdgpu and vfio banner and detail lines that share words with
 the rules). Each pinned to one core ({"taskset -c 0" if pin else "not pinned: no taskset"}), best of {repeats},
-in the same run, the runs of each kind taking turns. logscan times are wall times of the whole command, starting Python and importing tpuwatch
-(its bytecode compiled, as installed) included ({startup:.2f} s on an empty file; the rate after it is in
-brackets). The collector path feeds the log's records (parsed beforehand, as the sources hand them over, and
-frozen out of the garbage collector's passes: the daemon never holds a million at once) one by one through
-`RuleSet.stream().feed()`, the matcher the daemon's collector uses. Each with the keyword matcher an
-install has when a C compiler was at hand ({"the native one, built in place as pip builds it" if native else
-"**the native one could not be built here: pure-Python figures**"}) and with the pure-Python one it falls back to.
+in the same run, the runs of each kind taking turns. The daemon's path: the file followed from its start by the
+daemon's `FileSource` and read to its end through `LogReader`, the reader of the daemon's collector (records/s,
+timed in the process, Python's start and the imports left out). logscan: the wall time of the whole command,
+Python's start and imports included ({startup:.2f} s on an empty file; the rate after it is in brackets), the
+same path writing JSON. Pure Python: there is no native code.
 
 | | Time | Lines/s | Speed vs grep | Peak RSS | Found |
 |---|---|---|---|---|---|
-{row("busy host", busy_m, startup, native)}
-{row("keyword-dense", dense_m, startup, native)}
+{row("busy host", busy_m, startup)}
+{row("keyword-dense", dense_m, startup)}
 
-grep counts every line that a rule's regex or follow regex matches; logscan and the collector count one event
-per fault (an AER message's detail lines, a machine check's notice, a TPU chip's reset chain are not events
-again) and agree with each other (the script fails otherwise). Peak RSS of logscan on the busy log written three
-times over ({3 * busy_m['lines']:,} lines): {peak_rss_mib(scan_triple[2]):.1f} MiB in {scan_triple[0]:.2f} s
-(memory does not grow with the file: 1 MiB blocks, events streamed). Target: >= 1,000,000 lines/s for logscan on
-both logs and for the collector path{"" if native else " (pure-Python matcher)"}: {"met" if met else "not met"}.
+grep counts every line that a rule's regex or follow regex matches; the daemon's path and logscan count one
+event per fault (an AER message's detail lines, a machine check's notice, a TPU chip's reset chain are not events
+again) and give the same events (rule, severity, PCI address, Xid and message, hashed: the script fails
+otherwise). Peak RSS of logscan on the busy log written three times over ({3 * busy_m['lines']:,} lines):
+{peak_rss_mib(scan_triple[2]):.1f} MiB in {scan_triple[0]:.2f} s (memory does not grow with the file: 256 KiB
+blocks, events streamed). Targets: the daemon's path >= 250,000 records/s on the busy log: {"met" if path_met
+else "**not met**"}; logscan >= 0.4x grep's speed on both logs: {"met" if scan_met else "**not met**"}.
 """
     write_section("kernel_log", report, args.output)
-    agree = all(m["events"] == m["feed_events"] == m["events_regex"] == m["feed_events_regex"]
-                and m["logscan_lines"] == m["logscan_lines_regex"] == m["lines"] for m in results.values())
+    agree = all(m["agree"] and m["events"] == m["feed_events"] and m["logscan_lines"] == m["lines"]
+                for m in results.values())
     return 0 if agree else 1
 
 
