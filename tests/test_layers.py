@@ -1,11 +1,13 @@
-"""tpuwatch's layers: no import cycle between its parts, every part imports only parts of its layer or below,
-and the bottom layer (``tpuwatch.hw``) is the standard library's alone.
+"""tpuwatch's layers: no import cycle between its parts nor between its modules, every part imports only parts
+of its layer or below, and the bottom layer (``tpuwatch.hw``) is the standard library's alone.
 
 A part is a subpackage (``tpuwatch/devices/``) or a top-level module (``tpuwatch/store.py``); the package
-itself (``__version__``) is a part of the bottom layer.  Every import is read from the source with ``ast``:
-at module level, inside functions (an import put in a function hides a cycle, it does not remove it), under
-``TYPE_CHECKING``, and, in a module that calls ``importlib.import_module``, the tpuwatch module names
-its strings hold (the command line's subcommands).
+itself (``__version__``) is a part of the bottom layer.  A cycle within a part is a cycle between its modules:
+a package's ``__init__`` is a module, so one that imports its submodules while a submodule imports a name from
+it is a cycle (importing a submodule loads its package first; that alone is not counted as an import).
+Every import is read from the source with ``ast``: at module level, inside functions (an import put in a
+function hides a cycle, it does not remove it), under ``TYPE_CHECKING``, and, in a module that calls
+``importlib.import_module``, the tpuwatch module names its strings hold (the command line's subcommands).
 docs/architecture.md describes the layers.
 """
 
@@ -15,6 +17,7 @@ import ast
 import re
 import sys
 from collections import defaultdict, deque
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -87,21 +90,26 @@ def imports(path: Path) -> list[tuple[str, int]]:
     return found
 
 
-def graph() -> dict[str, dict[str, Edge]]:
-    """Part -> imported part -> one import that makes the edge."""
+def _module(module: str) -> str:
+    """The node of the module-level graph: the module itself."""
+    return module
+
+
+def graph(node: Callable[[str], str] = _part) -> dict[str, dict[str, Edge]]:
+    """Part -> imported part -> one import that makes the edge; with ``node=_module``, module -> imported module."""
     edges: dict[str, dict[str, Edge]] = defaultdict(dict)
     for path in sorted(PACKAGE.rglob("*.py")):
-        source = _part(_module_of(path))
+        source = node(_module_of(path))
         for module, line in imports(path):
             if module == ROOT or module.startswith(ROOT + "."):
-                target = _part(module)
+                target = node(module)
                 if target != source:
                     edges[source].setdefault(target, (module, str(path.relative_to(PACKAGE.parent)), line))
     return edges
 
 
 def cycles(edges: dict[str, dict[str, Edge]]) -> list[list[str]]:
-    """One cycle (a, b, ..., a) through each strongly connected group of parts (Tarjan's algorithm)."""
+    """One cycle (a, b, ..., a) through each strongly connected group of nodes (Tarjan's algorithm)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -152,8 +160,9 @@ def _describe(path: list[str], edges: dict[str, dict[str, Edge]]) -> str:
     return "; ".join(steps)
 
 
-def test_no_import_cycle_between_parts() -> None:
-    edges = graph()
+@pytest.mark.parametrize("node", [_part, _module], ids=["parts", "modules"])
+def test_no_import_cycle_between(node: Callable[[str], str]) -> None:
+    edges = graph(node)
     found = cycles(edges)
     assert not found, "import cycles: " + " | ".join(_describe(cycle, edges) for cycle in found)
 
@@ -201,3 +210,30 @@ def test_imports_in_functions_from_the_package_and_named_for_importlib_are_read(
     # module named in a string
     assert {"tpuwatch", "tpuwatch.statedir", "tpuwatch.daemon", "tpuwatch.canary.cli"} <= set(cli)
     assert graph()["cli"]["daemon"][1:] == ("tpuwatch/cli.py", cli["tpuwatch.daemon"])
+
+
+def test_the_module_check_sees_a_cycle_within_a_part(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sources = {
+        "__init__.py": "",
+        "notifiers/__init__.py": "from tpuwatch.notifiers import base\n\n\nclass ReceiverConfig: ...\n",
+        "notifiers/base.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n"
+                             "    from tpuwatch.notifiers import ReceiverConfig\n",
+        "kernel_log/__init__.py": "",
+        "kernel_log/matcher.py": "def match() -> None:\n    from . import rules\n",
+        "kernel_log/rules.py": "from tpuwatch.kernel_log.matcher import match\n",
+        "store.py": "import tpuwatch.notifiers.base\n",  # loads tpuwatch.notifiers first: not an edge back to it
+    }
+    for name, text in sources.items():
+        (tmp_path / "tpuwatch" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tpuwatch" / name).write_text(text, encoding="utf-8")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path / "tpuwatch")
+    assert cycles(graph()) == []  # each cycle lies within one part
+    edges = graph(_module)
+    assert [_describe(cycle, edges) for cycle in sorted(cycles(edges))] == [
+        "tpuwatch.kernel_log.matcher -> tpuwatch.kernel_log.rules "
+        "(tpuwatch/kernel_log/matcher.py:2 imports tpuwatch.kernel_log.rules); "
+        "tpuwatch.kernel_log.rules -> tpuwatch.kernel_log.matcher "
+        "(tpuwatch/kernel_log/rules.py:1 imports tpuwatch.kernel_log.matcher)",
+        "tpuwatch.notifiers -> tpuwatch.notifiers.base (tpuwatch/notifiers/__init__.py:1 imports "
+        "tpuwatch.notifiers.base); tpuwatch.notifiers.base -> tpuwatch.notifiers "
+        "(tpuwatch/notifiers/base.py:4 imports tpuwatch.notifiers)"]
