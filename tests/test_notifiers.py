@@ -14,8 +14,8 @@ from test_alerting_receivers import firing_alert
 from tpuwatch import config as config_module
 from tpuwatch.alerting.dispatch import Dispatcher
 from tpuwatch.config import AlertingConfig
-from tpuwatch.notifiers import TYPES, ReceiverConfig, build_notifiers
-from tpuwatch.notifiers.base import GroupKey, Notifier, NotifierType, Sent
+from tpuwatch.notifiers import TYPES, build_notifiers
+from tpuwatch.notifiers.base import GroupKey, Notifier, NotifierType, Receiver, Sent
 from tpuwatch.schema import ConfigError
 
 T0 = 1_700_000_000.0
@@ -26,7 +26,7 @@ class PlainText(NotifierType):
 
     name = "plaintext"
 
-    def validate(self, receiver: ReceiverConfig, path: str) -> None:
+    def validate(self, receiver: Receiver, path: str) -> None:
         if "X-Room" not in (receiver.headers or {}):
             raise ConfigError(f"{path}.headers", "plaintext receivers need an X-Room header")
 

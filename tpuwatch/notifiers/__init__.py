@@ -4,7 +4,10 @@ Each type is one module (``webhook``, ``alertmanager``, ``pagerduty``,
 ``slack``) holding a :class:`~tpuwatch.notifiers.base.NotifierType`, and one
 line in ``TYPES``; the config's allowed types and each type's checks come from
 there.  What every type shares (the HTTP send, credentials, secrets,
-redaction) is :mod:`tpuwatch.notifiers.base`.  This package sits below the
+redaction) is :mod:`tpuwatch.notifiers.base`.  The imports go one way: the
+types and ``base`` import nothing from this module, and read a receiver's
+config through :class:`~tpuwatch.notifiers.base.Receiver`, the shape of
+``ReceiverConfig`` (which needs ``TYPES``).  This package sits below the
 config (``tpuwatch.config`` imports ``ReceiverConfig`` from here) and below
 alerting, which builds the notifiers and queues their bodies.
 """

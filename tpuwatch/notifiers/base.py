@@ -27,14 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from tpuwatch import __version__
 from tpuwatch.logsetup import redact, redact_data
 from tpuwatch.schema import ConfigError
-
-if TYPE_CHECKING:
-    from tpuwatch.notifiers import ReceiverConfig
 
 SIGNATURE_HEADER = "X-Tpuwatch-Signature"
 ID_HEADER = "X-Tpuwatch-Notification-Id"
@@ -80,6 +77,39 @@ class Sent:
                 "generatorURL": generator_url}
 
 
+class Receiver(Protocol):
+    """What a notifier, a type's checks and the dispatcher read of one receiver's config.
+
+    The config is :class:`tpuwatch.notifiers.ReceiverConfig`; it checks ``type``
+    against ``TYPES``, which holds every type, so the types and this module name
+    it by this shape and import nothing from the package (no cycle).
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def url_file(self) -> str | None: ...
+
+    @property
+    def routing_key(self) -> str | None: ...
+
+    @property
+    def routing_key_file(self) -> str | None: ...
+
+    @property
+    def secret_file(self) -> str | None: ...
+
+    @property
+    def headers(self) -> dict[str, str] | None: ...
+
+    @property
+    def match(self) -> dict[str, str]: ...
+
+    @property
+    def send_resolved(self) -> bool: ...
+
+
 def common(items: Sequence[dict[str, str]]) -> dict[str, str]:
     """The entries every one of ``items`` has with the same value (Alertmanager's common labels)."""
     if not items:
@@ -105,7 +135,7 @@ class NotifierType(ABC):
     default_url: str | None = None  # the URL when none is configured (then url and url_file are optional)
     signs: bool = False  # takes ``secret_file``: an HMAC-SHA256 signature header on every request
 
-    def validate(self, receiver: ReceiverConfig, path: str) -> None:
+    def validate(self, receiver: Receiver, path: str) -> None:
         """Raise ConfigError (under ``path``) for what this type needs beyond the shared checks."""
 
     @abstractmethod
@@ -134,7 +164,7 @@ _TAIL_DROP = 512
 class Notifier:
     """One delivery target: a receiver, or one of a several-URL receiver's urls."""
 
-    def __init__(self, config: ReceiverConfig, kind: NotifierType, name: str, url: str, timeout: float) -> None:
+    def __init__(self, config: Receiver, kind: NotifierType, name: str, url: str, timeout: float) -> None:
         self.config = config
         self.kind = kind
         self.name = name

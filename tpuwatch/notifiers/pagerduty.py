@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tpuwatch.notifiers.base import GroupKey, Notifier, NotifierType, Sent, rfc3339
+from tpuwatch.notifiers.base import GroupKey, Notifier, NotifierType, Receiver, Sent, rfc3339
 from tpuwatch.schema import ConfigError, short
-
-if TYPE_CHECKING:
-    from tpuwatch.notifiers import ReceiverConfig
 
 _SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
 
@@ -22,7 +19,7 @@ class PagerDuty(NotifierType):
     name = "pagerduty"
     default_url = "https://events.pagerduty.com/v2/enqueue"
 
-    def validate(self, receiver: ReceiverConfig, path: str) -> None:
+    def validate(self, receiver: Receiver, path: str) -> None:
         if receiver.routing_key is None and receiver.routing_key_file is None:
             raise ConfigError(path, f"receiver {short(receiver.name)} needs routing_key or routing_key_file")
 
