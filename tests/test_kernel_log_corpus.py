@@ -16,7 +16,7 @@ import yaml
 from test_kernel_log_resilience import journal_entry, write_journal
 
 from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver, prefix_device
-from tpuwatch.kernel_log.collector import KernelLogCollector
+from tpuwatch.kernel_log.collector import MAX_RECENT_EVENTS, KernelLogCollector
 from tpuwatch.kernel_log.events import KernelEvent, make_event
 from tpuwatch.kernel_log.filesource import FileSource
 from tpuwatch.kernel_log.matcher import StreamMatcher
@@ -243,49 +243,65 @@ def test_the_corpus_is_large_real_and_varied() -> None:
 
 # --- logscan is the daemon's path ----------------------------------------------------------------------------
 
-class Recording(KernelLogCollector):
-    """The daemon's kernel log collector, keeping every event it hands on (storm folding off: window 0)."""
+def _pieces(data: bytes, rng: random.Random) -> list[bytes]:
+    """``data`` in pieces of random sizes, as a writer appends a log: each piece ends with a whole record after which
+    no event waits, or partway into the first line of the next record (that line waits at the end of the file for
+    the rest of it).
 
-    def __init__(self, source: FileSource, attribution: Attribution) -> None:
-        super().__init__(source, RULES, attribution, storm_window=0.0, deadline=1e9)
-        self.events: list[KernelEvent] = []
-
-    def _publish(self, events: list[KernelEvent]) -> None:
-        self.events += events
-        super()._publish(events)
+    Whole records, and never while an event waits: at the end of the file the daemon reads the lines there are
+    and lets out the events that wait for later records (a CPER block's device_id, the report that stands for
+    "Machine check events logged").  A piece that ended between a record's first line and its continuation
+    lines, or while an event waits, is a file the daemon rightly reads otherwise than the whole log: no
+    difference between logscan and the daemon."""
+    block = Splitter(start=True).split(data)
+    text = block.text
+    assert text == data.decode()  # the test logs are text: a record's characters map back to its bytes
+    matcher = StreamMatcher(RULES)
+    pieces: list[bytes] = []
+    most = min(4096, max(64, len(data) // 16))  # a small log in a dozen pieces or more
+    begin, offset, start, size = 0, 0, 0, rng.randint(1, most)
+    while start < len(text):
+        end = block.end_of(start)
+        matcher.feed([block.record(start)])
+        offset += len(text[start:end].encode())
+        start = end
+        if start < len(text) and offset - begin >= size and not (matcher._held or matcher._later):
+            cut = offset
+            if rng.random() < 0.5:  # into the next record's first line, its newline not yet written
+                newline = text.find("\n", start)
+                cut += rng.randint(1, max(1, len(text[start:newline if newline >= 0 else None].encode())))
+            pieces.append(data[begin:cut])
+            begin, size = cut, rng.randint(1, most)
+    return [*pieces, data[begin:]]
 
 
 def _followed(data: bytes, tmp_path: Path, attribution: Attribution, rng: random.Random) -> tuple[
         list[tuple[Any, ...]], dict[tuple[str, str], float]]:
-    """The events and counts of the daemon's collector following a file that ``data`` is appended to, in pieces of
-    random sizes, a collection after each.  A piece ends where no event waits for the records after it: a
-    collection that reaches the end of the log lets a waiting event out (the follower waits a second for more),
-    which a block cut in two would split."""
+    """The events and counts of the daemon's collector following a file that starts empty and that ``data`` is then
+    appended to (``_pieces``), a collection after each piece: its events from ``recent_events()``, its counts from
+    ``collect()``.  Storm folding is off (a window of 0 s folds nothing: a repeat folds only within the window),
+    and so is its time limit (each collection reads to the end of the file, and no storm is passed over)."""
     log = tmp_path / "followed.log"
     log.write_bytes(b"")
-    collector = Recording(FileSource(str(log), None), attribution)
-    block = Splitter().split(data)  # the test logs: text without NUL bytes, so that characters map back to bytes
-    ends, matcher, start, offset = [], StreamMatcher(RULES), 0, 0
-    while start < len(block.text):
-        end = block.end_of(start)
-        matcher.feed([block.record(start)])
-        offset += len(block.text[start:end].encode())
-        if not (matcher._held or matcher._later):
-            ends.append(offset)
-        start = end
-    cuts = sorted({0, len(data), *(rng.choice(ends) for _ in range(max(1, len(ends) // 40)))})
-    values = {}
-    for begin, end in zip(cuts, cuts[1:]):
-        with open(log, "ab") as out:
-            out.write(data[begin:end])
-        values = {(s.name, s.labels): s.value for s in collector.collect()}
+    source = FileSource(str(log), None)
+    collector = KernelLogCollector(source, RULES, attribution, storm_window=0.0, deadline=1e9)
+    events: list[KernelEvent] = []
     counts: dict[tuple[str, str], float] = {}
-    for (name, labels), value in values.items():
-        if name == "tpuwatch_kernel_events_total" and value:
-            key = (dict(labels)["rule"], dict(labels)["severity"])
-            counts[key] = counts.get(key, 0) + value
+    for piece in _pieces(data, rng):
+        with open(log, "ab") as out:
+            out.write(piece)
+        before = sum(counts.values())
+        counts = {}
+        for s in collector.collect():
+            if s.name == "tpuwatch_kernel_events_total" and s.value:
+                key = (dict(s.labels)["rule"], dict(s.labels)["severity"])
+                counts[key] = counts.get(key, 0) + s.value
+        new = int(sum(counts.values()) - before)
+        assert source.caught_up and 0 <= new <= MAX_RECENT_EVENTS  # every event of the piece is among the recent
+        events += collector.recent_events()[-new:] if new else []
     collector.close()
-    return [(e.rule, e.severity, e.pci, e.xid, e.message) for e in collector.events], counts
+    assert source.skipped["backlog"] == 0 and all(e.count == 1 for e in events)  # nothing passed over or folded
+    return [(e.rule, e.severity, e.pci, e.xid, e.message) for e in events], counts
 
 
 def _logscan(data: bytes, attribution: Attribution) -> tuple[list[tuple[Any, ...]], dict[tuple[str, str], float]]:
@@ -306,6 +322,28 @@ def test_logscan_gives_the_daemons_events_on_every_test_log(name: str, tmp_path:
     data = (DATA / name).read_bytes()
     for seed in range(3):
         assert _followed(data, tmp_path, attribution, random.Random(seed)) == _logscan(data, attribution)
+
+
+# Events that wait for the records after them, a record a line: a CPER block's device_id, the machine-check summary
+# that stands for "Machine check events logged", the init failure an Xid just before stands for.
+WAITING = [["{7}[Hardware Error]: Hardware error from APEI Generic Hardware Error Source: 4",
+            "{7}[Hardware Error]: event severity: recoverable", "{7}[Hardware Error]:  Error 0, type: recoverable",
+            "{7}[Hardware Error]:   section_type: PCIe error", "{7}[Hardware Error]:   device_id: 0000:00:01.0"],
+           ["mce: [Hardware Error]: Machine check events logged",
+            "mce: [Hardware Error]: CPU 0: Machine Check: 0 Bank 4: a600000000020408"],
+           ["NVRM: Xid (PCI:0000:68:00): 109, pid=1297, name=rustdesk, Ch 00000001, errorString CTX SWITCH TIMEOUT",
+            "NVRM: GPU 0000:68:00.0: RmInitAdapter failed! (0x25:0xffff:1470)"],
+           ["e1000e 0000:00:1f.6 eno1: NIC Link is Up 1000 Mbps Full Duplex, Flow Control: Rx/Tx"]]
+
+
+def test_logscan_gives_the_daemons_events_where_events_wait_for_later_records(tmp_path: Path,
+                                                                              attribution: Attribution) -> None:
+    rng = random.Random(4)
+    lines = [line for _ in range(100) for line in rng.choice(WAITING)]
+    data = "".join(f"[{number:12.6f}] {line}\n" for number, line in enumerate(lines)).encode()
+    for seed in range(3):
+        daemon, logscan = _followed(data, tmp_path, attribution, random.Random(seed)), _logscan(data, attribution)
+        assert daemon == logscan and ("cper_recoverable", "0000:00:01.0") in {(e[0], e[2]) for e in daemon[0]}
 
 
 @pytest.mark.parametrize("form", FORMS)

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from test_kernel_log_resilience import journal_entry, journal_module, write_journal  # noqa: F401 - a fixture
 
+from tpuwatch.kernel_log import filesource
 from tpuwatch.kernel_log.collector import KernelLogCollector
 from tpuwatch.kernel_log.filesource import FileSource
 from tpuwatch.kernel_log.journal import JournalSource
@@ -114,7 +115,7 @@ def _sentinels(values: dict) -> float:  # type: ignore[type-arg]
 
 
 @pytest.mark.parametrize("name", list(FORMATS))
-def test_fuzzed_lines_of_every_file_format(tmp_path: Path, name: str) -> None:
+def test_fuzzed_lines_of_every_file_format(tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     fixture, shape = FORMATS[name]
     rng = random.Random(f"{SEED}-{name}")
     tag = f"tpuwatch-fuzz-{uuid.uuid4().hex[:12]}"
@@ -129,6 +130,7 @@ def test_fuzzed_lines_of_every_file_format(tmp_path: Path, name: str) -> None:
             parse_kmsg(text)
     log, state = tmp_path / "kern.log", tmp_path / "file.json"
     log.write_text("")
+    monkeypatch.setattr(filesource, "FILE_READ_BYTES", 4096)  # records and over-long lines across many reads
     source = FileSource(str(log), state)
     data = b"".join(case + b"\n" + sentinel for case in fuzzed)
     log.write_bytes(data)

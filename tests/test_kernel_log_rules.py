@@ -215,6 +215,7 @@ def _rule_file(tmp_path: Path, text: str, name: str = "local.yaml") -> Path:
     ("rules: [{name: big, regex: 'a{99999999999}'}]", "rule 'big': invalid regex: the repetition number is too large"),
     ("rules: [{name: deep, regex: '" + "(" * 1000 + ")" * 1000 + "'}]",
      "rule 'deep': invalid regex: maximum recursion"),
+    ("rules: [{name: set, regex: '[[a]'}]", "rule 'set': ambiguous regex: Possible nested set at position 1"),
     ("rules: [{name: bad, regex: x, severity: urgent}]", "rule 'bad': severity must be one of"),
     ("rules: [{name: bad, regex: x, colour: red}]", "rule 'bad': unknown key 'colour'"),
     ("rules: [{name: bad}]", "rule 'bad': regex is required"),

@@ -120,6 +120,7 @@ def test_line_numbers_and_counts_do_not_depend_on_where_blocks_end(monkeypatch: 
               b" SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n",
               b"[    1.000000] NVRM: The NVIDIA GPU 0000:b3:00.0\n[    1.000000] NVRM: (PCI ID: 10de:26b5) installed "
               b"in this system has\n[    1.000000] NVRM: fallen off the bus and is not responding to commands.\n"]
+    default = filesource.FILE_READ_BYTES
     for _ in range(20):
         data = b"".join(rng.choice(pieces) for _ in range(rng.randrange(1, 60)))
         if rng.random() < 0.5:
@@ -129,9 +130,9 @@ def test_line_numbers_and_counts_do_not_depend_on_where_blocks_end(monkeypatch: 
         for size in (64, 200, 333):
             monkeypatch.setattr(filesource, "FILE_READ_BYTES", size)
             events, small = _scan(data)
-            assert [(e.line, e.rule) for e in events] == [(e.line, e.rule) for e in whole]
-            assert small.lines == stats.lines
-        monkeypatch.setattr(filesource, "FILE_READ_BYTES", 256 << 10)
+            assert events == whole
+            assert (small.lines, small.skipped) == (stats.lines, stats.skipped)
+        monkeypatch.setattr(filesource, "FILE_READ_BYTES", default)
 
 
 def test_huge_line_never_held_whole() -> None:
@@ -260,3 +261,16 @@ def test_a_record_feeds_the_matcher_with_the_lines_it_spans() -> None:
     assert len(block) == 4 and block.capped
     matcher = StreamMatcher(RULES)
     assert matcher.feed(block) == [] and matcher._index == 4
+
+
+@pytest.mark.parametrize("size", [32, 50, 64, 4096, 256 << 10])
+def test_records_and_lines_do_not_depend_on_where_reads_end(size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run of more than 16 continuation lines is split into records from its head, and a line is over 64 KiB as
+    written (colour codes and all), wherever a read ends."""
+    monkeypatch.setattr(filesource, "FILE_READ_BYTES", size)
+    xid = b"NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    run = scan(b"[1.0] head\n" + b" x\n" * 20 + b" " + xid + b"\n[2.0] next\n" + b"[3.0] " + xid + b"\n", RULES)
+    assert [e.line for e in run.events] == [18, 24] and run.lines == 24  # the 17th continuation line begins one
+    coloured = b"[1.0] ok\n[2.0] " + xid + b" " + b"\x1b[31mx" * 12_000 + b"\n[3.0] " + xid + b"\n"
+    long = scan(coloured, RULES)
+    assert [e.line for e in long.events] == [3] and (long.lines, long.skipped) == (3, 1)  # 72 KiB as written

@@ -9,8 +9,10 @@ import bz2
 import gzip
 import json
 import lzma
+import os
 import random
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from tpuwatch.config import parse
 from tpuwatch.kernel_log import logscan
 from tpuwatch.kernel_log.logscan import _Reading
 
+REPO = Path(__file__).resolve().parent.parent
 DMESG = Path(__file__).parent / "testdata" / "kernel_log" / "dmesg.txt"
 NO_USER_RULES = parse("kernel_log: {rules_dirs: []}")
 COMPRESSORS: dict[str, Callable[[bytes], bytes]] = {
@@ -117,6 +120,17 @@ def test_binary_junk_is_said_to_be_no_log(tmp_path: Path, capsys: pytest.Capture
     code, out, err = _logscan(capsys, str(path))
     assert code == 0 and out.splitlines()[-1].startswith(f"{path}: ")
     assert err.startswith(f"tpuwatch: logscan {path}: ") and err.endswith("lines are not text: is it a log?\n")
+
+
+def test_its_standard_error_is_its_own_one_line(tmp_path: Path) -> None:
+    """The command, as run: skipped lines are said in its summary and its one line on stderr, no log record."""
+    path = tmp_path / "junk.log"
+    path.write_bytes(b"usb ok\n\x01\x02\x03\x04\x05\n" + b"A" * (70 << 10) + b"\n")
+    done = subprocess.run([sys.executable, "-m", "tpuwatch", "logscan", str(path)], capture_output=True, text=True,
+                          timeout=60, check=False, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0 and done.stderr == (
+        f"tpuwatch: logscan {path}: 2 of 3 lines are not text: is it a log?\n"), done.stderr
+    assert done.stdout.endswith("3 lines, 0 events, 2 lines skipped (not text or over 64 KiB)\n")
 
 
 def test_a_last_line_without_newline_that_is_junk_still_counts(tmp_path: Path,

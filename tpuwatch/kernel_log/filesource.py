@@ -194,6 +194,10 @@ class StreamSource(Source):
         """The lines read so far."""
         return self._splitter.line - 1
 
+    def skip(self, reason: str, detail: str, count: int = 1) -> None:
+        """Count lines passed over, and say nothing: logscan's summary says how many."""
+        self.skipped[reason] += count
+
     def read(self) -> Block:
         """The next block of whole records (the rest, at the end of the stream)."""
         data = self._read(FILE_READ_BYTES)

@@ -348,24 +348,24 @@ class Splitter:
 
 
 def _hold_back(buffer: bytes, end: int) -> int:
-    """Where to cut ``buffer[:end]`` (whole lines) so that its last record waits for more continuation lines."""
+    """Where the last record of ``buffer[:end]`` (whole lines) begins: it waits for the next piece, as continuation
+    lines may follow.  A run of continuation lines is counted from its head as ``Block`` counts it (each
+    MAX_CONTINUATION_LINES + 1st begins a record), so records are the same wherever pieces end."""
     start = buffer.rfind(b"\n", 0, end - 1) + 1
-    for _ in range(MAX_CONTINUATION_LINES):
-        if start == 0 or not buffer.startswith((b" ", b"\t"), start):
-            break
+    run = 0
+    while start and buffer.startswith((b" ", b"\t"), start):
+        run += 1
         start = buffer.rfind(b"\n", 0, start - 1) + 1
+    for _ in range(run // (MAX_CONTINUATION_LINES + 1) * (MAX_CONTINUATION_LINES + 1)):
+        start = buffer.index(b"\n", start) + 1
     return start
 
 
 def _decoded(data: bytes, skipped: dict[str, int]) -> tuple[str, list[int]]:
-    """``data`` (whole lines) as text, and the offsets of the lines blanked (``as_text``: junk, over-long); terminal
-    colour codes (``dmesg --color=always``, a captured terminal) are taken out first: one between "NVRM: " and "Xid"
-    would hide the Xid."""
-    clean = is_text(data)
-    if not clean and b"\x1b" in data:  # ESC is no text byte: plain text needs no look for it
-        data = _TERMINAL_CODE_RE.sub(b"", data)
-        clean = is_text(data)
-    if clean and not _has_long_line(data):
+    """``data`` (whole lines) as text, and the offsets of the lines blanked (``text_or_reason``: junk, or over 64
+    KiB as written); terminal colour codes (``dmesg --color=always``, a captured terminal) are taken out: one
+    between "NVRM: " and "Xid" would hide the Xid."""
+    if is_text(data) and not _has_long_line(data):  # ESC is no text byte: plain text has no colour codes
         try:
             return data.decode("utf-8"), []
         except UnicodeDecodeError:
@@ -374,6 +374,8 @@ def _decoded(data: bytes, skipped: dict[str, int]) -> tuple[str, list[int]]:
     blanks: list[int] = []
     offset = 0
     for raw in data.split(b"\n"):
+        if len(raw) <= MAX_LINE_BYTES and b"\x1b" in raw:
+            raw = _TERMINAL_CODE_RE.sub(b"", raw)
         text, reason = text_or_reason(raw)
         if text is None:
             skipped[reason] = skipped.get(reason, 0) + 1

@@ -48,6 +48,7 @@ rule's name replaces it (or removes it with ``enabled: false``).
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -171,9 +172,13 @@ def _regex(pattern: Any, key: str, fail: Any) -> re.Pattern[str]:
     if len(pattern) > MAX_PATTERN_CHARS:
         raise fail(f"{key} is longer than {MAX_PATTERN_CHARS} characters")
     try:
-        return re.compile(pattern)
+        with warnings.catch_warnings():  # "Possible nested set": a regex whose meaning a later Python may change
+            warnings.simplefilter("error", FutureWarning)
+            return re.compile(pattern)
     except (re.error, OverflowError, RecursionError) as exc:  # a{99999999999}, thousands of nested groups
         raise fail(f"invalid {key}: {exc}") from None
+    except FutureWarning as exc:
+        raise fail(f"ambiguous {key}: {exc} (escape the character: \\[ inside a set)") from None
 
 
 def _severity(value: Any, key: str, fail: Any) -> str:

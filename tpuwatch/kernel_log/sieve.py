@@ -3,9 +3,8 @@
 A storm is one rule on one device, at one severity, repeating.  When the
 kernel log comes faster than tpuwatch may spend on it, the storm's own lines
 are passed over (counted, ``reason="backlog"``) and every other line is still
-read and matched: the record walk (``StreamMatcher.feed``) finds the keywords
-in each block in one pass, and asks ``BacklogSieve.passes`` about each record
-that holds one.  A record is a storm's line, and passed over, only when
+read and matched (``StreamMatcher.feed`` with a sieve walks a block with
+``BacklogSieve.walk``).  A record is a storm's line, and passed over, only when
 
 - every keyword in it is one the storm's lines hold (so no other rule's keyword),
 - it holds the rule's own keyword where the storm's match holds it,
@@ -14,7 +13,11 @@ that holds one.  A record is a storm's line, and passed over, only when
   of no device: no tag and no prefix),
 - it holds the values the rule's severity comes from (``severity_by``) as the
   storm's lines print them, so a worse line of the same rule and device (an
-  Xid 79 amid the same GPU's Xid 13s) is read.
+  Xid 79 amid the same GPU's Xid 13s) is read;
+- every keyword the storms hold lies, in it, within the storm's *template*
+  (its line's text from the first of those pieces to the last, ``VRM: Xid
+  (PCI:0000:10:00): 13,``): the storm's text written into another line (a
+  process name) does not make it one.
 
 So another rule's line, another device's, or a worse one is never passed over,
 however many distinct lines the storm has and whatever their severity.  A
@@ -53,6 +56,7 @@ class Storm:
     pieces: tuple[str, ...]
     untagged: bool  # a storm of no device: its lines carry no DEVICE= tag and no dev_printk prefix
     template: str | None = None  # the text of its line from the first piece to the last, or None (a DEVICE= tag)
+    times: tuple[tuple[str, int], ...] = ()  # each keyword of its line, and how often its line holds it
 
 
 class BacklogSieve:
@@ -74,7 +78,8 @@ class BacklogSieve:
         self._tests: tuple[tuple[Storm, tuple[str, ...], tuple[tuple[str, int], ...]], ...] = ()
         self._others: Prefilter | None = None  # the keywords no storm's lines hold
         self._held: re.Pattern[str] | None = None  # a keyword some storm's lines hold
-        # Storms of one keyword set that share a keyword, their templates, and the keywords: see _whole_block
+        # Storms of one keyword set, each keyword of their lines within their templates, that share a keyword: that
+        # keyword, their templates, and the keywords (see _whole_block)
         self._whole: tuple[str, tuple[str, ...], tuple[str, ...]] | None = None
 
     def use(self, storms: Iterable[Storm]) -> None:
@@ -82,14 +87,15 @@ class BacklogSieve:
         self.storms = tuple(storms)[:MAX_STORMS] if self.usable else ()
         held = sorted({keyword for storm in self.storms for keyword in storm.keywords})
         self._tests = tuple((storm, tuple(k for k in held if k not in storm.keywords),
-                             tuple((k, storm.template.count(k)) for k in held) if storm.template else ())
+                             tuple((k, n) for k in held if storm.template and (n := storm.template.count(k))))
                             for storm in self.storms)
         self._others = Prefilter(k for k in self._keywords if k not in held)
         self._held = re.compile(literal_alternation(held)) if held else None
         common = set.intersection(*(set(storm.pieces) for storm in self.storms)) & set(held) if self.storms else set()
-        self._whole = None if not common or any(storm.untagged or storm.template is None for storm in self.storms) \
-            or len({storm.keywords for storm in self.storms}) != 1 else \
-            (min(common), tuple(storm.template for storm in self.storms if storm.template), tuple(held))
+        self._whole = None if not common or len({storm.keywords for storm in self.storms}) != 1 or not all(
+            storm.template and not storm.untagged and all(storm.template.count(k) == n for k, n in storm.times)
+            for storm in self.storms) else (min(common), tuple(s.template for s in self.storms if s.template),
+                                            tuple(held))
 
     def key(self, match: Match, pci: str | None) -> tuple[object, ...]:
         """What lines of one storm share: the rule, the device, the severity and the values it comes from (an Xid 13
@@ -133,21 +139,8 @@ class BacklogSieve:
         texts = tuple(message[start:end] for start, end in pieces) + ((tag,) if tag else ())
         template = None if tag else message[min(s for s, _ in pieces):max(e for _, e in pieces)]
         untagged = named is None and not record.kernel_device and printed_prefix(message) is None
-        return Storm(frozenset(k for k in self._keywords if k in message), texts, untagged, template)
-
-    def passes(self, raw: str, keywords: set[str]) -> bool:
-        """True if the record ``raw`` (its text as read: head line and continuation lines), which holds
-        ``keywords``, is a line of a storm: it is passed over, and counted."""
-        hides = self._hides
-        for keyword in list(keywords):
-            keywords.update(other for other in hides.get(keyword, ()) if other in raw)
-        for storm in self.storms:
-            if keywords <= storm.keywords and all(map(raw.__contains__, storm.pieces)) and not (
-                    storm.untagged and (_TAG in raw or names_a_device(raw))):
-                self.passed += 1
-                self._counts[storm] = self._counts.get(storm, 0) + 1
-                return True
-        return False
+        times = tuple((k, message.count(k)) for k in self._keywords if k in message)
+        return Storm(frozenset(k for k, _ in times), texts, untagged, template, times)
 
     def take_counts(self) -> dict[Storm, int]:
         """The lines passed over per storm since the last call."""
@@ -157,11 +150,14 @@ class BacklogSieve:
     def each(self, records: Sequence[Record]) -> Iterator[int | Record]:
         """``records`` (read whole: journal entries), the storms' passed over (one each, as ``1``)."""
         assert self._finds is not None  # usable
+        held = {keyword for storm in self.storms for keyword in storm.keywords}
         for record in records:
             keywords = {keyword for _, keyword in self._finds(record.message)}
+            for keyword in list(keywords):  # and those a find stands for (Prefilter.hides)
+                keywords.update(other for other in self._hides.get(keyword, ()) if other in record.message)
             raw = record.message if record.kernel_device is None else \
                 f"{record.message}\n{_TAG}{record.kernel_device}"
-            yield 1 if keywords and self.passes(raw, keywords) else record
+            yield 1 if keywords and keywords <= held and self._storm(raw, self._tests) else record
 
     def walk(self, block: Block) -> Iterator[int | Record] | None:
         """The records of ``block`` to read, and between them how many went by that hold no keyword or are a
@@ -217,8 +213,8 @@ class BacklogSieve:
     def _whole_block(self, text: str, records: list[str]) -> bool:
         """True if every record of ``text`` (which holds no escape and no keyword but the storms') that holds a
         keyword is a storm's line, told by counting: every occurrence of every keyword the storms hold lies in an
-        occurrence of a storm's template (the text of its line from the first piece to the last, which holds
-        them all).  They are passed over and counted, and nothing else in the block needs reading."""
+        occurrence of a storm's template (the text of its line from the first piece to the last, which holds every
+        keyword its lines hold).  They are passed over and counted, and nothing else in the block needs reading."""
         if self._whole is None:
             return False
         common, templates, held = self._whole
@@ -235,7 +231,7 @@ class BacklogSieve:
     def _storm(self, raw: str, tests: tuple[tuple[Storm, tuple[str, ...], tuple[tuple[str, int], ...]], ...]
                ) -> bool:
         """True if ``raw`` (which holds no keyword no storm holds) is a storm's line: counted, passed over.  With a
-        template, every keyword the storms hold must lie within its occurrences in the line: the storm's text
+        template, the keywords in it occur in the line only within the template's occurrences: the storm's text
         written inside another line (a process name) does not make it one."""
         holds = raw.__contains__
         for storm, foreign, within in tests:
