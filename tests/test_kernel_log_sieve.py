@@ -118,6 +118,25 @@ def test_a_storm_of_follow_lines_and_storms_of_several_codes_are_passed_over() -
         assert read == [] and went_by == len(lines) - 200
 
 
+def test_a_storm_whose_lines_hold_a_keyword_after_its_template_is_passed_whole_and_hides_nothing() -> None:
+    """Xid 79 lines end in "GPU has fallen off the bus.", a keyword of its own: a block of nothing but them goes by
+    at once, counted; the same words in another GPU's line (as the driver prints them after an Xid 79) are read."""
+    lines = [line.replace(", Ch ", ", GPU has fallen off the bus. ") for line in _storm_lines(400, xid=79)]
+    sieve = _learned(lines[:100])
+    block = Splitter().split(("\n".join(lines[100:]) + "\n").encode())
+    walk = sieve.walk(block)
+    assert walk is not None and list(walk) == [300] and sieve.passed == 300
+    other_gpu = "[    5.000000] NVRM: GPU 0000:11:00.0: GPU has fallen off the bus."
+    twice = "[    5.000000] NVRM: GPU 0000:11:00.0: GPU has fallen off the bus. GPU has fallen off the bus."
+    for other in (other_gpu, twice):
+        read, went_by = _walk(sieve, "\n".join([*lines[100:250], other, *lines[250:]]) + "\n")
+        assert read == [other[len("[    5.000000] "):]] and went_by == 300
+    # the count of the words is the lines' when one of the storm's lines lacks them: told by which records hold them
+    short = lines[0].split(" GPU has fallen")[0]
+    read, went_by = _walk(sieve, "\n".join([*lines[100:250], other_gpu, short, *lines[250:]]) + "\n")
+    assert read == [other_gpu[len("[    5.000000] "):]] and went_by == 301
+
+
 def test_a_storm_of_no_device_does_not_hide_a_device_s_line() -> None:
     hung = [HUNG.format(t=i, name="python3", pid=i) for i in range(200)]
     sieve = _learned(hung[:100])

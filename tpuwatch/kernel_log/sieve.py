@@ -78,9 +78,7 @@ class BacklogSieve:
         self._tests: tuple[tuple[Storm, tuple[str, ...], tuple[tuple[str, int], ...]], ...] = ()
         self._others: Prefilter | None = None  # the keywords no storm's lines hold
         self._held: re.Pattern[str] | None = None  # a keyword some storm's lines hold
-        # Storms of one keyword set, each keyword of their lines within their templates, that share a keyword: that
-        # keyword, their templates, and the keywords (see _whole_block)
-        self._whole: tuple[str, tuple[str, ...], tuple[str, ...]] | None = None
+        self._whole: _Whole | None = None  # how a block of nothing but the storms' lines is told (see _whole_block)
 
     def use(self, storms: Iterable[Storm]) -> None:
         """Pass over the lines of these storms (at most MAX_STORMS) from now on."""
@@ -91,11 +89,7 @@ class BacklogSieve:
                             for storm in self.storms)
         self._others = Prefilter(k for k in self._keywords if k not in held)
         self._held = re.compile(literal_alternation(held)) if held else None
-        common = set.intersection(*(set(storm.pieces) for storm in self.storms)) & set(held) if self.storms else set()
-        self._whole = None if not common or len({storm.keywords for storm in self.storms}) != 1 or not all(
-            storm.template and not storm.untagged and all(storm.template.count(k) == n for k, n in storm.times)
-            for storm in self.storms) else (min(common), tuple(s.template for s in self.storms if s.template),
-                                            tuple(held))
+        self._whole = _Whole.of(self.storms, held)
 
     def key(self, match: Match, pci: str | None) -> tuple[object, ...]:
         """What lines of one storm share: the rule, the device, the severity and the values it comes from (an Xid 13
@@ -212,18 +206,21 @@ class BacklogSieve:
 
     def _whole_block(self, text: str, records: list[str]) -> bool:
         """True if every record of ``text`` (which holds no escape and no keyword but the storms') that holds a
-        keyword is a storm's line, told by counting: every occurrence of every keyword the storms hold lies in an
-        occurrence of a storm's template (the text of its line from the first piece to the last, which holds every
-        keyword its lines hold).  They are passed over and counted, and nothing else in the block needs reading."""
-        if self._whole is None:
+        keyword is a storm's line, told by counting (``_Whole``).  They are passed over and counted, and nothing else
+        in the block needs reading."""
+        whole = self._whole
+        if whole is None:
             return False
-        common, templates, held = self._whole
-        counts = [text.count(template) for template in templates]
-        if any(text.count(keyword) != sum(n * t.count(keyword) for n, t in zip(counts, templates))
-               for keyword in held):
+        counts = [text.count(template) for template in whole.templates]
+        if any(text.count(keyword) != sum(map(operator.mul, counts, times)) for keyword, times in whole.times):
             return False
-        passed = sum(map(operator.contains, records, repeat(common)))
-        self.passed += passed
+        if whole.outside:
+            holds = (list(map(operator.contains, records, repeat(template))) for template in whole.templates)
+            templated = list(map(any, zip(*holds))) if len(whole.templates) > 1 else next(holds)
+            if any(any(map(operator.gt, map(operator.contains, records, repeat(keyword)), templated))
+                   for keyword in whole.outside):
+                return False
+        self.passed += sum(map(operator.contains, records, repeat(whole.common)))
         for storm, n in zip(self.storms, counts):
             self._counts[storm] = self._counts.get(storm, 0) + n
         return True
@@ -247,3 +244,36 @@ class BacklogSieve:
             self._counts[storm] = self._counts.get(storm, 0) + 1
             return True
         return False
+
+
+@dataclass(frozen=True)
+class _Whole:
+    """How a block that holds no keyword but the storms' is told to be nothing but their lines, by counting.
+
+    Every storm has a template and one keyword set, and a keyword ``common`` to all their lines (a record holding it
+    is one of their lines).  Each keyword lies, in a storm's line, either only within its template (``times``:
+    then every occurrence in the block lies in an occurrence of a template, the counts tell) or only outside it
+    (``outside``: "GPU has fallen off the bus." after an Xid 79's; then every record holding it also holds a
+    template, and its count is the lines' times their number).
+    """
+
+    common: str
+    templates: tuple[str, ...]
+    times: tuple[tuple[str, tuple[int, ...]], ...]  # each keyword, and how often each storm's line holds it
+    outside: tuple[str, ...]
+
+    @classmethod
+    def of(cls, storms: Sequence[Storm], held: Sequence[str]) -> _Whole | None:
+        """The plan for these storms, or None when their lines must be told one by one."""
+        if not storms or len({storm.keywords for storm in storms}) != 1 or any(
+                storm.untagged or not storm.template for storm in storms):
+            return None
+        common = set.intersection(*(set(storm.pieces) for storm in storms)) & set(held)
+        templates = tuple(storm.template or "" for storm in storms)
+        times = tuple((keyword, tuple(dict(storm.times).get(keyword, 0) for storm in storms)) for keyword in held)
+        inside = {keyword for keyword, counts in times
+                  if all(map(operator.eq, (template.count(keyword) for template in templates), counts))}
+        outside = {keyword for keyword, _ in times if not any(keyword in template for template in templates)}
+        if not common or inside | outside != set(held):
+            return None
+        return cls(min(common), templates, times, tuple(sorted(outside)))
