@@ -8,7 +8,8 @@ Usage::
 ``tpuwatch run`` (8 simulated chips, the default 10 s interval, the kernel log
 followed in a file, its /metrics scraped) gets, from a writer process on the
 other core, a storm of distinct Xid lines of one chip (chip 0, 0000:10:00.0:
-a new pid, process and channel on every line) at 20,000 and at 100,000 lines/s
+Xids 13, 31, 43, 45, 94, 48 and 119 in eight of the driver's forms, 87 to 216
+bytes, a new pid, process and channel or address on every line) at 20,000 and at 100,000 lines/s
 for ``--seconds`` (default 10), with the lines of four other rules written in
 its middle (a hung task, an oops, an OOM kill, an uncorrected EDAC error),
 then, once the storm has ended, one more line (another chip's Xid 79).  Each
@@ -69,7 +70,23 @@ RATES = (20_000, 100_000)
 TARGET_LATENCY_S = 2.0
 TARGET_CPU = 0.30
 TARGET_RSS_MIB = 20.0
-STORM = "[{t:13.6f}] NVRM: Xid (PCI:0000:10:00): {xid}, pid={pid}, name=job-{name}, Ch {pid:08x}\n"
+# The storm: chip 0's Xid lines in the forms the driver prints them (shapes from the NVIDIA Xid catalogue,
+# docs.nvidia.com/deploy/xid-errors, and lines quoted in public bug reports; composed: the pid, process, channel,
+# address and register values vary per line), warnings, infos and criticals taking turns, 87 to 216 bytes.
+_XID = "[{t:13.6f}] NVRM: Xid (PCI:0000:10:00): "
+STORM = tuple(_XID + tail + "\n" for tail in (
+    "13, pid={pid}, name=job-{name}, Graphics SM Warp Exception on (GPC 1, TPC 0, SM 1): Out Of Range Address",
+    "13, pid={pid}, name=job-{name}, Graphics Exception: ESR 0x50df30=0x{pid:x} 0x50df34=0x20 0x50df28=0xf81eb60",
+    "31, pid={pid}, name=job-{name}, Ch {pid:08x}, intr 10000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 "
+    "faulted @ 0x7f27_{pid:08x}. Fault is of type FAULT_PDE ACCESS_TYPE_READ",
+    "43, pid={pid}, name=job-{name}, Ch {pid:08x}",
+    "45, pid={pid}, name=job-{name}, Ch {pid:08x}",
+    "94, pid={pid}, name=job-{name}, Contained: SM (0x1). RST: No, D-RST: No",
+    "48, pid={pid}, name=job-{name}, An uncorrectable double bit error (DBE) has been detected on GPU in the "
+    "framebuffer at partition 6, subpartition 0.",
+    "119, pid={pid}, name=job-{name}, Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected "
+    "function 76 (GSP_RM_CONTROL) (0x{pid:x} 0x4).",
+))
 HIDDEN = {  # written in the middle of the storm: (rule, severity, device) -> the line
     ("hung_task", "warning", ""): "INFO: task python3:4242 blocked for more than 120 seconds.",
     ("kernel_oops", "warning", ""): "BUG: unable to handle page fault for address: ffffc90000a3c000",
@@ -79,21 +96,20 @@ HIDDEN = {  # written in the middle of the storm: (rule, severity, device) -> th
 }
 AFTER = (("nvidia_xid", "critical", "1"),
          "NVRM: Xid (PCI:0000:11:00): 79, pid=77, name=python3, GPU has fallen off the bus.")
-XIDS = (13, 31, 43, 45, 13, 31)  # warnings and infos of the same GPU: one rule on one device
 
 # The writer: the storm at RATE lines/s in 10 ms batches, the hidden lines in its middle, then (after a pause) the
 # line after it; prints the wall time it wrote that line at.
 WRITER = r"""
 import sys, time
-path, rate, seconds, storm, hidden, after = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
-xids = [int(x) for x in sys.argv[7].split(",")]
+path, rate, seconds, hidden, after = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
+shapes = sys.argv[6:]
 lines = int(rate * seconds)
 batch = max(1, int(rate / 100))
 middle = lines // 2
 start = time.monotonic()
 with open(path, "a") as out:
     for first in range(0, lines, batch):
-        chunk = [storm.format(t=i / 1e4, xid=xids[i % len(xids)], pid=i, name=i * 7919 % 100003)
+        chunk = [shapes[i % len(shapes)].format(t=i / 1e4, pid=i, name=i * 7919 % 100003)
                  for i in range(first, min(lines, first + batch))]
         if first <= middle < first + batch:
             chunk.insert(middle - first, "".join(f"[{middle / 1e4:13.6f}] {line}\n" for line in hidden.split("\n")))
@@ -175,8 +191,8 @@ def one_run(workdir: Path, rate: int, seconds: float, busy: bool, pins: tuple[li
         if busy:
             spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
         cpu_before, rss_before = proc_stat(daemon.pid)
-        writer = subprocess.Popen([*writer_pin, sys.executable, "-c", WRITER, str(log), str(rate), str(seconds), STORM,
-                                   "\n".join(HIDDEN.values()), AFTER[1], ",".join(map(str, XIDS))],
+        writer = subprocess.Popen([*writer_pin, sys.executable, "-c", WRITER, str(log), str(rate), str(seconds),
+                                   "\n".join(HIDDEN.values()), AFTER[1], *STORM],
                                   stdout=subprocess.PIPE, text=True)
         started = time.monotonic()
         rss_peak = rss_before
@@ -224,7 +240,7 @@ def grep_anchor(workdir: Path, rate: int, seconds: float, pin: list[str]) -> tup
     lines = int(rate * seconds)
     with open(path, "w") as out:
         for first in range(0, lines, 10_000):
-            out.write("".join(STORM.format(t=i / 1e4, xid=XIDS[i % len(XIDS)], pid=i, name=i * 7919 % 100003)
+            out.write("".join(STORM[i % len(STORM)].format(t=i / 1e4, pid=i, name=i * 7919 % 100003)
                               for i in range(first, min(lines, first + 10_000))))
     rules = load_rules([]).rules
     patterns = [to_ere(r.regex.pattern) for r in rules] + [to_ere(r.follow.regex.pattern) for r in rules if r.follow]
@@ -309,7 +325,8 @@ def report(results: Results, anchors: dict[int, tuple[float, int]], runs: int, s
         *(["**Quick run: figures not to quote.**", ""] if args.quick else []),
         f"`tpuwatch run` (8 simulated chips, interval 10 s, the kernel log followed in a file, /metrics polled every "
         f"50 ms) pinned to one core; a writer on the other core appends {seconds:g} s of distinct Xid lines of chip 0 "
-        f"(a new pid, process and channel each line; Xids 13, 31, 43, 45) at each rate, a hung task, an oops, an OOM "
+        f"(Xids 13, 31, 43, 45, 94, 48 and 119 in the driver's forms, 87 to 216 bytes, a new pid, process and "
+        f"channel or address each line) at each rate, a hung task, an oops, an OOM "
         f"kill and an uncorrected EDAC error in its middle, and 0.5 s after it another chip's Xid 79. {runs} runs of "
         f"each, idle and with both cores busy (a spinning process on each). CPU: the daemon's CPU seconds from the "
         f"storm's start until it has read or passed over its last line, over the storm's seconds; per storm line "

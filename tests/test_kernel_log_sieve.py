@@ -118,14 +118,22 @@ def test_a_storm_of_follow_lines_and_storms_of_several_codes_are_passed_over() -
         assert read == [] and went_by == len(lines) - 200
 
 
-def test_a_storm_whose_lines_hold_a_keyword_after_its_template_is_passed_whole_and_hides_nothing() -> None:
+def _passed_whole(sieve: BacklogSieve, text: str, monkeypatch: pytest.MonkeyPatch) -> list[int | Record]:
+    """What the sieve's walk of ``text`` gives, told by counting: no record is tested on its own."""
+    with monkeypatch.context() as patch:
+        patch.setattr(BacklogSieve, "_storm", lambda *_: pytest.fail("a record was tested on its own"))
+        walk = sieve.walk(Splitter().split(text.encode()))
+        assert walk is not None
+        return list(walk)
+
+
+def test_a_storm_whose_lines_hold_a_keyword_after_its_template_is_passed_whole_and_hides_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Xid 79 lines end in "GPU has fallen off the bus.", a keyword of its own: a block of nothing but them goes by
     at once, counted; the same words in another GPU's line (as the driver prints them after an Xid 79) are read."""
     lines = [line.replace(", Ch ", ", GPU has fallen off the bus. ") for line in _storm_lines(400, xid=79)]
     sieve = _learned(lines[:100])
-    block = Splitter().split(("\n".join(lines[100:]) + "\n").encode())
-    walk = sieve.walk(block)
-    assert walk is not None and list(walk) == [300] and sieve.passed == 300
+    assert _passed_whole(sieve, "\n".join(lines[100:]) + "\n", monkeypatch) == [300] and sieve.passed == 300
     other_gpu = "[    5.000000] NVRM: GPU 0000:11:00.0: GPU has fallen off the bus."
     twice = "[    5.000000] NVRM: GPU 0000:11:00.0: GPU has fallen off the bus. GPU has fallen off the bus."
     for other in (other_gpu, twice):
@@ -135,6 +143,25 @@ def test_a_storm_whose_lines_hold_a_keyword_after_its_template_is_passed_whole_a
     short = lines[0].split(" GPU has fallen")[0]
     read, went_by = _walk(sieve, "\n".join([*lines[100:250], other_gpu, short, *lines[250:]]) + "\n")
     assert read == [other_gpu[len("[    5.000000] "):]] and went_by == 301
+
+
+def test_storms_of_several_codes_and_forms_are_passed_whole_and_hide_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU's Xid 13s and the ESR lines that report them again, 45s and 79s ("GPU has fallen off the bus.", a
+    keyword the others' lines lack): a block of nothing but their lines goes by at once, counted per
+    storm; a line of theirs with another storm's keyword in it, or another GPU's, is read."""
+    kinds = (_storm_lines(400, 1, xid=13), [line.replace(", Ch ", ", Graphics Exception: ESR 0x")
+                                            for line in _storm_lines(400, 2, xid=13)],
+             _storm_lines(400, 3, xid=45),
+             [line.replace(", Ch ", ", GPU has fallen off the bus. ") for line in _storm_lines(400, 4, xid=79)])
+    lines = [line for group in zip(*kinds) for line in group]
+    sieve = _learned(lines[:400])
+    assert len(sieve.storms) == 3  # an Xid 13 and its ESR lines: two storms of the reader, one signature
+    assert _passed_whole(sieve, "\n".join(lines[400:]) + "\n", monkeypatch) == [1200] and sieve.passed == 1200
+    assert sorted(sieve.take_counts().values()) == [300, 300, 600]
+    for other in ("[    5.000000] NVRM: Xid (PCI:0000:10:00): 45, pid=1, name=x, GPU has fallen off the bus.",
+                  "[    5.000000] NVRM: Xid (PCI:0000:11:00): 45, pid=1, name=x, Ch 00000001"):
+        read, went_by = _walk(sieve, "\n".join([*lines[400:900], other, *lines[900:]]) + "\n")
+        assert read == [other[len("[    5.000000] "):]] and went_by == 1200
 
 
 def test_a_storm_of_no_device_does_not_hide_a_device_s_line() -> None:

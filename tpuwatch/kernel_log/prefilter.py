@@ -15,6 +15,7 @@ which other keywords it may then stand for.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable
 from operator import itemgetter
 
@@ -34,17 +35,16 @@ PER_100K = {
 }
 
 
-def _weight(char: str) -> float:
-    """How often a match attempt would start at ``char``."""
-    return PER_100K.get(char, 0.5)
-
-
 class Prefilter:
-    """One search for ``keywords`` (see the module docstring)."""
+    """One search for ``keywords`` (see the module docstring).  ``like``: text the searched texts will be mostly
+    made of (a storm's lines), whose characters are then avoided as anchors too."""
 
-    def __init__(self, keywords: Iterable[str]) -> None:
+    def __init__(self, keywords: Iterable[str], like: str = "") -> None:
         self.keywords = tuple(sorted(set(keywords)))
-        self.anchor = _anchors(self.keywords)  # keyword -> the offset of its anchor character in it
+        weights: dict[str, float] = dict(PER_100K)
+        for char, n in Counter(like).items():
+            weights[char] = weights.get(char, 0.0) + 100_000 * n / len(like)
+        self.anchor = _anchors(self.keywords, weights)  # keyword -> the offset of its anchor character in it
         self._names: dict[str, str] = {}
         ends: list[tuple[str, str]] = []
         by_suffix: dict[str, list[str]] = {}
@@ -79,8 +79,9 @@ class Prefilter:
         return set(map(itemgetter(1), self.finds(text)))
 
 
-def _anchors(keywords: tuple[str, ...]) -> dict[str, int]:
-    """Each keyword's anchor: its rarest character among a set of characters that covers all keywords."""
+def _anchors(keywords: tuple[str, ...], weights: dict[str, float]) -> dict[str, int]:
+    """Each keyword's anchor: its rarest character among a set of characters that covers all keywords (``weights``:
+    how often a match attempt would start at a character; one not there is rarer than all)."""
     chosen: set[str] = set()
     left = set(keywords)
     while left:
@@ -88,11 +89,11 @@ def _anchors(keywords: tuple[str, ...]) -> dict[str, int]:
         for keyword in left:
             for char in set(keyword):
                 counts[char] = counts.get(char, 0) + 1
-        best = min(sorted(counts), key=lambda char: _weight(char) / counts[char])
+        best = min(sorted(counts), key=lambda char: weights.get(char, 0.5) / counts[char])
         chosen.add(best)
         left = {keyword for keyword in left if best not in keyword}
     return {keyword: min((i for i, char in enumerate(keyword) if char in chosen),
-                         key=lambda i: (_weight(keyword[i]), i)) for keyword in keywords}
+                         key=lambda i: (weights.get(keyword[i], 0.5), i)) for keyword in keywords}
 
 
 def _hidden(keyword: str, by_suffix: dict[str, list[str]], anchor: dict[str, int]) -> tuple[str, ...]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import operator
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 
 from tpuwatch.kernel_log.attribution import names_a_device, printed_prefix
@@ -46,6 +46,7 @@ from tpuwatch.kernel_log.rules import RuleSet
 MAX_STORMS = 16
 _SEVERITY_CONTEXT = 3  # characters before a severity value kept with it: "): 13," not "13" (pid=1342)
 _TAG = " DEVICE="
+_MAX_SEARCHES = 32  # the searches built for sets of storms, kept to be used again
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class Storm:
     untagged: bool  # a storm of no device: its lines carry no DEVICE= tag and no dev_printk prefix
     template: str | None = None  # the text of its line from the first piece to the last, or None (a DEVICE= tag)
     times: tuple[tuple[str, int], ...] = ()  # each keyword of its line, and how often its line holds it
+    line: str = field(default="", compare=False)  # the line it was learned from
 
 
 class BacklogSieve:
@@ -78,17 +80,24 @@ class BacklogSieve:
         self._tests: tuple[tuple[Storm, tuple[str, ...], tuple[tuple[str, int], ...]], ...] = ()
         self._others: Prefilter | None = None  # the keywords no storm's lines hold
         self._held: re.Pattern[str] | None = None  # a keyword some storm's lines hold
+        self._searches: dict[tuple[Storm, ...], tuple[Prefilter, re.Pattern[str] | None]] = {}  # the two, kept
         self._whole: _Whole | None = None  # how a block of nothing but the storms' lines is told (see _whole_block)
 
     def use(self, storms: Iterable[Storm]) -> None:
         """Pass over the lines of these storms (at most MAX_STORMS) from now on."""
-        self.storms = tuple(storms)[:MAX_STORMS] if self.usable else ()
+        chosen = tuple(dict.fromkeys(storms))[:MAX_STORMS] if self.usable else ()  # two keys' lines may look alike
+        if chosen == self.storms and self._others is not None:
+            return
+        self.storms = chosen
         held = sorted({keyword for storm in self.storms for keyword in storm.keywords})
         self._tests = tuple((storm, tuple(k for k in held if k not in storm.keywords),
                              tuple((k, n) for k in held if storm.template and (n := storm.template.count(k))))
                             for storm in self.storms)
-        self._others = Prefilter(k for k in self._keywords if k not in held)
-        self._held = re.compile(literal_alternation(held)) if held else None
+        if len(self._searches) >= _MAX_SEARCHES:
+            self._searches.clear()
+        self._others, self._held = self._searches.setdefault(self.storms, (  # anchored where their lines are not
+            Prefilter((k for k in self._keywords if k not in held), "\n".join(storm.line for storm in self.storms)),
+            re.compile(literal_alternation(held)) if held else None))
         self._whole = _Whole.of(self.storms, held)
 
     def key(self, match: Match, pci: str | None) -> tuple[object, ...]:
@@ -134,7 +143,7 @@ class BacklogSieve:
         template = None if tag else message[min(s for s, _ in pieces):max(e for _, e in pieces)]
         untagged = named is None and not record.kernel_device and printed_prefix(message) is None
         times = tuple((k, message.count(k)) for k in self._keywords if k in message)
-        return Storm(frozenset(k for k, _ in times), texts, untagged, template, times)
+        return Storm(frozenset(k for k, _ in times), texts, untagged, template, times, message)
 
     def take_counts(self) -> dict[Storm, int]:
         """The lines passed over per storm since the last call."""
@@ -214,15 +223,17 @@ class BacklogSieve:
         counts = [text.count(template) for template in whole.templates]
         if any(text.count(keyword) != sum(map(operator.mul, counts, times)) for keyword, times in whole.times):
             return False
-        if whole.outside:
-            holds = (list(map(operator.contains, records, repeat(template))) for template in whole.templates)
-            templated = list(map(any, zip(*holds))) if len(whole.templates) > 1 else next(holds)
-            if any(any(map(operator.gt, map(operator.contains, records, repeat(keyword)), templated))
-                   for keyword in whole.outside):
+        holds: dict[int, list[bool]] = {}
+        for keyword, holders in whole.outside:
+            for at in holders:
+                if at not in holds:
+                    holds[at] = list(map(operator.contains, records, repeat(whole.templates[at])))
+            templated = holds[holders[0]] if len(holders) == 1 else list(map(any, zip(*map(holds.get, holders))))
+            if any(map(operator.gt, map(operator.contains, records, repeat(keyword)), templated)):
                 return False
         self.passed += sum(map(operator.contains, records, repeat(whole.common)))
-        for storm, n in zip(self.storms, counts):
-            self._counts[storm] = self._counts.get(storm, 0) + n
+        for storm, at in zip(self.storms, whole.of_storm):
+            self._counts[storm] = self._counts.get(storm, 0) + counts[at]
         return True
 
     def _storm(self, raw: str, tests: tuple[tuple[Storm, tuple[str, ...], tuple[tuple[str, int], ...]], ...]
@@ -250,30 +261,39 @@ class BacklogSieve:
 class _Whole:
     """How a block that holds no keyword but the storms' is told to be nothing but their lines, by counting.
 
-    Every storm has a template and one keyword set, and a keyword ``common`` to all their lines (a record holding it
-    is one of their lines).  Each keyword lies, in a storm's line, either only within its template (``times``:
-    then every occurrence in the block lies in an occurrence of a template, the counts tell) or only outside it
-    (``outside``: "GPU has fallen off the bus." after an Xid 79's; then every record holding it also holds a
-    template, and its count is the lines' times their number).
+    Every storm has a template, and a keyword ``common`` lies in all of them (a record holding it is one of their
+    lines).  Each keyword lies, in the lines that hold it, either only within their templates (then every occurrence
+    in the block lies in an occurrence of a template, the counts tell) or only outside them ("GPU has fallen off the
+    bus." after an Xid 79's template: ``outside``, then every record holding it also holds one of their templates);
+    either way its count is the sum, over the templates, of their occurrences times the keyword's in their lines.
     """
 
     common: str
-    templates: tuple[str, ...]
-    times: tuple[tuple[str, tuple[int, ...]], ...]  # each keyword, and how often each storm's line holds it
-    outside: tuple[str, ...]
+    templates: tuple[str, ...]  # distinct: storms of one template (an Xid's events and its follow lines) count once
+    of_storm: tuple[int, ...]  # each storm's template
+    times: tuple[tuple[str, tuple[int, ...]], ...]  # each keyword, and how often a line of each template holds it
+    outside: tuple[tuple[str, tuple[int, ...]], ...]  # each keyword outside templates, and the templates it follows
 
     @classmethod
     def of(cls, storms: Sequence[Storm], held: Sequence[str]) -> _Whole | None:
         """The plan for these storms, or None when their lines must be told one by one."""
-        if not storms or len({storm.keywords for storm in storms}) != 1 or any(
-                storm.untagged or not storm.template for storm in storms):
+        if not storms or any(storm.untagged or not storm.template for storm in storms):
             return None
+        lines: dict[str, dict[str, int]] = {}  # each template, and the keywords of its lines
+        for storm in storms:
+            if lines.setdefault(storm.template or "", dict(storm.times)) != dict(storm.times):
+                return None
+        templates = tuple(lines)
         common = set.intersection(*(set(storm.pieces) for storm in storms)) & set(held)
-        templates = tuple(storm.template or "" for storm in storms)
-        times = tuple((keyword, tuple(dict(storm.times).get(keyword, 0) for storm in storms)) for keyword in held)
-        inside = {keyword for keyword, counts in times
-                  if all(map(operator.eq, (template.count(keyword) for template in templates), counts))}
-        outside = {keyword for keyword, _ in times if not any(keyword in template for template in templates)}
-        if not common or inside | outside != set(held):
+        times = tuple((keyword, tuple(lines[template].get(keyword, 0) for template in templates)) for keyword in held)
+        outside = []
+        for keyword, counts in times:
+            within = [template.count(keyword) for template in templates]
+            if not any(within):
+                outside.append((keyword, tuple(at for at, n in enumerate(counts) if n)))
+            elif within != list(counts):
+                return None  # within the template in some lines, outside it in others
+        if not common:
             return None
-        return cls(min(common), templates, times, tuple(sorted(outside)))
+        return cls(min(common), templates, tuple(map(templates.index, (storm.template for storm in storms))),
+                   times, tuple(outside))
