@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from tpuwatch.config import parse
 from tpuwatch.devices import DeviceReading
 from tpuwatch.kernel_log import logscan
 from tpuwatch.kernel_log.attribution import (
+    _PREFIX_RE,
     CACHE_SECONDS,
     CACHE_SIZE,
     Attribution,
@@ -22,12 +25,15 @@ from tpuwatch.kernel_log.attribution import (
     device_key,
     device_lookup,
     kernel_device_key,
+    names_a_device,
     prefix_device,
 )
 from tpuwatch.kernel_log.collector import build_collector
 from tpuwatch.kernel_log.events import make_event
 from tpuwatch.kernel_log.records import Record
 from tpuwatch.kernel_log.rulefile import load_rules
+
+TESTDATA = Path(__file__).parent / "testdata" / "kernel_log"
 
 RULES = load_rules([])
 
@@ -84,6 +90,22 @@ def test_kernel_device_key_decodes_every_device_form(value: str | None, key: str
     ("mce: [Hardware Error]: Machine check events logged", None)])
 def test_prefix_device_reads_dev_printk_prefixes(message: str, expected: tuple[str, str] | None) -> None:
     assert prefix_device(message) == expected
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_names_a_device_is_a_search_for_the_prefix_anywhere(seed: int) -> None:
+    """Searched backwards from each ": " (a reversed regex over the reversed text), it answers as a forward search for
+    a dev_printk prefix anywhere in the line does: on lines built from prefixes' pieces, and on the test logs."""
+    rng = random.Random(seed)
+    pieces = ["nvidia", "accel", "mlx5_core", "vfio-pci", " ", ": ", "0000:3b:00.0", "00:3b:00.9", "accel0", "eno1",
+              "mlx5_5", "Xid", "(PCI:", "9", "a", "-", "_", ".", "Z", ":", "INFO: task python3:4242 blocked"]
+    lines = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 12))) for _ in range(4000)]
+    lines += [line for path in sorted(p for p in TESTDATA.iterdir() if p.is_file())[seed::8]
+              for line in path.read_text(errors="replace").splitlines()]
+    forward = re.compile(_PREFIX_RE.pattern)
+    answers = [names_a_device(line) for line in lines]
+    assert answers == [forward.search(line) is not None for line in lines]
+    assert 0 < sum(answers) < len(lines)
 
 
 def test_device_key_prefers_the_kernel_tag_then_the_prefix() -> None:

@@ -164,13 +164,21 @@ def test_storms_of_several_codes_and_forms_are_passed_whole_and_hide_nothing(mon
         assert read == [other[len("[    5.000000] "):]] and went_by == 1200
 
 
-def test_a_storm_of_no_device_does_not_hide_a_device_s_line() -> None:
+def test_a_storm_of_no_device_does_not_hide_a_device_s_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its lines go by at once while no record of the block names a device; one that does (a kmsg DEVICE= tag, a
+    dev_printk prefix, amid lines without a keyword too) is read."""
     hung = [HUNG.format(t=i, name="python3", pid=i) for i in range(200)]
     sieve = _learned(hung[:100])
+    assert _passed_whole(sieve, "\n".join(hung[100:]) + "\n", monkeypatch) == [100]
     tagged = ("4,9,1,-;INFO: task python3:7 blocked for more than 120 seconds.\n SUBSYSTEM=pci\n"
               " DEVICE=+pci:0000:3b:00.0")
-    read, went_by = _walk(sieve, "\n".join([*hung[100:150], tagged, *hung[150:]]) + "\n")
-    assert read == ["INFO: task python3:7 blocked for more than 120 seconds."] and went_by == 100
+    prefixed = "[    9.000000] nvidia 0000:3b:00.0: INFO: task python3:7 blocked for more than 120 seconds."
+    for other in (tagged, prefixed):
+        read, went_by = _walk(sieve, "\n".join([*hung[100:150], other, *hung[150:]]) + "\n")
+        assert read == [Splitter().split(other.encode() + b"\n").records()[0].message] and went_by == 100
+    noise = "[    9.000000] e1000e 0000:00:1f.6 eno1: NIC Link is Up 1000 Mbps"
+    read, went_by = _walk(sieve, "\n".join([*hung[100:150], noise, *hung[150:]]) + "\n")
+    assert read == [] and went_by == 101
 
 
 def test_a_record_longer_than_the_split_sees_is_read_whole() -> None:

@@ -40,6 +40,10 @@ _DEVICE_RE = re.compile(r"\+(?P<subsystem>[a-z0-9_-]{1,32}):(?P<name>[^/\s]{1,12
 # device without a driver prints its class); netdev_printk adds the interface: "mlx5_core 0000:ab:00.0 mlx5_5: ".
 _PREFIX_RE = re.compile(r"(?P<driver>[a-z][a-z0-9_.-]{0,63}) (?:(?P<pci>" + _PCI
                         + r")|(?P<name>[A-Za-z][A-Za-z0-9_.-]{0,62}[0-9]))(?: [A-Za-z0-9_.-]{1,64})?: ")
+# The same prefix reversed, to search a reversed text: the engine skips to each ": " (its literal start) instead of
+# trying every letter, as a search for the prefix anywhere in a line would.
+_REVERSED_PREFIX_RE = re.compile(r" :(?:[A-Za-z0-9_.-]{1,64} )?(?:[0-7]\.[0-9a-fA-F]{2}:[0-9a-fA-F]{2}:[0-9a-fA-F]{4}|"
+                                 r"[0-9][A-Za-z0-9_.-]{0,62}[A-Za-z]) [a-z0-9_.-]{0,63}[a-z]")
 _NAME_RE = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 
@@ -65,7 +69,7 @@ def printed_prefix(message: str) -> str | None:
 
 def names_a_device(text: str) -> bool:
     """True if a ``dev_printk`` prefix is anywhere in ``text`` (a raw line: after its timestamp or syslog head)."""
-    return _PREFIX_RE.search(text) is not None
+    return _REVERSED_PREFIX_RE.search(text[::-1]) is not None
 
 
 def prefix_device(message: str) -> tuple[str, str] | None:

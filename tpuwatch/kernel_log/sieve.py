@@ -220,6 +220,8 @@ class BacklogSieve:
         whole = self._whole
         if whole is None:
             return False
+        if whole.untagged and (_TAG in text or names_a_device(text)):
+            return False  # a storm of no device, and a record that names one
         counts = [text.count(template) for template in whole.templates]
         if any(text.count(keyword) != sum(map(operator.mul, counts, times)) for keyword, times in whole.times):
             return False
@@ -262,10 +264,11 @@ class _Whole:
     """How a block that holds no keyword but the storms' is told to be nothing but their lines, by counting.
 
     Every storm has a template, and a keyword ``common`` lies in all of them (a record holding it is one of their
-    lines).  Each keyword lies, in the lines that hold it, either only within their templates (then every occurrence
-    in the block lies in an occurrence of a template, the counts tell) or only outside them ("GPU has fallen off the
-    bus." after an Xid 79's template: ``outside``, then every record holding it also holds one of their templates);
-    either way its count is the sum, over the templates, of their occurrences times the keyword's in their lines.
+    lines); with a storm of no device among them, no record of the block names a device.  Each keyword lies, in the
+    lines that hold it, either only within their templates (then every occurrence in the block lies in an occurrence
+    of a template, the counts tell) or only outside them ("GPU has fallen off the bus." after an Xid 79's template:
+    ``outside``, then every record holding it also holds one of their templates); either way its count is the sum,
+    over the templates, of their occurrences times the keyword's in their lines.
     """
 
     common: str
@@ -273,11 +276,12 @@ class _Whole:
     of_storm: tuple[int, ...]  # each storm's template
     times: tuple[tuple[str, tuple[int, ...]], ...]  # each keyword, and how often a line of each template holds it
     outside: tuple[tuple[str, tuple[int, ...]], ...]  # each keyword outside templates, and the templates it follows
+    untagged: bool  # a storm of no device: no record may name one
 
     @classmethod
     def of(cls, storms: Sequence[Storm], held: Sequence[str]) -> _Whole | None:
         """The plan for these storms, or None when their lines must be told one by one."""
-        if not storms or any(storm.untagged or not storm.template for storm in storms):
+        if not storms or not all(storm.template for storm in storms):
             return None
         lines: dict[str, dict[str, int]] = {}  # each template, and the keywords of its lines
         for storm in storms:
@@ -296,4 +300,4 @@ class _Whole:
         if not common:
             return None
         return cls(min(common), templates, tuple(map(templates.index, (storm.template for storm in storms))),
-                   times, tuple(outside))
+                   times, tuple(outside), any(storm.untagged for storm in storms))
