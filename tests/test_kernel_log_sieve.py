@@ -45,8 +45,8 @@ def _learned(lines: list[str]) -> BacklogSieve:
     sieve = BacklogSieve(RULES)
     matcher = StreamMatcher(RULES)
     storms: dict[tuple[object, ...], Storm] = {}
-    taken: list[tuple[Match, Record]] = [(m, m.record) for m in matcher.feed([Record(line) for line in lines])
-                                         if m.record is not None]
+    records = Splitter().split(("\n".join(lines) + "\n").encode()).records()
+    taken: list[tuple[Match, Record]] = [(m, m.record) for m in matcher.feed(records) if m.record is not None]
     for match, record in [*taken, *matcher.take_absorbed()]:
         storm = sieve.storm(match, record)
         if storm is not None:
@@ -162,6 +162,30 @@ def test_storms_of_several_codes_and_forms_are_passed_whole_and_hide_nothing(mon
                   "[    5.000000] NVRM: Xid (PCI:0000:11:00): 45, pid=1, name=x, Ch 00000001"):
         read, went_by = _walk(sieve, "\n".join([*lines[400:900], other, *lines[900:]]) + "\n")
         assert read == [other[len("[    5.000000] "):]] and went_by == 1200
+
+
+# Composed after real AER reports (drivers/pci/pcie/aer.c prints them so): one corrected error of one GPU, in four
+# records; the storm's two lines with a keyword share none.
+AER_ERROR = ("[{t:13.6f}] pcieport 0000:00:03.0: AER: Corrected error message received from 0000:3b:00.0\n"
+             "[{t:13.6f}] nvidia 0000:3b:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)\n"
+             "[{t:13.6f}] nvidia 0000:3b:00.0:   device [10de:2330] error status/mask=00000001/0000e000\n"
+             "[{t:13.6f}] nvidia 0000:3b:00.0:    [ 0] RxErr                  (First)\n")
+
+
+def test_storms_that_share_no_keyword_are_passed_whole_each_line_counted_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = "".join(AER_ERROR.format(t=i / 1e4) for i in range(400))
+    lines = text.splitlines()
+    sieve = _learned(lines[:800])
+    assert len(sieve.storms) == 2 and not set.intersection(*(set(storm.keywords) for storm in sieve.storms))
+    assert _passed_whole(sieve, "\n".join(lines[800:]) + "\n", monkeypatch) == [800] and sieve.passed == 400
+    both = lines[801] + " " + lines[800]  # one record holding both storms' lines: one line passed over
+    assert _passed_whole(sieve, "\n".join([*lines[800:900], both]) + "\n", monkeypatch) == [101]
+    assert sieve.passed == 400 + 51
+    other = "[    5.000000] nvidia 0000:3c:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)"
+    read, went_by = _walk(sieve, "\n".join([*lines[800:1000], other, *lines[1000:]]) + "\n")
+    assert other[len("[    5.000000] "):] in read and went_by + len(read) == 801
+    assert [message for message in read if "Error" in message or "error message" in message] == [
+        other[len("[    5.000000] "):]]  # the others: records without a keyword, around it and at the end, as context
 
 
 def test_a_storm_of_no_device_does_not_hide_a_device_s_line(monkeypatch: pytest.MonkeyPatch) -> None:

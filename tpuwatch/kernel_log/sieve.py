@@ -225,15 +225,20 @@ class BacklogSieve:
         counts = [text.count(template) for template in whole.templates]
         if any(text.count(keyword) != sum(map(operator.mul, counts, times)) for keyword, times in whole.times):
             return False
-        holds: dict[int, list[bool]] = {}
-        for keyword, holders in whole.outside:
-            for at in holders:
+        holds: dict[int, list[bool]] = {}  # per template, whether each record holds it
+
+        def templated(ats: Iterable[int]) -> list[bool]:
+            """Whether each record holds one of these templates."""
+            for at in ats:
                 if at not in holds:
                     holds[at] = list(map(operator.contains, records, repeat(whole.templates[at])))
-            templated = holds[holders[0]] if len(holders) == 1 else list(map(any, zip(*map(holds.get, holders))))
-            if any(map(operator.gt, map(operator.contains, records, repeat(keyword)), templated)):
+            return list(map(any, zip(*(holds[at] for at in ats))))
+
+        for keyword, holders in whole.outside:
+            if any(map(operator.gt, map(operator.contains, records, repeat(keyword)), templated(holders))):
                 return False
-        self.passed += sum(map(operator.contains, records, repeat(whole.common)))
+        self.passed += sum(map(operator.contains, records, repeat(whole.common))) if whole.common is not None else \
+            sum(templated(range(len(whole.templates))))
         for storm, at in zip(self.storms, whole.of_storm):
             self._counts[storm] = self._counts.get(storm, 0) + counts[at]
         return True
@@ -263,15 +268,16 @@ class BacklogSieve:
 class _Whole:
     """How a block that holds no keyword but the storms' is told to be nothing but their lines, by counting.
 
-    Every storm has a template, and a keyword ``common`` lies in all of them (a record holding it is one of their
-    lines); with a storm of no device among them, no record of the block names a device.  Each keyword lies, in the
-    lines that hold it, either only within their templates (then every occurrence in the block lies in an occurrence
-    of a template, the counts tell) or only outside them ("GPU has fallen off the bus." after an Xid 79's template:
-    ``outside``, then every record holding it also holds one of their templates); either way its count is the sum,
-    over the templates, of their occurrences times the keyword's in their lines.
+    Every storm has a template; a keyword ``common`` to all of them, if there is one, counts their lines (a record
+    holding it is one of them), else the records holding a template do; with a storm of no device among them, no
+    record of the block names a device.  Each keyword lies, in the lines that hold it, either only within their
+    templates (then every occurrence in the block lies in an occurrence of a template, the counts tell) or only
+    outside them ("GPU has fallen off the bus." after an Xid 79's template: ``outside``, then every record holding it
+    also holds one of their templates); either way its count is the sum, over the templates, of their occurrences
+    times the keyword's in their lines.
     """
 
-    common: str
+    common: str | None
     templates: tuple[str, ...]  # distinct: storms of one template (an Xid's events and its follow lines) count once
     of_storm: tuple[int, ...]  # each storm's template
     times: tuple[tuple[str, tuple[int, ...]], ...]  # each keyword, and how often a line of each template holds it
@@ -297,7 +303,6 @@ class _Whole:
                 outside.append((keyword, tuple(at for at, n in enumerate(counts) if n)))
             elif within != list(counts):
                 return None  # within the template in some lines, outside it in others
-        if not common:
-            return None
-        return cls(min(common), templates, tuple(map(templates.index, (storm.template for storm in storms))),
-                   times, tuple(outside), any(storm.untagged for storm in storms))
+        return cls(min(common) if common else None, templates,
+                   tuple(map(templates.index, (storm.template for storm in storms))), times, tuple(outside),
+                   any(storm.untagged for storm in storms))
