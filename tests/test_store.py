@@ -5,7 +5,7 @@ from __future__ import annotations
 import tracemalloc
 
 from tpuwatch.samples import sample
-from tpuwatch.store import Ring, SeriesStore
+from tpuwatch.store import PLOTTED, Ring, SeriesStore
 
 
 def test_ring_keeps_the_newest_points_in_order() -> None:
@@ -80,3 +80,18 @@ def test_refresh_replaces_the_current_readings_without_a_point_of_history() -> N
     store.refresh("kernel_log", [sample("tpuwatch_kernel_events_total", 3, rule="x")])
     assert [s.value for s in store.current()] == [3]
     assert store.history("tpuwatch_kernel_events_total", (("rule", "x"),)) == [(1000.0, 0.0)]  # the cycle's pace
+
+
+def test_a_store_with_kept_names_keeps_history_of_those_only_and_every_latest_sample() -> None:
+    store = SeriesStore(points_per_series=4, max_series=100, kept=frozenset({"plotted"}))
+    store.replace("devices", [sample("plotted", 1.0, device="0"), sample("other", 2.0, device="0")], 10.0)
+    assert store.history("plotted", (("device", "0"),)) == [(10.0, 1.0)]
+    assert store.history("other", (("device", "0"),)) == []
+    assert {s.name for s in store.current()} == {"plotted", "other"}
+    assert store.series_count() == 1
+
+
+def test_the_daemon_store_keeps_history_of_every_series_the_status_page_plots() -> None:
+    from tpuwatch.views.document import SERIES
+
+    assert set(SERIES.values()) <= PLOTTED

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 from tpuwatch.analysis import analyze
 from tpuwatch.analysis.inputs import csv_points
 from tpuwatch.analysis.leak import LeakDetector, LeakParams
-from tpuwatch.analysis.robust import mann_kendall_p, theil_sen
+from tpuwatch.analysis.robust import mann_kendall_p, median, theil_sen
 
 GIB = float(1 << 30)
 CAPACITY = 16 * GIB
@@ -195,3 +197,18 @@ def test_theil_sen_ignores_outliers_and_mann_kendall_needs_a_trend() -> None:
     assert mann_kendall_p(x, 2 * x, 2.0) < 1e-6
     flat = np.random.default_rng(0).normal(0, 1, 30)
     assert mann_kendall_p(x, flat, theil_sen(x, flat)) > 0.01
+
+
+@pytest.mark.parametrize("values", [[3.0], [5.0, 1.0], [2.0, 9.0, 4.0], [7.0, 1.0, 3.0, 5.0], [1, 1, 2, 8, 8.0]])
+def test_median_agrees_with_the_standard_librarys(values: list[float]) -> None:
+    import statistics
+
+    assert median(values) == statistics.median(values)
+
+
+def test_the_daemon_does_not_import_statistics() -> None:
+    """statistics (with decimal and fractions) would add 0.6 MiB to every daemon for two medians."""
+    code = "import sys; import tpuwatch.daemon; print('statistics' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout
+    assert out.strip() == "False"

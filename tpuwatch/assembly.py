@@ -38,7 +38,7 @@ from tpuwatch.registry import ACTIONS, Action, Sources, build_canary, build_sour
 from tpuwatch.sampler import Sampler, Stage
 from tpuwatch.samples import Sample, sample
 from tpuwatch.statedir import is_simulated
-from tpuwatch.store import SeriesStore
+from tpuwatch.store import PLOTTED, SeriesStore
 from tpuwatch.webconfig import WebConfig, load_web_config
 
 log = logging.getLogger(__name__)
@@ -184,7 +184,8 @@ def assemble(config: Config, previous: Parts | None, daemon_samples: SampleSourc
     """
     web = load_web_config(config.web_config)
     kept_store = _same(previous, config, lambda c: c.store)
-    store = kept_store.store if kept_store else SeriesStore(config.store.points_per_series, config.store.max_series)
+    store = kept_store.store if kept_store else SeriesStore(config.store.points_per_series, config.store.max_series,
+                                                            kept=PLOTTED)
     trend = _trend(config, previous, store)
     trend_state = _trend_state(config, previous, trend)
     kept_sources = _same(previous, config, _sources_key)

@@ -11,6 +11,10 @@ from tpuwatch.samples import Labels, Sample, sample
 
 SeriesKey = tuple[str, Labels]
 
+PLOTTED = frozenset({"tpuwatch_device_memory_used_bytes", "tpuwatch_device_utilization_ratio",
+                     "tpuwatch_device_temperature_celsius"})
+"""The series the status page plots: the daemon's store keeps history for these only."""
+
 
 class Ring:
     """A fixed-capacity ring of (timestamp, value) pairs stored as packed doubles.
@@ -50,11 +54,14 @@ class SeriesStore:
 
     Memory is fixed by ``points_per_series`` x ``max_series``: when a new series
     would exceed ``max_series`` the least recently updated one is evicted.
+    With ``kept``, only series of those names get history; the others have
+    their latest sample only.
     """
 
-    def __init__(self, points_per_series: int, max_series: int) -> None:
+    def __init__(self, points_per_series: int, max_series: int, kept: frozenset[str] | None = None) -> None:
         self._points = points_per_series
         self._max_series = max_series
+        self._kept = kept
         self._current: dict[str, tuple[Sample, ...]] = {}
         self._history: OrderedDict[SeriesKey, Ring] = OrderedDict()
         self._lock = threading.Lock()
@@ -70,6 +77,8 @@ class SeriesStore:
         with self._lock:
             self._current[owner] = batch
             for name, labels, value in batch:
+                if self._kept is not None and name not in self._kept:
+                    continue
                 key = (name, labels)
                 ring = self._history.get(key)
                 if ring is None:

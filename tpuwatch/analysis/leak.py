@@ -51,7 +51,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import math
-import statistics
 from array import array
 from bisect import bisect_left, insort
 from collections import deque
@@ -60,7 +59,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from tpuwatch import statefile
-from tpuwatch.analysis.robust import mann_kendall_p, theil_sen
+from tpuwatch.analysis.robust import mann_kendall_p, median, theil_sen
 
 if TYPE_CHECKING:
     import numpy as np
@@ -285,9 +284,9 @@ class LeakDetector:
             oldest_start = end - p.segments * length
             if floors[-1] < min(floors[oldest_start:oldest_start + length]) + least_rise:
                 return None
-        levels = [statistics.median(floors[end - length:])]
+        levels = [median(floors[end - length:])]
         for k in range(1, p.segments):  # newest first, stopping at the first segment that does not rise
-            levels.append(statistics.median(floors[end - (k + 1) * length:end - k * length]))
+            levels.append(median(floors[end - (k + 1) * length:end - k * length]))
             if levels[-1] >= levels[-2]:
                 return None
         rises = [levels[k] - levels[k + 1] for k in range(p.segments - 1)]
@@ -300,7 +299,7 @@ class LeakDetector:
             return None
         oldest = max(0, end - p.segments * length - int(p.lookback / p.bucket))
         older = range(end - (p.segments + 1) * length, oldest - 1, -length)
-        if levels[0] - max(statistics.median(floors[a:a + length]) for a in older) < p.new_high * rise:
+        if levels[0] - max(median(floors[a:a + length]) for a in older) < p.new_high * rise:
             return None
         window = floors[-count:]
         if max(b - a for a, b in pairwise(window)) > max_jump * rise:
@@ -311,8 +310,8 @@ class LeakDetector:
         if slope <= 0:
             return None
         residual = values - slope * times
-        center = statistics.median(residual)
-        noise = 1.4826 * statistics.median(abs(residual - center))
+        center = median(residual)
+        noise = 1.4826 * median(abs(residual - center))
         if slope * (times[-1] - times[0]) <= p.noise_factor * noise:
             return None
         eta = None

@@ -8,11 +8,19 @@ rising floor does not load it.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
+
+
+def median(values: Iterable[float]) -> float:
+    """The median of a non-empty sequence (as ``statistics.median``, which costs the daemon 0.6 MiB to import)."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 @lru_cache(maxsize=16)
