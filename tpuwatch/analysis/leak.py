@@ -64,6 +64,7 @@ from tpuwatch.analysis.robust import mann_kendall_p, median, theil_sen
 if TYPE_CHECKING:
     import numpy as np
 
+TRIM_SLACK = 60  # floors (an hour) the arrays hold beyond what analyses read before they are trimmed
 # numpy is imported on first use (here and in robust.py), when a series first shows a rising floor worth
 # testing: a healthy daemon never pays its ~11 MB.
 
@@ -194,7 +195,7 @@ class LeakDetector:
         self._lows = [_SlidingValues(window) for window in self.params.floor_windows]
         self._highs = _SlidingValues(self.params.high_window)  # negated, so that its low is the high
         # Floors per minute over the longest scale plus the lookback: compact arrays, trimmed to that length once
-        # they reach twice it, so that analyses read them without copying them whole.
+        # they hold an hour more, so that analyses read them without copying them whole.
         self._keep = int((max(self.params.scales) + self.params.lookback) / self.params.bucket) + 1
         self._floors = [array("d") for _ in self.params.floor_windows]
         self._floor_times = array("d")
@@ -240,7 +241,7 @@ class LeakDetector:
             self._highs.add(end, (-self._hi1,) if self._hi2 == -math.inf else (-self._hi1, -self._hi2))
             self._high = -self._highs.low(0.0)
             self._floor_times.append(end)
-            if len(self._floor_times) >= 2 * self._keep:
+            if len(self._floor_times) >= self._keep + TRIM_SLACK:
                 for history in (*self._floors, self._floor_times):
                     del history[:-self._keep]
             if end >= self._next_analysis:
