@@ -30,6 +30,7 @@ from tpuwatch.canary.runner import kill_running_workers
 from tpuwatch.config import Config, Scenario
 from tpuwatch.exporter import build_registry
 from tpuwatch.kernel_log.collector import KernelLogCollector
+from tpuwatch.malloc import Trimmer
 from tpuwatch.registry import ACTIONS
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
@@ -83,6 +84,7 @@ class Daemon:
         self._scheduler = BackgroundScheduler(timezone="UTC")
         self._scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
         self.registry = build_registry(lambda: self.parts.store.current())
+        self._trim = Trimmer()  # freed memory back to the system after cycles: RSS follows what is held
         self.status_page = StatusPage(self._status_sources(), cycle=lambda: self.parts.sampler.last_cycle_end)
         self.endpoint = Endpoint(config.listen, self.registry, self._routes(), self.parts.web)
         self._first_cycle = threading.Event()
@@ -226,6 +228,7 @@ class Daemon:
     def _sample(self) -> None:
         self.parts.sampler.run_once()
         self.registry.render()
+        self._trim()
 
     def _wire_kernel_log(self) -> None:
         """The kernel log's follower (from the first cycle on) publishes what it counts as it counts: its samples,
