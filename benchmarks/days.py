@@ -42,9 +42,12 @@ import argparse  # noqa: E402
 import gc  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import types  # noqa: E402
+from collections.abc import Iterable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from datetime import datetime, timezone  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 from common import BENCHMARKS_MD, REPO_ROOT, cpu_model, machine_and_command, write_section  # noqa: E402
 
@@ -68,6 +71,50 @@ class Hour:
     objects: int
     db_bytes: int
     series: int
+    structures: dict[str, int]
+
+
+# What the structures below are measured as: Python objects reachable from them (sys.getsizeof each, objects of
+# the config and of modules, classes and functions not counted).
+_BOUNDARY = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.CodeType)
+
+
+def structures(parts: Any) -> dict[str, Any]:
+    """The parts of the pipeline that hold history, by the name the report gives them."""
+    alerting = parts.alerting
+    return {"series store": parts.store, "trend analysis (leak, drift)": parts.trend,
+            "alert tracker (counter points)": alerting.tracker, "alerts (book, dispatcher)": (alerting.book,
+                                                                                          alerting.dispatcher),
+            **{f"source: {name}": collector for name, collector in parts.sources.collectors.items()},
+            "canary results": parts.canary}
+
+
+def deep_size(root: object, shared: set[int]) -> int:
+    """Bytes of the Python objects reachable from ``root`` that are not in ``shared`` (which it extends)."""
+    total, stack = 0, [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in shared or isinstance(obj, _BOUNDARY):
+            continue
+        shared.add(id(obj))
+        total += sys.getsizeof(obj)
+        stack.extend(gc.get_referents(obj))
+    return total
+
+
+def reachable(roots: Iterable[object]) -> set[int]:
+    """Ids of every object reachable from ``roots`` (modules, classes and functions are not walked)."""
+    seen: set[int] = set()
+    for root in roots:
+        deep_size(root, seen)
+    return seen
+
+
+def sizes(parts: Any) -> dict[str, int]:
+    """Bytes held by each structure; what is reachable from the config (or from a structure listed earlier) is
+    not counted again."""
+    shared = reachable([parts.config, parts.web])
+    return {name: deep_size(part, shared) for name, part in structures(parts).items()}
 
 
 def status_kib(field: str) -> int:
@@ -102,7 +149,7 @@ def replay(workdir: Path, chips: int, hours: int) -> list[Hour]:
             gc.collect()
             db = sum(p.stat().st_size for p in workdir.rglob("*.db*") if p.is_file())
             out.append(Hour(cycle // per_hour, status_kib("VmRSS"), status_kib("RssAnon"), sys.getallocatedblocks(),
-                            len(gc.get_objects()), db, parts.store.series_count()))
+                            len(gc.get_objects()), db, parts.store.series_count(), sizes(parts)))
             print(f"hour {cycle // per_hour}/{hours}: RSS {out[-1].rss_kib / 1024:.1f} MiB "
                   f"({time.perf_counter() - started:.0f} s)", file=sys.stderr, flush=True)
     return out
@@ -115,6 +162,28 @@ def slope_kib_per_hour(hours: list[Hour], first: int, last: int) -> float:
     mean_y = sum(y for _, y in points) / len(points)
     return (sum((x - mean_x) * (y - mean_y) for x, y in points)
             / sum((x - mean_x) ** 2 for x, _ in points))
+
+
+def levels_from(hours: list[Hour], name: str) -> int:
+    """The first hour from which the structure stays within 2 % (and 4 KiB) of its final size."""
+    final = hours[-1].structures[name]
+    first = hours[-1].hour
+    for h in reversed(hours):
+        if abs(h.structures[name] - final) > max(0.02 * final, 4096):
+            break
+        first = h.hour
+    return first
+
+
+def structure_table(hours: list[Hour]) -> list[str]:
+    """Rows of KiB per structure at the reported hours."""
+    shown = [h for h in hours if h.hour in REPORT_HOURS or h.hour in (0, hours[-1].hour)]
+    lines = ["| Structure | " + " | ".join(f"h{h.hour}" for h in shown) + " | Level from hour |",
+             "|---|" + "---:|" * (len(shown) + 1)]
+    for name in hours[-1].structures:
+        lines.append(f"| {name} | " + " | ".join(f"{h.structures[name] / 1024:,.0f}" for h in shown)
+                     + f" | {levels_from(hours, name)} |")
+    return lines
 
 
 def render(hours: list[Hour], chips: int, started: datetime, command: str) -> str:
@@ -140,10 +209,9 @@ def render(hours: list[Hour], chips: int, started: datetime, command: str) -> st
     lines += ["", f"RSS slope, least squares: hours 1-3 {early:+.0f} KiB/h; hours {late_from}-{total} "
               f"{late:+.1f} KiB/h = {late / max(early, 1.0):.2f}x the early slope, {per_day * 100:+.2f} % of "
               f"RSS per day. Target (last day <= 1 % of RSS per day and <= 0.2x the early slope): {verdict}.", "",
-              "What fills, and where it stops: the leak detector's floor arrays (per memory series, trimmed at "
-              "twice the longest scale plus lookback), the sorted windows of its floors (the longest 1 h), the "
-              "alert tracker's counter points (64 per longest window), and the alert database's rows; the "
-              "series store's rings are allocated whole at their first point.", ""]
+              "What each structure that keeps history holds (Python objects reachable from it, KiB), and the "
+              "first simulated hour from which it stays within 2 % of its final size:", "",
+              *structure_table(hours), ""]
     facts = {"CPU": cpu_model(), "Python": sys.version.split()[0]}
     return "\n".join(lines + machine_and_command(facts, started, command))
 
