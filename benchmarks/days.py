@@ -165,11 +165,11 @@ def slope_kib_per_hour(hours: list[Hour], first: int, last: int) -> float:
 
 
 def levels_from(hours: list[Hour], name: str) -> int:
-    """The first hour from which the structure stays within 2 % (and 4 KiB) of its final size."""
+    """The first hour from which the structure stays within 5 % (and 16 KiB) of its final size."""
     final = hours[-1].structures[name]
     first = hours[-1].hour
     for h in reversed(hours):
-        if abs(h.structures[name] - final) > max(0.02 * final, 4096):
+        if abs(h.structures[name] - final) > max(0.05 * final, 16384):
             break
         first = h.hour
     return first
@@ -210,7 +210,7 @@ def render(hours: list[Hour], chips: int, started: datetime, command: str) -> st
               f"{late:+.1f} KiB/h = {late / max(early, 1.0):.2f}x the early slope, {per_day * 100:+.2f} % of "
               f"RSS per day. Target (last day <= 1 % of RSS per day and <= 0.2x the early slope): {verdict}.", "",
               "What each structure that keeps history holds (Python objects reachable from it, KiB), and the "
-              "first simulated hour from which it stays within 2 % of its final size:", "",
+              "first simulated hour from which it stays within 5 % (and 16 KiB) of its final size:", "",
               *structure_table(hours), ""]
     facts = {"CPU": cpu_model(), "Python": sys.version.split()[0]}
     return "\n".join(lines + machine_and_command(facts, started, command))
