@@ -242,6 +242,7 @@ def test_simulated_sdc_fails_the_canary_on_its_chip_only(start_daemon: Callable[
                          if metric(daemon, 'tpuwatch_canary_runs_total{result="fail"}') else None,
                          timeout=60, what="the first canary run")
     assert healthy == {"0": 1.0, "1": 0.0, "2": 1.0, "3": 1.0}
+    assert "drill" not in requests.get(f"{daemon.url}/healthz", timeout=5).json()["checks"]  # it ran: not blocked
     # The page names the chip.
     def wrong_results() -> list[dict[str, str]]:
         alerts = requests.get(f"{daemon.url}/api/alerts", timeout=5).json()["alerts"]

@@ -31,6 +31,7 @@ from tpuwatch.alerting.service import Alerting
 from tpuwatch.analysis.state import TrendStateFile
 from tpuwatch.analysis.trend import TrendAnalyzer
 from tpuwatch.canary.collector import CanaryCollector
+from tpuwatch.canary.needs import drill_samples
 from tpuwatch.config import Config
 from tpuwatch.devices import sim
 from tpuwatch.devices.base import DeviceReading, reading_samples
@@ -151,7 +152,8 @@ def _pipeline(config: Config, store: SeriesStore, trend: TrendAnalyzer, trend_st
               sources: Sources, canary: CanaryCollector | None, alerting: Alerting,
               actions: dict[str, Action], daemon_samples: SampleSource) -> Sampler:
     """The stages of one cycle (module docstring), each part behind its guard."""
-    own = SelfMetrics([store.samples, daemon_samples, *([trend_state.samples] if trend_state else []),
+    own = SelfMetrics([store.samples, daemon_samples, drill_samples(config),
+                       *([trend_state.samples] if trend_state else []),
                        *(action.samples for action in actions.values())])
 
     def evaluate() -> list[Sample]:

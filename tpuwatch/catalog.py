@@ -204,6 +204,9 @@ _SPECS = [
                "Unix time of the last successful config (re)load."),
     MetricSpec("tpuwatch_build_info", "gauge", "tpuwatch build; value is always 1.",
                ("version", "python")),
+    MetricSpec("tpuwatch_drill_cannot_run", "gauge",
+               "1 while the simulated scenario's fire drill cannot run here: the part it needs (the canary for sdc) "
+               "is off or cannot start, for the reason given.", ("scenario", "needs", "reason")),
     # --- HTTP endpoint ---
     MetricSpec("tpuwatch_http_connections_closed_total", "counter",
                "Connections and requests the endpoint refused, evicted, timed out or answered with an error, "

@@ -104,10 +104,10 @@ def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                 _config_option(config_sub.add_parser(action, help=text, description=text))
             continue
         _config_option(sub)
-        if name == "run":
+        if name in ("run", "check"):
             sub.add_argument("--simulate", metavar="SCENARIO", choices=SCENARIOS,
                              help=f"use simulated chips running a scenario: {', '.join(SCENARIOS)}")
-        elif name == "check":
+        if name == "check":
             sub.add_argument("--json", action="store_true", help="machine-readable output")
         elif command.module is not None and chosen in (None, name):
             importlib.import_module(command.module).add_arguments(sub)

@@ -26,6 +26,7 @@ from tpuwatch import __version__, health, logsetup, sdnotify, statefile
 from tpuwatch import config as config_module
 from tpuwatch.analysis.state import SAVE_EVERY_S
 from tpuwatch.assembly import Parts, assemble, retire
+from tpuwatch.canary.needs import blocked_drills
 from tpuwatch.canary.runner import kill_running_workers
 from tpuwatch.config import Config, Scenario
 from tpuwatch.exporter import build_registry
@@ -100,6 +101,8 @@ class Daemon:
     def start(self) -> None:
         """First sample, then the schedule; tells systemd READY=1."""
         self._sample()
+        for drill in blocked_drills(self.parts.store.current()):
+            log.warning("%s", drill.sentence())
         self._first_cycle.set()  # the kernel log's follower reads from here: the chips to attribute events to known
         self._schedule()
         self._scheduler.start()

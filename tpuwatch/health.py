@@ -5,11 +5,13 @@ A view: it reads the running parts and changes nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from tpuwatch import __version__, statefile
+from tpuwatch.canary.needs import blocked_drills
 from tpuwatch.collectors import GuardedCollector
 from tpuwatch.devices import DeviceReading
 from tpuwatch.devices.collector import DeviceCollector
@@ -160,8 +162,12 @@ def health_report(parts: Parts, state: StateDir, reload_ok: bool, started_at: fl
         checks["kernel_log"] = {"status": "critical_events" if event_problems(events) else "ok",
                                 "recent_events": [e.to_json() for e in events]}
     checks["state"] = state_check(parts, state, now)
+    drills = blocked_drills(parts.store.current())
+    if drills:
+        checks["drill"] = {"status": "cannot_run", "drills": [dataclasses.asdict(d) for d in drills]}
     healthy = fresh and all(g.status.success for g in parts.sampler.guards)
-    warnings = collector_warnings(parts.sampler.guards) + checks["state"]["warnings"]
+    warnings = (collector_warnings(parts.sampler.guards) + [d.sentence() for d in drills]
+                + checks["state"]["warnings"])
     report = {"status": ("degraded" if warnings else "healthy") if healthy else "unhealthy", "warnings": warnings,
               "uptime_seconds": round(now - started_at, 3), "version": __version__, "checks": checks}
     return healthy, report

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from tpuwatch.canary.needs import blocked_drill
 from tpuwatch.config import Config
 from tpuwatch.devices.base import sources_line
 from tpuwatch.health import (
@@ -35,6 +36,9 @@ def check_once(config: Config) -> dict[str, Any]:
                 + collector_problems(sampler.guards))
     if devices is not None and devices.degraded:
         problems.append(f"device backend {devices.backend.name}: {devices.degraded}")
+    drill = blocked_drill(config)
+    if drill is not None:
+        problems.append(drill.sentence())
     current = store.current()
     host = {s.name.removeprefix("tpuwatch_host_"): s.value for s in current if s.name.startswith("tpuwatch_host_")}
     holders = [{**dict(s.labels), "resident_memory_bytes": s.value} for s in current

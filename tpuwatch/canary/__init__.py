@@ -5,6 +5,7 @@ pass written once over an array namespace), ``worker`` runs it under JAX in a
 fresh subprocess, ``supervisor`` keeps that subprocess's process group from
 outliving its parent, ``runner`` starts them, ``judge`` judges the answers
 (and fire drills), ``history`` keeps the fingerprints between runs,
-``collector`` keeps the results for the daemon, ``cli`` is ``tpuwatch canary``.
+``collector`` keeps the results for the daemon, ``cli`` is ``tpuwatch canary``,
+``needs`` tells whether the canary can run here (and so a simulated drill that needs it).
 Only ``worker`` imports jax.
 """

@@ -11,7 +11,9 @@ reproducible.
 
 The simulator exports every signal tpuwatch knows, including temperature,
 power and ECC counters that real TPUs do not expose, so that every alert
-route can be drilled on any host.
+route can be drilled on any host.  A scenario whose fault only another part
+of tpuwatch can see declares it in ``NEEDS``: where that part cannot run, the
+drill cannot either, and tpuwatch says so (tpuwatch.canary.needs).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from tpuwatch.config import SimConfig
+from tpuwatch.config import Scenario, SimConfig
 from tpuwatch.devices.base import DeviceReading
 from tpuwatch.hw.chips import CHIPS
 
@@ -35,6 +37,8 @@ LEAK_LEAD_S = 3600.0  # the leak began this long before fault_after
 OVERHEAT_C_PER_S = 0.5
 OVERHEAT_MAX_C = 96.0
 UNCORRECTED_AFTER_S = (0.0, 120.0)  # after the fault starts, one uncorrectable error at each
+# What a scenario's drill needs beyond the simulated chips: sdc corrupts no reading, only the canary's numbers.
+NEEDS: dict[Scenario, tuple[str, ...]] = {"sdc": ("canary",)}
 
 
 class _Model(NamedTuple):

@@ -16,6 +16,7 @@ from typing import Any
 from tpuwatch import __version__
 from tpuwatch.analysis.leak import LeakView
 from tpuwatch.canary.judge import CanaryResult, DeviceOutcome
+from tpuwatch.canary.needs import blocked_drills
 from tpuwatch.devices.base import DeviceReading
 from tpuwatch.samples import Sample
 from tpuwatch.views.series import decimate
@@ -50,6 +51,7 @@ def build_status(sources: StatusSources, now: float, host: str) -> dict[str, Any
     buckets = max(MIN_BUCKETS, min(MAX_BUCKETS, BUCKET_BUDGET // max(1, len(readings))))
     chips = [_chip(r, sources, alerts, events, results, since, now, buckets) for r in readings]
     counts = Counter(c["verdict"]["status"] for c in chips)
+    drills = [{**dataclasses.asdict(d), "text": d.sentence()} for d in blocked_drills(current)]
     return {
         "version": VERSION,
         "host": host,
@@ -57,8 +59,9 @@ def build_status(sources: StatusSources, now: float, host: str) -> dict[str, Any
         "generated_at": round(now, 3),
         "window_seconds": window,
         "interval_seconds": sources.interval(),
-        "status": worst(counts),
+        "status": worst([*counts, *("warning" for _ in drills)]),
         "counts": {"chips": len(chips), **{level: counts[level] for level in ("ok", "warning", "critical")}},
+        "drills": drills,
         "chips": chips,
         "host_resources": _host(current, sources.leak(_HOST_MEMORY, now)),
         "alerts": alerts[:MAX_ALERTS],

@@ -29,7 +29,8 @@ def render_page(doc: dict[str, Any]) -> str:
     """The whole page for ``doc`` (tpuwatch.views.document.build_status)."""
     counts = doc["counts"]
     title = f"tpuwatch: {doc['host']}: " + (
-        ", ".join(f"{counts[level]} {level}" for level in ("critical", "warning") if counts[level]) or "ok")
+        ", ".join([*(f"{counts[level]} {level}" for level in ("critical", "warning") if counts[level]),
+                   *(f"drill {d['scenario']} cannot run" for d in doc["drills"])]) or "ok")
     refresh = max(2.0, float(doc["interval_seconds"]))
     return ('<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -51,7 +52,7 @@ def _header(doc: dict[str, Any]) -> str:
     links = " · ".join(f'<a href="{path}">{path}</a>' for path in
                        ("/metrics", "/healthz", "/api/status", "/api/series", "/api/alerts"))
     return (f'<header><h1>tpuwatch on {_e(doc["host"])}</h1>'
-            f'<p class="summary v-{_e(doc["status"])}">{counts["chips"]} chip(s): {summary}</p>'
+            f'<p class="summary v-{_e(doc["status"])}">{counts["chips"]} chip(s): {summary}</p>{_drills(doc)}'
             f'<p class="meta">updated {clock(doc["generated_at"])}, every {duration(doc["interval_seconds"])} · '
             f'tpuwatch {_e(doc["tpuwatch"])} · {links}</p></header>')
 
@@ -193,8 +194,16 @@ def _canary(chip: dict[str, Any]) -> str:
             f'({counts})</h4>{bars(tips, max(len(runs), 12))}</div>')
 
 
+def _drills(doc: dict[str, Any], needs: str | None = None) -> str:
+    """The simulated scenarios' fire drills that cannot run (those needing ``needs``), as loud as a warning."""
+    return "".join(f'<p class="summary v-warning drill" data-scenario="{_e(d["scenario"])}">{_e(d["text"])}</p>'
+                   for d in doc["drills"] if needs in (None, d["needs"]))
+
+
 def _canary_runs(doc: dict[str, Any]) -> str:
     runs = doc["canary_runs"]
+    if not runs and (blocked := _drills(doc, "canary")):
+        return blocked
     if not runs:
         return '<p class="muted">canary: no run kept (off, no accelerator, or not run yet)</p>'
     last = runs[0]
