@@ -273,6 +273,12 @@ def build(cls: type, data: Any, path: str = "") -> Any:
     return _convert(cls, data, path)
 
 
+def build_field(cls: type, name: str, value: Any) -> Any:
+    """``value`` checked and converted as field ``name`` of dataclass ``cls`` is by ``build``; ConfigError with no
+    key path (the caller names where the value came from, a command-line flag) if it cannot be used."""
+    return _convert(_hints(cls)[name], value, "")
+
+
 def _convert(hint: Any, value: Any, path: str) -> Any:
     origin = typing.get_origin(hint)
     if origin is typing.Annotated:
