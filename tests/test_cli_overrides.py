@@ -1,13 +1,17 @@
 """Options over the config: `run --listen/--state-dir` start a second daemon beside the first from the same config
-(a reload keeps them)."""
+(a reload keeps them), and `--url` points `alerts`, `ack` and `set-healthy` at any daemon."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -57,6 +61,8 @@ def test_two_daemons_run_side_by_side_from_one_config(run_daemon: Callable[..., 
         # Each keeps its state, and holds its lock, in its own directory (simulated chips' namespace in it).
         lock = tmp_path / name / "simulated" / "lock"
         assert lock.read_text() == f"{daemons[name].pid}\n"
+        listed = run_cli("alerts", "--config", str(config), "--url", f"http://127.0.0.1:{port}")
+        assert (listed.returncode, listed.stdout) == (0, "no active alerts\n"), listed.stderr
     third = run_daemon("--config", str(config), "--simulate", "healthy", "--listen", f"127.0.0.1:{free_port()}",
                        "--state-dir", str(tmp_path / "a"))
     assert third.wait(timeout=30) == 2
@@ -95,3 +101,110 @@ def test_a_bad_option_value_is_refused_as_its_key_would_be(args: list[str], mess
     result = run_cli("run", "--simulate", "healthy", *args)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [f"tpuwatch run: {message} (see --help)"]
+
+
+class _Daemonish:
+    """A real HTTP server on 127.0.0.1 answering GETs with ``answer(path)`` as JSON; the paths asked are kept."""
+
+    def __init__(self, answer: Callable[[str], Any]) -> None:
+        self.paths: list[str] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                stub.paths.append(self.path)
+                body = json.dumps(answer(self.path)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def daemonish() -> Iterator[Callable[[Callable[[str], Any]], _Daemonish]]:
+    made: list[_Daemonish] = []
+
+    def make(answer: Callable[[str], Any]) -> _Daemonish:
+        made.append(_Daemonish(answer))
+        return made[-1]
+
+    yield make
+    for stub in made:
+        stub.close()
+
+
+def _config(tmp_path: Path, **keys: Any) -> str:
+    """A config whose daemon is nowhere: listen on a port nothing listens on."""
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"listen": f"127.0.0.1:{free_port()}", "state_dir": str(tmp_path / "state"),
+                                    **keys}))
+    return str(path)
+
+
+FIRING = {"labels": {"alertname": "AcceleratorLost", "severity": "critical", "device": "3", "pci": "0000:13:00.0"},
+          "annotations": {"summary": "Device 3 is lost or dead"}, "state": "firing",
+          "activeAt": "2026-01-01T00:00:00Z", "startsAt": "2026-01-01T00:00:30Z"}
+
+
+def test_alerts_asks_the_daemon_at_url(daemonish: Callable[..., _Daemonish], tmp_path: Path) -> None:
+    stub = daemonish(lambda path: {"status": "success", "alerts": [FIRING]})
+    config = _config(tmp_path)
+    nowhere = run_cli("alerts", "--config", config)
+    assert nowhere.returncode == 1 and "no tpuwatch daemon answering at 127.0.0.1:" in nowhere.stderr
+    listed = run_cli("alerts", "--config", config, "--url", stub.url)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[1].split()[:5] == ["firing", "critical", "AcceleratorLost", "3", "0000:13:00.0"]
+    behind_a_proxy = run_cli("alerts", "--config", config, "--url", f"{stub.url}/tpuwatch/", "--json")
+    assert json.loads(behind_a_proxy.stdout)["alerts"] == [FIRING]
+    assert stub.paths == ["/api/alerts", "/tpuwatch/api/alerts"]
+
+
+@pytest.mark.parametrize("url,message", [
+    ("127.0.0.1:9847", "invalid URL '127.0.0.1:9847' (need http:// or https://, a host, no spaces or control "
+                       "characters)"),
+    ("http://ops:hunter2@127.0.0.1:9847", "a URL with credentials would show them to every user of this host (ps): "
+                                          "give the daemon's address alone"),
+    ("http://127.0.0.1:9847/?x=1", "a URL with a query or fragment: give the daemon's address alone, like "
+                                   "http://127.0.0.1:9847"),
+])
+@pytest.mark.parametrize("command", [["alerts"], ["ack", "3"], ["set-healthy"]])
+def test_a_bad_url_is_a_usage_error(command: list[str], url: str, message: str) -> None:
+    result = run_cli(*command, "--url", url)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"tpuwatch {command[0]}: argument --url: {message} (see --help)"]
+
+
+@pytest.mark.parametrize("command,devices,said", [
+    (["ack", "3"], ["3"], "device(s) 3 marked healthy on node n1: AcceleratorLost acknowledged"),
+    (["set-healthy"], None, "every device marked healthy on node n1: AcceleratorLost acknowledged"),
+])
+def test_ack_leaves_its_request_in_state_dir_and_waits_on_url(
+        daemonish: Callable[..., _Daemonish], tmp_path: Path, command: list[str], devices: list[str] | None,
+        said: str) -> None:
+    state = tmp_path / "other-state"
+
+    def agent(path: str) -> dict[str, Any]:  # as the daemon's agent: every request left is applied
+        left = sorted((state / "kubernetes-requests").glob("*.json"))
+        return {"node": "n1", "acks": [{"id": p.stem, "alerts": ["AcceleratorLost"]} for p in left]}
+
+    stub = daemonish(agent)
+    config = _config(tmp_path, kubernetes={"node_conditions": True})
+    result = run_cli(*command, "--config", config, "--url", stub.url, "--state-dir", str(state), "--wait", "20")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{said}\n"
+    (request,) = (state / "kubernetes-requests").glob("*.json")
+    assert json.loads(request.read_text()) == {"devices": devices}
+    assert not (tmp_path / "state").exists()
+    assert set(stub.paths) == {"/api/kubernetes"}
