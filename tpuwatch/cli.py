@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import importlib
 import json
 import logging
@@ -107,7 +109,13 @@ def parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         if name in ("run", "check"):
             sub.add_argument("--simulate", metavar="SCENARIO", choices=SCENARIOS,
                              help=f"use simulated chips running a scenario: {', '.join(SCENARIOS)}")
-        if name == "check":
+        if name == "run":
+            sub.add_argument("--listen", metavar="HOST:PORT", type=config_module.option_type("listen"),
+                             help="serve there instead of at the config's listen (a second daemon beside the first)")
+            sub.add_argument("--state-dir", metavar="DIR", type=config_module.option_type("state_dir"),
+                             help="keep the state there instead of in the config's state_dir (an absolute path; "
+                                  "one daemon per directory)")
+        elif name == "check":
             sub.add_argument("--json", action="store_true", help="machine-readable output")
         elif command.module is not None and chosen in (None, name):
             importlib.import_module(command.module).add_arguments(sub)
@@ -119,12 +127,21 @@ def _config_option(sub: argparse.ArgumentParser) -> None:
                      help=f"config file (default {config_module.DEFAULT_PATH} if it exists, else built-in defaults)")
 
 
+KEY_OPTIONS = ("listen", "state_dir")  # config keys an option sets over the file: --listen, --state-dir
+
+
+def _from_command_line(args: argparse.Namespace, config: Config) -> Config:
+    """``config`` as the command line changes it: --simulate's chips, and the keys options set."""
+    scenario = getattr(args, "simulate", None)
+    config = config_module.simulated(config, scenario) if scenario else config
+    keys = {key: value for key in KEY_OPTIONS if (value := getattr(args, key, None)) is not None}
+    return dataclasses.replace(config, **keys)
+
+
 def _load(args: argparse.Namespace) -> Config:
     """The config the command works with; simulated chips' state_dir is their namespace (the daemon applies it
     to every config it loads, reloads included)."""
-    config = config_module.load(args.config)
-    scenario = getattr(args, "simulate", None)
-    config = config_module.simulated(config, scenario) if scenario else config
+    config = _from_command_line(args, config_module.load(args.config))
     return config if args.command == "run" else statedir.namespaced(config)
 
 
@@ -134,7 +151,7 @@ def _cmd_run(args: argparse.Namespace, config: Config) -> int:
 
     logsetup.configure(config.log_level)
     try:
-        daemon = Daemon(config, args.config, getattr(args, "simulate", None))
+        daemon = Daemon(config, args.config, functools.partial(_from_command_line, args))
     except (StartupError, ConfigError, statedir.InUse) as exc:
         log.error("cannot start: %s", exc)
         return EXIT_USAGE

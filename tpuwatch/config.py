@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -22,6 +24,7 @@ from tpuwatch.schema import (
     Range,
     Url,
     build,
+    build_field,
     dump,
     short,
 )
@@ -368,6 +371,18 @@ def _build(data: object, source: str) -> Config:
             raise
         raise ConfigError(source, exc.reason) from None  # the document itself, not a key: name the file
     return config
+
+
+def option_type(key: str) -> Callable[[str], Any]:
+    """The argparse ``type`` of an option that sets config key ``key`` (``--state-dir`` sets ``state_dir``): the
+    value checked and converted as the key's is; a bad one is a usage error naming the option."""
+    def convert(text: str) -> Any:
+        try:
+            return build_field(Config, key, text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
 
 
 def simulated(config: Config, scenario: Scenario) -> Config:

@@ -28,7 +28,7 @@ from tpuwatch.analysis.state import SAVE_EVERY_S
 from tpuwatch.assembly import Parts, assemble, retire
 from tpuwatch.canary.needs import blocked_drills
 from tpuwatch.canary.runner import kill_running_workers
-from tpuwatch.config import Config, Scenario
+from tpuwatch.config import Config
 from tpuwatch.exporter import build_registry
 from tpuwatch.kernel_log.collector import KernelLogCollector
 from tpuwatch.malloc import Trimmer
@@ -64,12 +64,13 @@ class Daemon:
     Simulated chips keep their state in ``state_dir/simulated``.
     """
 
-    def __init__(self, config: Config, config_path: str | None, simulate: Scenario | None = None) -> None:
+    def __init__(self, config: Config, config_path: str | None,
+                 flags: Callable[[Config], Config] = lambda config: config) -> None:
         config = namespaced(config)
         self.state = StateDir(config.state_dir)
         self.state.open()  # before anything reads state
         self.config_path = config_path
-        self.simulate = simulate  # ``--simulate``: applied again to every reloaded config
+        self.flags = flags  # what the command line changes (--simulate, --listen...): applied to every reload
         self.started_at = time.time()
         self.scheduler_events: Counter[str] = Counter()
         self.reload_ok = True
@@ -140,10 +141,7 @@ class Daemon:
         """Re-read the config file; a bad one is refused and the running config kept."""
         sdnotify.notify("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
         try:
-            new = config_module.load(self.config_path)
-            if self.simulate:
-                new = config_module.simulated(new, self.simulate)
-            new = self._pin_state_dir(namespaced(new))
+            new = self._pin_state_dir(namespaced(self.flags(config_module.load(self.config_path))))
             endpoint = self.endpoint
             if new.listen != self.config.listen:  # before anything else changes: a taken port refuses the reload
                 endpoint = Endpoint(new.listen, self.registry, self._routes(), self.parts.web)

@@ -15,6 +15,7 @@ quotes: ``notify[0].match["app.kubernetes.io/name"]``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import ipaddress
 import json
@@ -25,11 +26,14 @@ import reprlib
 import types
 import typing
 import warnings
+from collections.abc import Iterable
 from typing import Any, Literal, Union
 from urllib.parse import urlsplit
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+_KEY_SHOWN = 60  # characters of a key shown in a key path; a longer one is cut, in brackets
+_SUGGEST_CUTOFF = 0.75  # difflib's ratio: sorce/source 0.91, lsiten/listen 0.83, but gpu/tpu 0.67 is no typo
 
 
 class _ShortRepr(reprlib.Repr):
@@ -53,6 +57,24 @@ def one_line(text: str) -> str:
 def short(value: Any) -> str:
     """A bounded repr of ``value`` for messages: long strings and big or deep structures are cut with ``...``."""
     return _SHORT.repr(value)
+
+
+def did_you_mean(word: Any, candidates: Iterable[Any]) -> str:
+    """``; did you mean 'source'?`` for the string of ``candidates`` that ``word`` is most likely a misspelling
+    or a shortening (``warn``) of, or ``""`` when none is close.  Case and ``-`` for ``_`` do not count:
+    ``NVIDIA`` is ``nvidia``."""
+    if not isinstance(word, str):
+        return ""
+    folded = {_fold(c): c for c in candidates if isinstance(c, str)}
+    typed = _fold(word)
+    close = difflib.get_close_matches(typed, folded, n=1, cutoff=_SUGGEST_CUTOFF)
+    longer = [c for c in folded if c.startswith(typed)] if len(typed) >= 3 else []
+    found = close[0] if close else longer[0] if len(longer) == 1 else None
+    return f"; did you mean {folded[found]!r}?" if found else ""
+
+
+def _fold(word: str) -> str:
+    return word.lower().replace("-", "_")
 
 
 class ConfigError(ValueError):
@@ -251,6 +273,12 @@ def build(cls: type, data: Any, path: str = "") -> Any:
     return _convert(cls, data, path)
 
 
+def build_field(cls: type, name: str, value: Any) -> Any:
+    """``value`` checked and converted as field ``name`` of dataclass ``cls`` is by ``build``; ConfigError with no
+    key path (the caller names where the value came from, a command-line flag) if it cannot be used."""
+    return _convert(_hints(cls)[name], value, "")
+
+
 def _convert(hint: Any, value: Any, path: str) -> Any:
     origin = typing.get_origin(hint)
     if origin is typing.Annotated:
@@ -273,7 +301,8 @@ def _convert(hint: Any, value: Any, path: str) -> Any:
     if origin is Literal:
         choices = typing.get_args(hint)
         if value not in choices:
-            raise ConfigError(path, f"must be one of {', '.join(map(str, choices))}; got {short(value)}")
+            raise ConfigError(path, f"must be one of {', '.join(map(str, choices))}; got {short(value)}"
+                                    f"{did_you_mean(value, choices)}")
         return value
     if origin is list:
         (inner,) = typing.get_args(hint)
@@ -324,8 +353,8 @@ def _build_dataclass(cls: Any, value: Any, path: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in value:
         if key not in fields:
-            known = ", ".join(sorted(fields))
-            raise ConfigError(join_key(path, key), f"unknown key (known keys: {known})")
+            hint = did_you_mean(key, fields) or f" (known keys: {', '.join(sorted(fields))})"
+            raise ConfigError(join_key(path, key), f"unknown key{hint}")
     for name, spec in fields.items():
         if name not in value and spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
             raise ConfigError(join_key(path, name), "required key missing")
@@ -344,11 +373,12 @@ def _hints(cls: type) -> dict[str, Any]:
 
 
 def join_key(path: str, key: Any) -> str:
-    """``path`` and one mapping key in the key-path style: ``a.b``, or ``a["x.y"]`` for a key not a plain name."""
-    if isinstance(key, str) and _PLAIN_KEY.fullmatch(key):
+    """``path`` and one mapping key in the key-path style: ``a.b``, or ``a["x.y"]`` for a key not a plain name
+    (``a["xxx..."]`` cut, for one too long to show)."""
+    if isinstance(key, str) and len(key) <= _KEY_SHOWN and _PLAIN_KEY.fullmatch(key):
         return f"{path}.{key}" if path else key
     text = key if isinstance(key, str) else short(key)
-    return f"{path}[{json.dumps(text[:60] + ('...' if len(text) > 60 else ''), ensure_ascii=False)}]"
+    return f"{path}[{json.dumps(text[:_KEY_SHOWN] + ('...' if len(text) > _KEY_SHOWN else ''), ensure_ascii=False)}]"
 
 
 def dump(instance: Any) -> Any:

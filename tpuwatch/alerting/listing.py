@@ -9,13 +9,14 @@ import argparse
 import json
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
 from tpuwatch.config import Config
 from tpuwatch.logsetup import add_secrets, redact
 from tpuwatch.notifiers import inline_secrets
-from tpuwatch.schema import ConfigError, parse_listen_address
+from tpuwatch.schema import ConfigError, Url, parse_listen_address
 from tpuwatch.webconfig import load_web_config
 
 _WILDCARDS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
@@ -25,15 +26,46 @@ _SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``tpuwatch alerts``."""
     parser.add_argument("--json", action="store_true", help="print the endpoint's JSON")
+    add_url_option(parser)
     parser.add_argument("--ca", metavar="FILE", help="CA bundle to verify the daemon's TLS certificate")
+
+
+def add_url_option(parser: argparse.ArgumentParser) -> None:
+    """``--url``: the daemon to ask, instead of the one at the config's listen address."""
+    parser.add_argument("--url", type=_base_url, metavar="URL",
+                        help="the daemon's address, like http://127.0.0.1:9847 (default: the config's listen, "
+                             "https when its web_config has TLS)")
+
+
+def _base_url(text: str) -> str:
+    try:
+        Url().convert(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    parts = urlsplit(text)
+    if parts.username is not None:
+        raise argparse.ArgumentTypeError("a URL with credentials would show them to every user of this host (ps): "
+                                         "give the daemon's address alone")
+    if parts.query or parts.fragment:
+        raise argparse.ArgumentTypeError("a URL with a query or fragment: give the daemon's address alone, "
+                                         "like http://127.0.0.1:9847")
+    return text.rstrip("/")
+
+
+def daemon_url(config: Config, url: str | None = None) -> str:
+    """The running daemon's address without a trailing slash: ``url`` (``--url``) if given, else where the daemon
+    of ``config`` listens (https when its web config has TLS)."""
+    if url is not None:
+        return url
+    host, port = parse_listen_address(config.listen)
+    host = _WILDCARDS.get(host, host)
+    scheme = "https" if load_web_config(config.web_config).ssl_context is not None else "http"
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def endpoint_url(config: Config) -> str:
     """Where the daemon of ``config`` serves /api/alerts (https when its web config has TLS)."""
-    host, port = parse_listen_address(config.listen)
-    host = _WILDCARDS.get(host, host)
-    scheme = "https" if load_web_config(config.web_config).ssl_context is not None else "http"
-    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}/api/alerts"
+    return daemon_url(config) + "/api/alerts"
 
 
 def _order(alert: dict[str, Any]) -> tuple[int, str]:
@@ -57,7 +89,7 @@ def render(alerts: list[dict[str, Any]]) -> str:
 def run(args: argparse.Namespace, config: Config) -> int:
     """Print the active alerts; 0 when listed, 1 when the daemon cannot be asked, 2 on config errors."""
     try:
-        url = endpoint_url(config)
+        url = daemon_url(config, args.url) + "/api/alerts"
     except (ConfigError, RuntimeError) as exc:
         print(f"tpuwatch: config error: {exc}", file=sys.stderr)
         return 2

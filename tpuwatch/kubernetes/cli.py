@@ -16,8 +16,8 @@ from pathlib import Path
 import requests
 
 from tpuwatch import statefile
-from tpuwatch.alerting.listing import endpoint_url
-from tpuwatch.config import Config
+from tpuwatch.alerting.listing import add_url_option, daemon_url
+from tpuwatch.config import Config, option_type
 from tpuwatch.kubernetes.agent import REQUESTS_DIR
 from tpuwatch.schema import ConfigError
 
@@ -28,6 +28,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument("devices", nargs="+", metavar="DEVICE", help="chip index, as in the alerts' device label")
     parser.add_argument("--wait", type=float, default=15.0, metavar="SECONDS",
                         help="how long to wait for the daemon to confirm (default 15)")
+    add_url_option(parser)
+    parser.add_argument("--state-dir", metavar="DIR", type=option_type("state_dir"),
+                        help="the daemon's state directory, where the request is left (default: the config's "
+                             "state_dir); for a daemon run with --state-dir, the same")
     parser.add_argument("--ca", metavar="FILE", help="CA bundle to verify the daemon's TLS certificate")
 
 
@@ -47,7 +51,7 @@ def run(args: argparse.Namespace, config: Config) -> int:
         return 2
     devices = list(args.devices) if args.command == "ack" else None
     try:
-        url = endpoint_url(config).removesuffix("/api/alerts") + "/api/kubernetes"
+        url = daemon_url(config, args.url) + "/api/kubernetes"
         request_id = write_request(config.state_dir, devices)
     except (ConfigError, RuntimeError) as exc:
         print(f"tpuwatch: config error: {exc}", file=sys.stderr)
