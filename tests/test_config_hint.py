@@ -33,6 +33,8 @@ def _error(text: str) -> str:
     ("log_level: warn\n", "log_level: must be one of debug, info, warning, error; got 'warn'; did you mean 'warning'?"),
     ("kernel_log: {source: journald}\n",
      "kernel_log.source: must be one of auto, kmsg, journal, file, none; got 'journald'; did you mean 'journal'?"),
+    ("notify: [{name: oncall, type: slak, url: 'https://hooks.slack.com/x'}]\n",
+     "notify[0].type: must be one of webhook, alertmanager, pagerduty, slack; got 'slak'; did you mean 'slack'?"),
 ])
 def test_a_misspelling_names_what_it_likely_meant(text: str, message: str) -> None:
     assert _error(text) == message

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 from tpuwatch.logsetup import add_secrets
 from tpuwatch.notifiers import alertmanager, pagerduty, slack, webhook
 from tpuwatch.notifiers.base import Notifier, NotifierType, read_secret
-from tpuwatch.schema import Check, ConfigError, FilePath, Regex, Secret, Url, join_key, short
+from tpuwatch.schema import Check, ConfigError, FilePath, Regex, Secret, Url, did_you_mean, join_key, short
 
 __all__ = ["TYPES", "Notifier", "NotifierType", "ReceiverConfig", "build_notifiers", "inline_secrets"]
 
@@ -47,7 +47,7 @@ class TypeName(Check):
 
     def convert(self, value: Any) -> str:
         if not isinstance(value, str) or value not in TYPES:
-            raise ValueError(f"must be one of {', '.join(TYPES)}; got {short(value)}")
+            raise ValueError(f"must be one of {', '.join(TYPES)}; got {short(value)}{did_you_mean(value, TYPES)}")
         return value
 
 
