@@ -59,7 +59,7 @@ from daemon import (
     stop_children,
     wait_ready,
 )
-from soak import start, unit_environment
+from soak import start, unit_environment, unit_environment_text
 
 from common import BENCHMARKS_MD, checkout_env, machine_and_command, write_section
 
@@ -200,7 +200,7 @@ def render(results: Footprint, facts: dict[str, str], args: argparse.Namespace, 
                                                      else "**not met**")
                 + f" ({results.rss_kib[f'tpuwatch-{chips}'] / 1024:.1f})" for chips, mib in TARGET_MIB.items()]
     lines += ["", f"Targets (RSS after the soak, daemons with the unit's environment "
-                  f"{unit_environment() or '(none)'}): " + "; ".join(verdicts) + ".", "",
+                  f"`{unit_environment_text()}`): " + "; ".join(verdicts) + ".", "",
               "### Where the 8-chip daemon's memory goes", "",
               "Resident memory by mapping (/proc/PID/smaps):", "", "| Mapping | MiB |", "|---|---:|"]
     lines += [f"| {name} | {kib / 1024:.1f} |" for name, kib in results.mappings]

@@ -103,6 +103,11 @@ def unit_environment(unit: Path = UNIT) -> dict[str, str]:
     return env
 
 
+def unit_environment_text() -> str:
+    """``MALLOC_ARENA_MAX=2``: the unit's environment as the report shows it."""
+    return " ".join(f"{key}={value}" for key, value in unit_environment().items()) or "(none)"
+
+
 def fill_seconds(interval: float) -> float:
     """Seconds until the histories that take a point per cycle or per minute are full."""
     params = LeakParams()
@@ -235,7 +240,7 @@ def render(soak: Soak, name: str, interval: float, chips: int, hours: float, scr
     lines = [f"## Memory over {hours:g} h, {chips} chips at interval {label(interval)}, beside node_exporter "
              f"(`benchmarks/soak.py`)", "",
              f"`tpuwatch run` ({chips} simulated chips, scenario healthy, interval {label(interval)}, defaults "
-             f"otherwise, the unit's environment {unit_environment() or '(none)'}) and node_exporter side by side; "
+             f"otherwise, the unit's environment `{unit_environment_text()}`) and node_exporter side by side; "
              f"/metrics of both scraped every {scrape:g} s, tpuwatch's /healthz as often and its status page every "
              f"{PAGE_EVERY_S:g} s; VmRSS every minute. Fill time at this interval: {fill / 60:g} min (series "
              "rings, the leak detector's windows); slopes are fitted from it on.", "",
