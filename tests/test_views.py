@@ -202,16 +202,17 @@ def _counting(host: SimHost) -> tuple[StatusSources, Callable[[], int]]:
 def test_the_page_is_built_once_per_cycle_whatever_the_requests(healthy: SimHost) -> None:
     sources, builds = _counting(healthy)
     cycle = [1.0]
-    page = StatusPage(sources, cycle=lambda: cycle[0], host="host-a")
+    trims: list[float] = []
+    page = StatusPage(sources, cycle=lambda: cycle[0], host="host-a", after_build=lambda: trims.append(cycle[0]))
     routes = page.routes()
     assert set(routes) == {"/", "/status.js", "/status.css", "/api/status", "/api/series"}
     first = routes["/"].answer(_get("/"))
     for path in ("/", "/api/status", "/api/series", "/"):
         routes[path].answer(_get(path, **{"accept-encoding": "gzip"}))
-    assert builds() == 1
+    assert builds() == 1 and trims == [1.0]  # the daemon trims malloc's arenas once a build is done
     cycle[0] = 2.0
     routes["/api/status"].answer(_get("/api/status"))
-    assert builds() == 2
+    assert builds() == 2 and trims == [1.0, 2.0]
     headers = dict(first.headers)
     assert first.content_type == "text/html; charset=utf-8" and first.body.startswith(b"<!doctype html>")
     assert headers == {"Content-Security-Policy": CONTENT_SECURITY_POLICY, "X-Content-Type-Options": "nosniff",

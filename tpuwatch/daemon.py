@@ -86,8 +86,9 @@ class Daemon:
         self._scheduler = BackgroundScheduler(timezone="UTC")
         self._scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
         self.registry = build_registry(lambda: self.parts.store.current())
-        self._trim = Trimmer()  # freed memory back to the system after cycles: RSS follows what is held
-        self.status_page = StatusPage(self._status_sources(), cycle=lambda: self.parts.sampler.last_cycle_end)
+        self._trim = Trimmer()  # freed memory back to the system after cycles and page builds: RSS follows what is held
+        self.status_page = StatusPage(self._status_sources(), cycle=lambda: self.parts.sampler.last_cycle_end,
+                                      after_build=self._trim)
         self.endpoint = Endpoint(config.listen, self.registry, self._routes(), self.parts.web)
         self._first_cycle = threading.Event()
         self._wire_kernel_log()

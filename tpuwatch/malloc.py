@@ -4,9 +4,11 @@ Each cycle and each status page rendition allocate and free a few MiB of
 short-lived objects (64 chips: a 430 KB page and its document).  glibc keeps
 what is freed in its arenas, so the resident size settles at the highest such
 peak, not at what the daemon holds.  ``malloc_trim(0)`` returns every free
-page of every arena; it is called after a cycle, at most once per ``every``
-seconds.  Where the C library is not glibc (musl has no ``malloc_trim``) it
-does nothing.
+page of every arena (about 0.1 ms when there is little to return, 1-2 ms
+after a peak); the daemon calls it after each cycle and each status page
+build, at most once per ``every`` seconds, from either thread (glibc locks
+its arenas).  Where the C library is not glibc (musl has no ``malloc_trim``)
+it does nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-TRIM_EVERY_S = 10.0
+TRIM_EVERY_S = 1.0
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -30,7 +32,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 class Trimmer:
-    """Call after a cycle: returns free memory to the system, at most once per ``every`` seconds."""
+    """Call after a burst of allocations: returns free memory to the system, at most once per ``every`` seconds."""
 
     def __init__(self, every: float = TRIM_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.every = every

@@ -78,8 +78,9 @@ class StatusPage:
     """The status page's routes over ``sources``; ``cycle`` returns when the last sampling cycle ended."""
 
     def __init__(self, sources: StatusSources, cycle: Callable[[], float | None], host: str | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, after_build: Callable[[], None] = lambda: None) -> None:
         self.sources = sources
+        self._after_build = after_build  # called once a new rendition replaced the old (the daemon: a malloc trim)
         self._cycle = cycle
         self._host = host or socket.gethostname()
         self._clock = clock
@@ -112,6 +113,8 @@ class StatusPage:
                     self._failed = key
                 return rendition
             self._rendition = fresh
+            del rendition  # the old rendition's last reference: freed before after_build
+            self._after_build()
             return fresh
 
     def _build(self, key: float | None) -> _Rendition:
