@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpuwatch.views.series import extent, fraction, means
 from tpuwatch.views.units import clock, duration, gib_of, percent, reading_texts
 
 Row = list[tuple[str, str]]
@@ -20,21 +21,15 @@ MAX_REASONS = 3
 MAX_LISTED = 5
 
 
-def sparkline(points: list[list[float]], start: float, end: float, lo: float, hi: float, unicode: bool,
-              width: int = SPARK_WIDTH) -> str:
-    """The mean of each of ``width`` spans of [start, end] as a block from ``lo`` to ``hi``; a space where no point
-    was read."""
-    sums, counts = [0.0] * width, [0] * width
-    span = (end - start) / width if end > start else 1.0
-    for t, value in points:
-        if start <= t <= end:
-            k = min(width - 1, int((t - start) / span))
-            sums[k] += value
-            counts[k] += 1
+def sparkline(points: list[list[float]], start: float, end: float, unicode: bool, width: int = SPARK_WIDTH) -> str:
+    """The mean of each of ``width`` spans of [start, end] as a block, from the lowest point read in [start, end]
+    (the lowest block) to the highest (the full one), so that a small change on a large value shows; a series that
+    does not move is a line of lowest blocks, and a span where nothing was read is a space."""
     glyphs = _BLOCKS if unicode else _ASCII
-    scale = (hi - lo) or 1.0
-    return "".join(" " if not n else glyphs[min(len(glyphs) - 1, max(0, int((total / n - lo) / scale * len(glyphs))))]
-                   for total, n in zip(sums, counts))
+    lo, hi = extent(points, start, end) or (0.0, 0.0)
+    top = len(glyphs) - 1
+    return "".join(" " if mean is None else glyphs[min(top, int(fraction(mean, lo, hi) * len(glyphs)))]
+                   for mean in means(points, start, end, width))
 
 
 def frame(doc: dict[str, Any], where: str, every: float, unicode: bool, error: str | None) -> list[Row]:
@@ -84,10 +79,9 @@ def _table(doc: dict[str, Any], unicode: bool) -> list[Row]:
         r, verdict = chip["reading"], chip["verdict"]
         status, texts, series = verdict["status"], reading_texts(r), chip.get("series", {})
         shown = "ok" if status == "ok" else status.upper()
-        capacity = r["memory_total_bytes"] or max((v for _, v in series.get("memory_used_bytes", [])), default=1.0)
         cells = [chip["device"], chip["chip"], "yes" if chip["up"] else "NO", shown, texts["memory"],
-                 sparkline(series.get("memory_used_bytes", []), start, now, 0.0, capacity, unicode),
-                 texts["utilization"], sparkline(series.get("utilization_ratio", []), start, now, 0.0, 1.0, unicode),
+                 sparkline(series.get("memory_used_bytes", []), start, now, unicode), texts["utilization"],
+                 sparkline(series.get("utilization_ratio", []), start, now, unicode),
                  texts["temperature"], texts["power"], texts["ecc"], chip["pci"] or "-",
                  "-" if chip["holders"] is None else ", ".join(chip["holders"]) or "none"]
         reasons = [reason["text"] for reason in verdict["reasons"]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from html import escape
 
+from tpuwatch.views.series import fraction
 from tpuwatch.views.units import latency
 
 WIDTH, HEIGHT = 320, 120
@@ -29,7 +30,7 @@ class Plot:
 
     def y(self, value: float) -> float:
         """The y coordinate of ``value``, kept inside the plot."""
-        return TOP + _PLOT_H * min(1.0, max(0.0, (self.hi - value) / (self.hi - self.lo)))
+        return TOP + _PLOT_H * (1.0 - fraction(value, self.lo, self.hi))
 
     def line(self, points: Sequence[Sequence[float]], css: str, gap: float) -> None:
         """A polyline per run of points no further than ``gap`` seconds apart (a gap is drawn as one)."""
