@@ -16,9 +16,19 @@ from tpuwatch.views.document import build_status
 from tpuwatch.views.lines import frame, plain
 from tpuwatch.views.render import render_page
 from tpuwatch.views.sources import StatusSources
+from tpuwatch.views.units import celsius, gib_of, latency
 
-GIB = float(1 << 30)
+GIB, MIB = float(1 << 30), float(1 << 20)
 T0 = 1_000_000_000.0
+
+
+def test_each_unit_reads_as_written_and_absent_is_a_dash() -> None:
+    assert [celsius(v) for v in (96.0, 84.6, 84.96, -3.0, None)] == ["96 °C", "84.6 °C", "85 °C", "-3 °C", "-"]
+    assert [celsius(v, 0) for v in (90.0, 29.4)] == ["90 °C", "29 °C"]
+    assert [gib_of(*v) for v in ((13.4 * GIB, 16 * GIB), (None, 16 * GIB), (512 * MIB, None), (None, None))] == [
+        "13.4/16.0 GiB", "-/16.0 GiB", "0.5/- GiB", "-"]
+    assert [latency(v) for v in (0.0, 0.00042, 0.00996, 0.4504, 0.9994, 0.9996, 12.345, None)] == [
+        "0.0ms", "0.4ms", "10ms", "450ms", "999ms", "1.00s", "12.35s", "-"]
 
 
 READINGS = [

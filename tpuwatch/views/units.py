@@ -87,7 +87,8 @@ def latency(seconds: float | None) -> str:
     """How long one run took, finer than ``duration``: "0.4ms", "450ms", "1.23s"; "-" when absent."""
     if seconds is None:
         return "-"
-    return f"{seconds * 1000:.3g}ms" if seconds < 1 else f"{seconds:.2f}s"
+    ms = seconds * 1000
+    return f"{ms:.1f}ms" if ms < 9.95 else f"{ms:.0f}ms" if ms < 999.5 else f"{seconds:.2f}s"
 
 
 def clock(timestamp: float | None) -> str:
