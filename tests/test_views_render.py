@@ -104,7 +104,7 @@ def test_top_shows_the_table_the_verdicts_and_their_reasons(leaking: SimHost) ->
     assert lines[0].startswith("tpuwatch top · host-a · from the daemon at http://127.0.0.1:9847 · every 10s")
     assert lines[1].startswith("4 chip(s): 2 critical · 0 warning · 2 ok · alerts: 1 firing, 0 pending")
     header = next(line for line in lines if line.startswith("DEV"))
-    assert header.split()[:6] == ["DEV", "CHIP", "UP", "HEALTH", "MEM", "GiB"]
+    assert header.split()[:6] == ["DEV", "CHIP", "UP", "HEALTH", "MEM", "MEMORY"]
     rows = {line.split()[0]: line for line in lines if re.match(r"^\d +v5e ", line)}
     assert set(rows) == {"0", "1", "2", "3"}
     assert rows["2"].split()[3] == "CRITICAL" and rows["1"].split()[3] == "CRITICAL" and rows["0"].split()[3] == "ok"
@@ -115,9 +115,9 @@ def test_top_shows_the_table_the_verdicts_and_their_reasons(leaking: SimHost) ->
     assert ("CRITICAL", "critical") in [(chunk.strip(), style) for row in styled for chunk, style in row]
 
 
-def test_sparklines_scale_from_lo_to_hi_and_leave_gaps_blank() -> None:
+def test_sparklines_scale_from_lowest_to_highest_and_leave_gaps_blank() -> None:
     points: list[Any] = [[float(t), t / 100] for t in range(0, 50)] + [[float(t), 1.0] for t in range(80, 100)]
-    line = sparkline(points, 0.0, 100.0, 0.0, 1.0, True, width=10)
+    line = sparkline(points, 0.0, 100.0, True, width=10)
     assert len(line) == 10 and line[0] == "▁" and line[5:8] == "   " and line[-1] == "█"
-    assert sparkline(points, 0.0, 100.0, 0.0, 1.0, False, width=10)[-1] == "@"
-    assert sparkline([], 0.0, 1.0, 0.0, 1.0, True, width=4) == "    "
+    assert sparkline(points, 0.0, 100.0, False, width=10)[-1] == "@"
+    assert sparkline([], 0.0, 1.0, True, width=4) == "    "

@@ -8,33 +8,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpuwatch.views.units import clock, duration, gib, number, percent
+from tpuwatch.views.series import extent, fraction, means
+from tpuwatch.views.units import clock, duration, gib_of, percent, reading_texts
 
 Row = list[tuple[str, str]]
 SPARK_WIDTH = 16
 _BLOCKS = "▁▂▃▄▅▆▇█"
 _ASCII = "_.-=+*#@"
-_HEADER = ("DEV", "CHIP", "UP", "HEALTH", "MEM GiB", "MEMORY", "UTIL", "UTILIZATION", "TEMP C", "POWER W",
-           "ECC CE/UE", "PCI", "HELD BY")
+_HEADER = ("DEV", "CHIP", "UP", "HEALTH", "MEM", "MEMORY", "UTIL", "UTILIZATION", "TEMP", "POWER", "ECC CE/UE",
+           "PCI", "HELD BY")
 MAX_REASONS = 3
 MAX_LISTED = 5
 
 
-def sparkline(points: list[list[float]], start: float, end: float, lo: float, hi: float, unicode: bool,
-              width: int = SPARK_WIDTH) -> str:
-    """The mean of each of ``width`` spans of [start, end] as a block from ``lo`` to ``hi``; a space where no point
-    was read."""
-    sums, counts = [0.0] * width, [0] * width
-    span = (end - start) / width if end > start else 1.0
-    for t, value in points:
-        if start <= t <= end:
-            k = min(width - 1, int((t - start) / span))
-            sums[k] += value
-            counts[k] += 1
+def sparkline(points: list[list[float]], start: float, end: float, unicode: bool, width: int = SPARK_WIDTH) -> str:
+    """The mean of each of ``width`` spans of [start, end] as a block, from the lowest point read in [start, end]
+    (the lowest block) to the highest (the full one), so that a small change on a large value shows; a series that
+    does not move is a line of lowest blocks, and a span where nothing was read is a space."""
     glyphs = _BLOCKS if unicode else _ASCII
-    scale = (hi - lo) or 1.0
-    return "".join(" " if not n else glyphs[min(len(glyphs) - 1, max(0, int((total / n - lo) / scale * len(glyphs))))]
-                   for total, n in zip(sums, counts))
+    lo, hi = extent(points, start, end) or (0.0, 0.0)
+    top = len(glyphs) - 1
+    return "".join(" " if mean is None else glyphs[min(top, int(fraction(mean, lo, hi) * len(glyphs)))]
+                   for mean in means(points, start, end, width))
 
 
 def frame(doc: dict[str, Any], where: str, every: float, unicode: bool, error: str | None) -> list[Row]:
@@ -54,7 +49,7 @@ def frame(doc: dict[str, Any], where: str, every: float, unicode: bool, error: s
     host = doc["host_resources"]
     total, available = host["memory_total_bytes"], host["memory_available_bytes"]
     used = total - available if total is not None and available is not None else None
-    rows.append([(f"host memory {gib(used)}/{gib(total)} GiB in use · CPU {percent(host['cpu_utilization_ratio'])}"
+    rows.append([(f"host memory {gib_of(used, total)} in use · CPU {percent(host['cpu_utilization_ratio'])}"
                   + (" · host memory leak suspected" if host["memory_leak_suspected"] else ""), "")])
     rows.append([])
     rows += _table(doc, unicode)
@@ -82,18 +77,12 @@ def _table(doc: dict[str, Any], unicode: bool) -> list[Row]:
     table: list[tuple[list[str], str, list[str]]] = []
     for chip in doc["chips"]:
         r, verdict = chip["reading"], chip["verdict"]
-        status = verdict["status"]
-        ecc = ("-" if r["ecc_corrected_total"] is None and r["ecc_uncorrected_total"] is None else
-               f"{number(r['ecc_corrected_total'], 0)}/{number(r['ecc_uncorrected_total'], 0)}")
-        series = chip.get("series", {})
-        capacity = r["memory_total_bytes"] or max((v for _, v in series.get("memory_used_bytes", [])), default=1.0)
+        status, texts, series = verdict["status"], reading_texts(r), chip.get("series", {})
         shown = "ok" if status == "ok" else status.upper()
-        cells = [chip["device"], chip["chip"], "yes" if chip["up"] else "NO", shown,
-                 f"{gib(r['memory_used_bytes'])}/{gib(r['memory_total_bytes'])}",
-                 sparkline(series.get("memory_used_bytes", []), start, now, 0.0, capacity, unicode),
-                 percent(r["utilization_ratio"]),
-                 sparkline(series.get("utilization_ratio", []), start, now, 0.0, 1.0, unicode),
-                 number(r["temperature_celsius"]), number(r["power_watts"], 0), ecc, chip["pci"] or "-",
+        cells = [chip["device"], chip["chip"], "yes" if chip["up"] else "NO", shown, texts["memory"],
+                 sparkline(series.get("memory_used_bytes", []), start, now, unicode), texts["utilization"],
+                 sparkline(series.get("utilization_ratio", []), start, now, unicode),
+                 texts["temperature"], texts["power"], texts["ecc"], chip["pci"] or "-",
                  "-" if chip["holders"] is None else ", ".join(chip["holders"]) or "none"]
         reasons = [reason["text"] for reason in verdict["reasons"]]
         table.append((cells, status, reasons[:MAX_REASONS] + ([f"and {len(reasons) - MAX_REASONS} more"]

@@ -11,9 +11,21 @@ from typing import Any
 
 from tpuwatch.health import TEMPERATURE_LIMIT_C
 from tpuwatch.views.svg import Plot, bars
-from tpuwatch.views.units import GIB, clock, duration, gib, growth, number, percent
+from tpuwatch.views.units import (
+    GIB,
+    celsius,
+    clock,
+    duration,
+    gib,
+    gib_of,
+    growth,
+    latency,
+    number,
+    percent,
+    reading_texts,
+)
 
-_COLUMNS = ("Chip", "Kind", "PCI", "Up", "Health", "Memory GiB", "Util", "Temp °C", "Power W", "ECC CE/UE", "Held by")
+_COLUMNS = ("Chip", "Kind", "PCI", "Up", "Health", "Memory", "Util", "Temp", "Power", "ECC CE/UE", "Held by")
 
 
 def _e(value: Any) -> str:
@@ -65,14 +77,13 @@ def _chips(doc: dict[str, Any]) -> str:
     for chip in doc["chips"]:
         r, verdict = chip["reading"], chip["verdict"]
         reason = verdict["reasons"][0]["text"] if verdict["reasons"] and verdict["status"] != "ok" else ""
-        ecc = ("-" if r["ecc_corrected_total"] is None and r["ecc_uncorrected_total"] is None else
-               f"{number(r['ecc_corrected_total'], 0)}/{number(r['ecc_uncorrected_total'], 0)}")
+        texts = reading_texts(r)
         holders = "-" if chip["holders"] is None else ", ".join(chip["holders"]) or "none"
         cells = (f'<a href="#chip-{_e(chip["device"])}">{_e(chip["device"])}</a>', _e(chip["chip"]),
                  _e(chip["pci"]), "yes" if chip["up"] else "<strong>NO</strong>",
                  f'{_badge(verdict["status"])} <span class="reason">{_e(reason)}</span>',
-                 f'{gib(r["memory_used_bytes"])}/{gib(r["memory_total_bytes"])}', percent(r["utilization_ratio"]),
-                 number(r["temperature_celsius"]), number(r["power_watts"], 0), ecc, _e(holders))
+                 texts["memory"], texts["utilization"], texts["temperature"], texts["power"], texts["ecc"],
+                 _e(holders))
         tds = "".join(f'<td data-label="{_e(c)}">{cell}</td>' for c, cell in zip(_COLUMNS, cells, strict=True))
         rows.append(f'<tr class="chip v-{_e(verdict["status"])}" id="row-{_e(chip["device"])}" '
                     f'data-device="{_e(chip["device"])}" data-verdict="{_e(verdict["status"])}">{tds}</tr>')
@@ -142,7 +153,7 @@ def _memory_plot(doc: dict[str, Any], chip: dict[str, Any]) -> str:
     top = capacity or max((v for _, v in points), default=GIB) * 1.1
     plot = Plot("memory", f"chip {chip['device']} memory in use", start, end, 0.0, top)
     if capacity:
-        plot.hline(capacity, "cap", f"capacity {gib(capacity)} GiB")
+        plot.hline(capacity, "cap", f"capacity {gib(capacity)}")
     plot.line(points, "s-mem", gap)
     if leak and leak["floor"]:
         plot.line(leak["floor"], "s-floor", max(gap, 3 * 60.0))
@@ -156,14 +167,14 @@ def _memory_plot(doc: dict[str, Any], chip: dict[str, Any]) -> str:
     caption = "Memory in use" + (", leak floor and forecast" if forecast else ", leak floor" if leak and leak["floor"]
                                  else "")
     x_end = "now" if end == now else f"+{duration(end - now)}"
-    return _figure(caption, plot.svg(lambda v: f"{v / GIB:.0f} GiB", (_ago(doc)[0], x_end)))
+    return _figure(caption, plot.svg(lambda v: gib(v, 0), (_ago(doc)[0], x_end)))
 
 
 def _ratio_plot(doc: dict[str, Any], chip: dict[str, Any]) -> str:
     start, now, gap = _span(doc)
     plot = Plot("utilization", f"chip {chip['device']} utilization", start, now, 0.0, 1.0)
     plot.line(chip["series"]["utilization_ratio"], "s-util", gap)
-    return _figure("Utilization", plot.svg(lambda v: f"{v:.0%}", _ago(doc)))
+    return _figure("Utilization", plot.svg(percent, _ago(doc)))
 
 
 def _temperature_plot(doc: dict[str, Any], chip: dict[str, Any]) -> str:
@@ -173,9 +184,9 @@ def _temperature_plot(doc: dict[str, Any], chip: dict[str, Any]) -> str:
     lo = min(30.0, min(values, default=30.0) - 2)
     hi = max(TEMPERATURE_LIMIT_C + 5, max(values, default=0.0) + 2)
     plot = Plot("temperature", f"chip {chip['device']} temperature", start, now, lo, hi)
-    plot.hline(TEMPERATURE_LIMIT_C, "limit", f"limit {TEMPERATURE_LIMIT_C:.0f} °C")
+    plot.hline(TEMPERATURE_LIMIT_C, "limit", f"limit {celsius(TEMPERATURE_LIMIT_C, 0)}")
     plot.line(points, "s-temp", gap)
-    return _figure("Temperature", plot.svg(lambda v: f"{v:.0f} °C", _ago(doc)))
+    return _figure("Temperature", plot.svg(lambda v: celsius(v, 0), _ago(doc)))
 
 
 def _canary(chip: dict[str, Any]) -> str:
@@ -184,7 +195,7 @@ def _canary(chip: dict[str, Any]) -> str:
         return '<div class="canary"><h4>Canary</h4><p class="muted">no canary run kept</p></div>'
     tips = [(r["status"], r["duration_seconds"],
              f"{clock(r['finished_at'])} {r['status']}"
-             + (f", {r['duration_seconds']:.3f} s" if r["duration_seconds"] is not None else "")
+             + (f", {latency(r['duration_seconds'])}" if r["duration_seconds"] is not None else "")
              + (f", max error {r['max_abs_error']:.2g}" if r["max_abs_error"] is not None else "")
              + (f": {r['reason']}" if r["reason"] else "")) for r in runs]
     last = runs[-1]
@@ -209,7 +220,7 @@ def _canary_runs(doc: dict[str, Any]) -> str:
     last = runs[0]
     why = f": {_e(last['reason'])}" if last["reason"] else ""
     return (f'<p>canary: last run {_e(last["status"])} at {clock(last["finished_at"])} in '
-            f'{number(last["wall_seconds"])} s{why} ({len(runs)} kept)</p>')
+            f'{latency(last["wall_seconds"])}{why} ({len(runs)} kept)</p>')
 
 
 def _kernel(doc: dict[str, Any]) -> str:
@@ -229,10 +240,10 @@ def _host(doc: dict[str, Any]) -> str:
     total, available = h["memory_total_bytes"], h["memory_available_bytes"]
     used = total - available if total is not None and available is not None else None
     leak = " · <strong>memory leak suspected</strong>" if h["memory_leak_suspected"] else ""
-    holders = "".join(f"<li>pid {_e(p['pid'])} ({_e(p['command'])}): {gib(p['resident_memory_bytes'], 2)} GiB "
+    holders = "".join(f"<li>pid {_e(p['pid'])} ({_e(p['command'])}): {gib(p['resident_memory_bytes'], 2)} "
                       f"resident, {_e(', '.join(p['device_files']) or '-')}</li>" for p in h["holders"])
-    return (f'<section id="host"><h2>Host</h2><p>memory {gib(used)} of {gib(total)} GiB in use '
-            f'({gib(available)} GiB available) · CPU {percent(h["cpu_utilization_ratio"])}{leak}</p>'
+    return (f'<section id="host"><h2>Host</h2><p>memory {gib_of(used, total)} in use '
+            f'({gib(available)} available) · CPU {percent(h["cpu_utilization_ratio"])}{leak}</p>'
             f'{f"<ul>{holders}</ul>" if holders else ""}</section>')
 
 
@@ -242,7 +253,7 @@ def _monitor(doc: dict[str, Any]) -> str:
     writable = {True: "yes", False: "<strong>NO</strong>", None: "-"}[state.get("writable")]
     warnings = "".join(f"<li>{_e(w)}</li>" for w in m["warnings"])
     collectors = "".join(f'<tr class="c-{_e(c["status"])}"><td>{_e(c["collector"])}</td><td>{_e(c["status"])}</td>'
-                         f'<td>{number((c["duration_seconds"] or 0) * 1000)} ms</td>'
+                         f'<td>{latency(c["duration_seconds"])}</td>'
                          f'<td>{_e(c["error"] or c["degraded"] or "")}</td></tr>' for c in m["collectors"])
     queue = "".join(f'<tr><td>{_e(q["receiver"])}</td><td>{number(q.get("queued"), 0)}</td>'
                     f'<td>{duration(q.get("oldest_age_seconds"))}</td>'

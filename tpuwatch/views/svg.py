@@ -5,6 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from html import escape
 
+from tpuwatch.views.series import fraction
+from tpuwatch.views.units import latency
+
 WIDTH, HEIGHT = 320, 120
 LEFT, RIGHT, TOP, BOTTOM = 42, 8, 8, 16
 _PLOT_W, _PLOT_H = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
@@ -27,7 +30,7 @@ class Plot:
 
     def y(self, value: float) -> float:
         """The y coordinate of ``value``, kept inside the plot."""
-        return TOP + _PLOT_H * min(1.0, max(0.0, (self.hi - value) / (self.hi - self.lo)))
+        return TOP + _PLOT_H * (1.0 - fraction(value, self.lo, self.hi))
 
     def line(self, points: Sequence[Sequence[float]], css: str, gap: float) -> None:
         """A polyline per run of points no further than ``gap`` seconds apart (a gap is drawn as one)."""
@@ -100,7 +103,7 @@ def bars(runs: Sequence[tuple[str, float | None, str]], slots: int) -> str:
         x = LEFT + k * width
         parts.append(f'<rect class="run c-{escape(status)}" x="{x + 1:.1f}" y="{52 - height:.1f}" '
                      f'width="{max(1.0, width - 2):.1f}" height="{height:.1f}"><title>{escape(tip)}</title></rect>')
-    scale = "" if not longest else f"{longest:.2f} s" if longest >= 1 else f"{longest * 1000:.0f} ms"
+    scale = latency(longest) if longest else ""
     return (f'<svg class="runs" viewBox="0 0 {WIDTH} 60" role="img" aria-label="canary runs" '
             f'data-runs="{len(runs)}"><title>canary runs, oldest left; height: latency</title>'
             f'<text class="axis" x="{LEFT - 3}" y="14" text-anchor="end">{scale}</text>'

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import curses
+import io
 import locale
 import logging
 import os
@@ -20,15 +21,17 @@ import sys
 import threading
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
 from tpuwatch import logsetup
 from tpuwatch.config import Config
-from tpuwatch.schema import ConfigError
+from tpuwatch.schema import ConfigError, Url
 from tpuwatch.views import lines as text
 from tpuwatch.views.document import build_status
 from tpuwatch.views.sources import StatusSources
+from tpuwatch.views.units import duration
 
 FETCH_TIMEOUT_S = 3.0
 LOCAL_POINTS = 360
@@ -41,34 +44,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, metavar="SECONDS",
                         help="refresh period (default: the sampling interval)")
     parser.add_argument("--once", action="store_true", help="print the view once as plain text and exit")
-    parser.add_argument("--local", action="store_true", help="read the hardware directly, do not ask the daemon")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--local", action="store_true", help="read the hardware directly, do not ask the daemon")
+    source.add_argument("--url", type=_base_url, metavar="URL",
+                        help="the daemon's address, like http://127.0.0.1:9847 (default: the config's listen, https "
+                             "when its web_config has TLS); when it does not answer, top says so and does not read "
+                             "this host's hardware instead")
     parser.add_argument("--user", metavar="NAME", help="basic auth user, for a daemon whose web config has users")
     parser.add_argument("--password-file", metavar="FILE", help="file holding that user's password")
     parser.add_argument("--ca", metavar="FILE", help="CA bundle to verify the daemon's TLS certificate")
 
 
+def _base_url(text: str) -> str:
+    """``--url``: an http or https address alone (no credentials, query or fragment), without its trailing slash."""
+    try:
+        Url().convert(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    parts = urlsplit(text)
+    if parts.username is not None:
+        raise argparse.ArgumentTypeError("a URL with credentials would show them to every user of this host (ps): "
+                                         "give the daemon's address alone, and --user, --password-file")
+    if parts.query or parts.fragment:
+        raise argparse.ArgumentTypeError("a URL with a query or fragment: give the daemon's address alone, "
+                                         "like http://127.0.0.1:9847")
+    return text.rstrip("/")
+
+
+class Unreachable(Exception):
+    """The daemon named by ``--url`` cannot be asked; the message says why."""
+
+
 class Feed:
-    """Where the view comes from: the daemon when it answers, else a local pass over the hardware."""
+    """Where the view comes from: the daemon when it answers, else a local pass over the hardware; only the daemon
+    with ``--url``."""
 
     def __init__(self, config: Config, args: argparse.Namespace, password: str | None) -> None:
         self.config = config
         self._local_only = args.local
+        self._named = args.url is not None
         self._auth = (args.user, password or "") if args.user else None
         self._verify: str | bool = args.ca or True
-        self._url = _daemon_url(config)
+        self._url = args.url or _daemon_url(config)
         self._local: _Local | None = None
 
     def fetch(self) -> tuple[dict[str, Any], str]:
-        """The status document and a line saying where it came from."""
+        """The status document and a line saying where it came from; ``Unreachable`` when the daemon named by
+        ``--url`` does not answer."""
         if self._local_only:
             return self._hardware().document(), "reading the hardware directly (--local)"
         try:
             return self._daemon(), f"from the daemon at {self._url}"
+        except requests.exceptions.SSLError:
+            why = "has a TLS certificate not trusted here (--ca FILE)"
         except requests.HTTPError as exc:
             status = exc.response.status_code if exc.response is not None else 0
             why = ("asks for credentials (--user, --password-file)" if status == 401 else f"answered HTTP {status}")
         except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
             why = f"does not answer ({type(exc).__name__})"
+        if self._named:
+            raise Unreachable(f"the daemon at {self._url} {why}")
         return self._hardware().document(), f"reading the hardware directly: the daemon at {self._url} {why}"
 
     def _daemon(self) -> dict[str, Any]:
@@ -130,6 +165,8 @@ class _Latest:
         while not stop.is_set():
             try:
                 value, error = feed.fetch(), None
+            except Unreachable as exc:
+                value, error = None, str(exc)
             except Exception as exc:  # noqa: BLE001 - shown in the view; the next refresh tries again
                 value, error = None, f"{type(exc).__name__}: {exc}"
             with self.lock:
@@ -139,7 +176,8 @@ class _Latest:
 
 
 def run(args: argparse.Namespace, config: Config) -> int:
-    """Show the view; 0 when quit (q, Ctrl-C) or, with --once, every chip ok; 1 with --once and a chip not ok."""
+    """Show the view; 0 when quit (q, Ctrl-C) or, with --once, every chip ok; 1 with --once and a chip not ok or
+    the daemon of --url not answering."""
     try:
         password = _password(args.password_file)
         feed = Feed(config, args, password)
@@ -149,8 +187,14 @@ def run(args: argparse.Namespace, config: Config) -> int:
     every = args.interval if args.interval and args.interval > 0 else config.interval
     logsetup.configure("error")
     unicode = (sys.stdout.encoding or "").lower().replace("-", "") == "utf8"
+    if not unicode and isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="replace")  # "·", "└", "°C" as "?" where the terminal cannot show them
     if args.once:
-        document, where = feed.fetch()
+        try:
+            document, where = feed.fetch()
+        except Unreachable as exc:
+            print(f"tpuwatch: {exc}", file=sys.stderr)
+            return 1
         print(text.plain(text.frame(document, where, every, unicode, None)))
         return 0 if document["status"] == "ok" else 1
     # Ctrl-C and SIGTERM quit, also where the shell started us with SIGINT ignored (a background job).
@@ -184,8 +228,11 @@ def _plain_loop(feed: Feed, every: float, unicode: bool) -> int:
     """Not a terminal: a plain-text view every interval, until interrupted."""
     try:
         while True:
-            document, where = feed.fetch()
-            print(text.plain(text.frame(document, where, every, unicode, None)) + "\n", flush=True)
+            try:
+                document, where = feed.fetch()
+                print(text.plain(text.frame(document, where, every, unicode, None)) + "\n", flush=True)
+            except Unreachable as exc:
+                print(f"tpuwatch top: {exc}; trying again in {duration(every)}", flush=True)
             time.sleep(every)
     except KeyboardInterrupt:
         return 0
@@ -236,8 +283,9 @@ def _draw(screen: Any, latest: _Latest, every: float, unicode: bool) -> None:
                 break
             attr = curses.color_pair(_STYLES[style]) | curses.A_BOLD if style in _STYLES else (
                 curses.A_BOLD if style == "bold" else curses.A_DIM if style == "dim" else 0)
+            shown = chunk[:width - 1 - x].encode(screen.encoding, "replace").decode(screen.encoding)
             try:
-                screen.addstr(y, x, chunk[:width - 1 - x], attr)
+                screen.addstr(y, x, shown, attr)
             except curses.error:  # the bottom-right cell
                 pass
             x += len(chunk)

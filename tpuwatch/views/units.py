@@ -1,26 +1,71 @@
-"""How numbers are shown on the page and in ``tpuwatch top``: one place, so both say the same."""
+"""How quantities are shown on the page and in ``tpuwatch top``: one place, so that both say the same.
+
+Every quantity carries its unit ("11.1/16.0 GiB", "77%", "61.5 °C", "145 W", "12m 5s", "450ms"), and an absent one
+is "-", never 0.  Durations are written as the config takes them (no space: "200ms", "45s"), other units after a
+space.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 GIB = float(1 << 30)
 MIB = float(1 << 20)
 
 
+def number(value: float | None, digits: int = 1) -> str:
+    """A plain number (a count) with ``digits`` decimals, "-" when absent."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def gib(value: float | None, digits: int = 1) -> str:
-    """Bytes as GiB, "-" when absent."""
-    return "-" if value is None else f"{value / GIB:.{digits}f}"
+    """Bytes as GiB: "11.1 GiB"; "-" when absent."""
+    return "-" if value is None else f"{value / GIB:.{digits}f} GiB"
+
+
+def gib_of(used: float | None, total: float | None) -> str:
+    """Bytes in use of a total: "11.1/16.0 GiB", "-/16.0 GiB" when only the total is known; "-" when neither is."""
+    if used is None and total is None:
+        return "-"
+    return "/".join("-" if v is None else f"{v / GIB:.1f}" for v in (used, total)) + " GiB"
 
 
 def percent(ratio: float | None) -> str:
-    """A ratio as a whole percentage, "-" when absent."""
+    """A ratio as a whole percentage: "77%"; "-" when absent."""
     return "-" if ratio is None else f"{ratio * 100:.0f}%"
 
 
-def number(value: float | None, digits: int = 1, unit: str = "") -> str:
-    """A plain number with ``digits`` decimals and an optional unit, "-" when absent."""
-    return "-" if value is None else f"{value:.{digits}f}{unit}"
+def celsius(value: float | None, digits: int = 1) -> str:
+    """A temperature with at most ``digits`` decimals, none when they are zero: "96 °C", "84.6 °C"; "-" when absent.
+
+    Not rounded to whole degrees: 84.6 °C is under the 85 °C limit, and reads so."""
+    if value is None:
+        return "-"
+    text = f"{value:.{digits}f}"
+    return (text.rstrip("0").rstrip(".") if "." in text else text) + " °C"
+
+
+def watts(value: float | None) -> str:
+    """Power in whole watts: "145 W"; "-" when absent."""
+    return "-" if value is None else f"{value:.0f} W"
+
+
+def ecc(corrected: float | None, uncorrected: float | None) -> str:
+    """ECC error counts, corrected/uncorrected: "3/0"; "-" when neither is known."""
+    if corrected is None and uncorrected is None:
+        return "-"
+    return f"{number(corrected, 0)}/{number(uncorrected, 0)}"
+
+
+def reading_texts(reading: dict[str, Any]) -> dict[str, str]:
+    """A chip's reading (the status document's ``reading``) as the chip tables show it, by column: memory,
+    utilization, temperature, power and ECC."""
+    return {"memory": gib_of(reading["memory_used_bytes"], reading["memory_total_bytes"]),
+            "utilization": percent(reading["utilization_ratio"]),
+            "temperature": celsius(reading["temperature_celsius"]),
+            "power": watts(reading["power_watts"]),
+            "ecc": ecc(reading["ecc_corrected_total"], reading["ecc_uncorrected_total"])}
 
 
 def duration(seconds: float | None) -> str:
@@ -38,11 +83,19 @@ def duration(seconds: float | None) -> str:
     return " ".join(parts[:2])
 
 
+def latency(seconds: float | None) -> str:
+    """How long one run took, finer than ``duration``: "0.4ms", "450ms", "1.23s"; "-" when absent."""
+    if seconds is None:
+        return "-"
+    ms = seconds * 1000
+    return f"{ms:.1f}ms" if ms < 9.95 else f"{ms:.0f}ms" if ms < 999.5 else f"{seconds:.2f}s"
+
+
 def clock(timestamp: float | None) -> str:
     """Local wall-clock time of a Unix timestamp, "HH:MM:SS"; "-" when absent."""
     return "-" if timestamp is None else time.strftime("%H:%M:%S", time.localtime(timestamp))
 
 
 def growth(bytes_per_second: float | None) -> str:
-    """A memory growth rate as MiB per hour."""
+    """A memory growth rate as MiB per hour: "+120 MiB/h"."""
     return "-" if bytes_per_second is None else f"{bytes_per_second * 3600 / MIB:+.0f} MiB/h"
