@@ -32,12 +32,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_url_option(parser: argparse.ArgumentParser) -> None:
     """``--url``: the daemon to ask, instead of the one at the config's listen address."""
-    parser.add_argument("--url", type=_base_url, metavar="URL",
+    parser.add_argument("--url", type=base_url, metavar="URL",
                         help="the daemon's address, like http://127.0.0.1:9847 (default: the config's listen, "
                              "https when its web_config has TLS)")
 
 
-def _base_url(text: str) -> str:
+def base_url(text: str) -> str:
+    """``--url``: an http or https address alone (no credentials, query or fragment), without its trailing slash."""
     try:
         Url().convert(text)
     except ValueError as exc:

@@ -21,13 +21,13 @@ import sys
 import threading
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 import requests
 
 from tpuwatch import logsetup
+from tpuwatch.alerting.listing import base_url, daemon_url
 from tpuwatch.config import Config
-from tpuwatch.schema import ConfigError, Url
+from tpuwatch.schema import ConfigError
 from tpuwatch.views import lines as text
 from tpuwatch.views.document import build_status
 from tpuwatch.views.sources import StatusSources
@@ -46,29 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="print the view once as plain text and exit")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--local", action="store_true", help="read the hardware directly, do not ask the daemon")
-    source.add_argument("--url", type=_base_url, metavar="URL",
+    source.add_argument("--url", type=base_url, metavar="URL",
                         help="the daemon's address, like http://127.0.0.1:9847 (default: the config's listen, https "
                              "when its web_config has TLS); when it does not answer, top says so and does not read "
                              "this host's hardware instead")
     parser.add_argument("--user", metavar="NAME", help="basic auth user, for a daemon whose web config has users")
     parser.add_argument("--password-file", metavar="FILE", help="file holding that user's password")
     parser.add_argument("--ca", metavar="FILE", help="CA bundle to verify the daemon's TLS certificate")
-
-
-def _base_url(text: str) -> str:
-    """``--url``: an http or https address alone (no credentials, query or fragment), without its trailing slash."""
-    try:
-        Url().convert(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    parts = urlsplit(text)
-    if parts.username is not None:
-        raise argparse.ArgumentTypeError("a URL with credentials would show them to every user of this host (ps): "
-                                         "give the daemon's address alone, and --user, --password-file")
-    if parts.query or parts.fragment:
-        raise argparse.ArgumentTypeError("a URL with a query or fragment: give the daemon's address alone, "
-                                         "like http://127.0.0.1:9847")
-    return text.rstrip("/")
 
 
 class Unreachable(Exception):
@@ -85,7 +69,7 @@ class Feed:
         self._named = args.url is not None
         self._auth = (args.user, password or "") if args.user else None
         self._verify: str | bool = args.ca or True
-        self._url = args.url or _daemon_url(config)
+        self._url = daemon_url(config, args.url)
         self._local: _Local | None = None
 
     def fetch(self) -> tuple[dict[str, Any], str]:
@@ -144,12 +128,6 @@ class _Local:
     def document(self) -> dict[str, Any]:
         self.sampler.run_once()
         return build_status(self.sources, time.time(), socket.gethostname())
-
-
-def _daemon_url(config: Config) -> str:
-    from tpuwatch.alerting.listing import endpoint_url
-
-    return endpoint_url(config).removesuffix("/api/alerts")
 
 
 class _Latest:
