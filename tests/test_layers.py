@@ -27,7 +27,7 @@ ROOT = "tpuwatch"  # the package's own __init__.py
 
 # Bottom first.  A part may import the parts of its own layer and of the layers below; a new part gets a line.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("the bottom: hardware and host facts, readings", {ROOT, "hw", "samples"}),
+    ("the bottom: hardware and host facts, readings, how quantities read", {ROOT, "hw", "samples", "units"}),
     ("plumbing", {"schema", "yamlfile", "statefile", "catalog", "logsetup", "sdnotify", "httpd", "malloc"}),
     ("config, the store, the state directory, the web config, the receiver types",
      {"config", "store", "statedir", "webconfig", "notifiers"}),

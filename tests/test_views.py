@@ -89,7 +89,7 @@ def test_check_problems_make_a_chip_critical_with_checks_own_words() -> None:
     shown = [(chip["device"], r["text"]) for chip in doc["chips"] for r in chip["verdict"]["reasons"]]
     assert len(shown) == len(problems) == 3
     assert shown == [("1", "2 uncorrectable ECC error(s) since the driver loaded"),
-                     ("1", "temperature 91.0 C (limit 85 C)"), ("2", "is down: NVML: GPU is lost")]
+                     ("1", "temperature 91 °C (limit 85 °C)"), ("2", "is down: NVML: GPU is lost")]
     assert all(p.endswith(text) for p, (_, text) in zip(problems, shown))
     assert [chip["series"] for chip in doc["chips"]][0] == {"memory_used_bytes": [], "utilization_ratio": [],
                                                              "temperature_celsius": []}

@@ -1,6 +1,6 @@
 """The units `tpuwatch top` and the status page share.
 
-Both views format every quantity through tpuwatch.views.units, so that one reading reads the same in the
+Both views format every quantity through tpuwatch.units, so that one reading reads the same in the
 terminal and in the browser: the same literal readings are rendered by both and their cells compared.
 """
 
@@ -12,11 +12,11 @@ from typing import Any
 
 from tpuwatch.devices.base import DeviceReading
 from tpuwatch.samples import sample
+from tpuwatch.units import celsius, gib_of, latency
 from tpuwatch.views.document import build_status
 from tpuwatch.views.lines import frame, plain
 from tpuwatch.views.render import render_page
 from tpuwatch.views.sources import StatusSources
-from tpuwatch.views.units import celsius, gib_of, latency
 
 GIB, MIB = float(1 << 30), float(1 << 20)
 T0 = 1_000_000_000.0

@@ -17,6 +17,7 @@ from tpuwatch.devices import DeviceReading
 from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.kernel_log.collector import event_problems
 from tpuwatch.statedir import StateDir, holder, probe
+from tpuwatch.units import celsius
 
 if TYPE_CHECKING:
     from tpuwatch.assembly import Parts
@@ -43,8 +44,8 @@ def device_problems(readings: Iterable[DeviceReading]) -> list[str]:
             problems.append(f"{where}: {int(r.ecc_uncorrected_total)} uncorrectable ECC error(s) "
                             "since the driver loaded")
         if r.temperature_celsius is not None and r.temperature_celsius >= TEMPERATURE_LIMIT_C:
-            problems.append(f"{where}: temperature {r.temperature_celsius:.1f} C "
-                            f"(limit {TEMPERATURE_LIMIT_C:.0f} C)")
+            problems.append(f"{where}: temperature {celsius(r.temperature_celsius)} "
+                            f"(limit {celsius(TEMPERATURE_LIMIT_C)})")
         if r.memory_used_bytes is not None and r.memory_total_bytes:
             ratio = r.memory_used_bytes / r.memory_total_bytes
             if ratio >= MEMORY_FULL_RATIO:

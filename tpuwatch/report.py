@@ -20,6 +20,7 @@ from tpuwatch.kernel_log.collector import event_problems
 from tpuwatch.registry import build_sources
 from tpuwatch.sampler import Sampler
 from tpuwatch.store import SeriesStore
+from tpuwatch.units import reading_texts
 
 
 def check_once(config: Config) -> dict[str, Any]:
@@ -70,17 +71,12 @@ def render_check(result: dict[str, Any]) -> str:
     """The check result as a table per device and a verdict line."""
     lines = [f"backend: {result['backend']}"] + [f"  {note}" for note in result["notes"]]
     if result["devices"]:
-        header = ("DEVICE", "CHIP", "PCI", "UP", "MEM USED/TOTAL GiB", "UTIL", "TEMP C", "POWER W", "ECC CE/UE")
+        header = ("DEVICE", "CHIP", "PCI", "UP", "MEMORY", "UTIL", "TEMP", "POWER", "ECC CE/UE")
         rows = [header]
         for d in result["devices"]:
-            ecc = "-" if d["ecc_corrected_total"] is None and d["ecc_uncorrected_total"] is None else (
-                f"{_fmt(d['ecc_corrected_total'], digits=0)}/{_fmt(d['ecc_uncorrected_total'], digits=0)}")
-            rows.append((
-                d["device"], d["chip"], d["pci"] or "-", "yes" if d["up"] else "NO",
-                f"{_fmt(d['memory_used_bytes'], scale=GIB)}/{_fmt(d['memory_total_bytes'], scale=GIB)}",
-                _fmt(d["utilization_ratio"], "%", 0.01, 0), _fmt(d["temperature_celsius"]),
-                _fmt(d["power_watts"], digits=0), ecc,
-            ))
+            texts = reading_texts(d)  # as the status page and tpuwatch top write them
+            rows.append((d["device"], d["chip"], d["pci"] or "-", "yes" if d["up"] else "NO", texts["memory"],
+                         texts["utilization"], texts["temperature"], texts["power"], texts["ecc"]))
         widths = [max(len(str(row[i])) for row in rows) for i in range(len(header))]
         lines.append("")
         lines += ["  ".join(str(cell).ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]

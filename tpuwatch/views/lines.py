@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpuwatch.units import clock, duration, gib_of, percent, reading_texts
 from tpuwatch.views.series import extent, fraction, means
-from tpuwatch.views.units import clock, duration, gib_of, percent, reading_texts
 
 Row = list[tuple[str, str]]
 SPARK_WIDTH = 16

@@ -10,8 +10,7 @@ from html import escape
 from typing import Any
 
 from tpuwatch.health import TEMPERATURE_LIMIT_C
-from tpuwatch.views.svg import Plot, bars
-from tpuwatch.views.units import (
+from tpuwatch.units import (
     GIB,
     celsius,
     clock,
@@ -24,6 +23,7 @@ from tpuwatch.views.units import (
     percent,
     reading_texts,
 )
+from tpuwatch.views.svg import Plot, bars
 
 _COLUMNS = ("Chip", "Kind", "PCI", "Up", "Health", "Memory", "Util", "Temp", "Power", "ECC CE/UE", "Held by")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from html import escape
 
+from tpuwatch.units import latency
 from tpuwatch.views.series import fraction
-from tpuwatch.views.units import latency
 
 WIDTH, HEIGHT = 320, 120
 LEFT, RIGHT, TOP, BOTTOM = 42, 8, 8, 16

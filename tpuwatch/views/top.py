@@ -28,10 +28,10 @@ from tpuwatch import logsetup
 from tpuwatch.alerting.listing import base_url, daemon_url
 from tpuwatch.config import Config
 from tpuwatch.schema import ConfigError
+from tpuwatch.units import duration
 from tpuwatch.views import lines as text
 from tpuwatch.views.document import build_status
 from tpuwatch.views.sources import StatusSources
-from tpuwatch.views.units import duration
 
 FETCH_TIMEOUT_S = 3.0
 LOCAL_POINTS = 360

@@ -19,7 +19,7 @@ from tpuwatch.devices.base import DeviceReading
 from tpuwatch.health import device_problems
 from tpuwatch.kernel_log.collector import event_problems
 from tpuwatch.kernel_log.events import KernelEvent
-from tpuwatch.views.units import duration, growth
+from tpuwatch.units import duration, growth
 
 LEVELS = ("ok", "warning", "critical")
 _ORDER = {"critical": 0, "warning": 1, "pending": 2}

@@ -1,4 +1,4 @@
-"""How quantities are shown on the page and in ``tpuwatch top``: one place, so that both say the same.
+"""How quantities are shown to people (status page, top, check): one place, so that all say the same.
 
 Every quantity carries its unit ("11.1/16.0 GiB", "77%", "61.5 °C", "145 W", "12m 5s", "450ms"), and an absent one
 is "-", never 0.  Durations are written as the config takes them (no space: "200ms", "45s"), other units after a
