@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tpuwatch.alerting.rules import CompiledRule, default_rules_text, load_rules, parse_rules, render, tracks
+from tpuwatch.alerting.rules import CompiledRule, default_rules_text, load_rules, parse_rules, tracks
 from tpuwatch.alerting.state import AlertBook, fingerprint
+from tpuwatch.alerting.template import render
 from tpuwatch.alerting.tracker import Track, Tracker
 from tpuwatch.catalog import CATALOG
 from tpuwatch.notifiers.webhook import label_set_string

@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 from urllib.parse import urljoin, urlsplit
 
 from tpuwatch import yamlfile
+from tpuwatch.alerting.template import Template, TemplateError
 from tpuwatch.alerting.tracker import Kind, Track, Tracker
 from tpuwatch.samples import Labels, Sample
 from tpuwatch.schema import ConfigError, Duration, Regex, build
@@ -32,29 +33,6 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
 }
 _AGGREGATES: dict[str, Callable[[list[float]], float]] = {"sum": math.fsum, "max": max, "min": min, "count": len}
-_TEMPLATE_RE = re.compile(r"\{\{\s*\$(?:labels\.(\w+)|(value))\s*(?:\|\s*(\w+)\s*)?\}\}")
-
-
-def human_duration(seconds: float) -> str:
-    """Like Prometheus's humanizeDuration: ``1d 2h 0m 5s`` from the largest unit down; under 1 s, NaN and Inf
-    as they are (``0.25s``, ``nans``), negative as ``0s``."""
-    if not math.isfinite(seconds) or seconds < 1:
-        return f"{seconds:.3g}s" if not math.isfinite(seconds) or seconds > 0 else "0s"
-    rest = round(seconds)
-    parts: list[str] = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        count, rest = divmod(rest, size)
-        if count or parts:
-            parts.append(f"{count}{unit}")
-    return " ".join([*parts, f"{rest}s"])
-
-
-_FILTERS: dict[str, Callable[[float], str]] = {
-    "number": lambda v: f"{v:.4g}",
-    "percent": lambda v: f"{v * 100:.1f}%",
-    "duration": human_duration,
-    "bytes": lambda v: f"{v / 2**30:.2f} GiB",
-}
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Settings a rule may take its threshold from (``threshold_from``), so that it agrees with the detector it reads.
 THRESHOLD_SETTINGS = ("trend.critical_eta", "trend.max_eta")
@@ -100,11 +78,12 @@ class Rule:
         if self.threshold_from is not None and self.threshold_from not in THRESHOLD_SETTINGS:
             raise ConfigError(f"{path}.threshold_from",
                               f"unknown setting {self.threshold_from!r} (known: {', '.join(THRESHOLD_SETTINGS)})")
-        for key, text in {**self.annotations, "runbook_url": self.runbook_url or ""}.items():
-            for match in _TEMPLATE_RE.finditer(text):
-                if match.group(3) and match.group(3) not in _FILTERS:
-                    raise ConfigError(f"{path}.annotations.{key}",
-                                      f"unknown filter {match.group(3)!r} (known: {', '.join(_FILTERS)})")
+        templates = {f"annotations.{key}": text for key, text in self.annotations.items()}
+        for key, text in {**templates, "runbook_url": self.runbook_url or ""}.items():
+            try:
+                Template(text)
+            except TemplateError as exc:
+                raise ConfigError(f"{path}.{key}", str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -202,15 +181,6 @@ def tracks(rules: Iterable[Rule]) -> dict[str, Track]:
     return found
 
 
-def render(template: str, labels: dict[str, str], value: float) -> str:
-    """Fill ``{{ $labels.NAME }}`` and ``{{ $value }}`` (optionally ``| number|percent|duration|bytes``)."""
-    def fill(match: re.Match[str]) -> str:
-        if match.group(1):
-            return labels.get(match.group(1), "")
-        return _FILTERS[match.group(3) or "number"](value)
-    return _TEMPLATE_RE.sub(fill, template)
-
-
 def _matches(labels: Labels, match: dict[str, re.Pattern[str]]) -> bool:
     have = dict(labels)
     return all(pattern.fullmatch(have.get(label, "")) for label, pattern in match.items())
@@ -222,6 +192,8 @@ class CompiledRule:
     def __init__(self, rule: Rule) -> None:
         self.rule = rule
         self._match = {label: re.compile(p) for label, p in rule.match.items()}
+        self._annotations = {key: Template(text) for key, text in rule.annotations.items()}
+        self._runbook = Template(rule.runbook_url) if rule.runbook_url else None
 
     def evaluate(self, samples: list[Sample], tracker: Tracker, now: float, external: dict[str, str],
                  held: Iterable[tuple[Sample, float]] = (), pci: Mapping[str, str] | None = None) -> list[Candidate]:
@@ -256,9 +228,9 @@ class CompiledRule:
                 merged["pci"] = chip
             merged = {k: v for k, v in {**merged, **rule.labels, "alertname": rule.alert,
                                         "severity": rule.severity}.items() if v != ""}
-            annotations = {k: render(v, merged, value).strip() for k, v in rule.annotations.items()}
-            if rule.runbook_url:
-                annotations["runbook_url"] = render(rule.runbook_url, merged, value)
+            annotations = {key: template.render(merged, value) for key, template in self._annotations.items()}
+            if self._runbook is not None:
+                annotations["runbook_url"] = self._runbook.render(merged, value)
             out.append(Candidate(rule, merged, annotations, value))
         return out
 

@@ -20,11 +20,11 @@ from tpuwatch.alerting.rules import (
     THRESHOLD_SETTINGS,
     CompiledRule,
     Rule,
-    human_duration,
     load_rules,
     tracks,
 )
 from tpuwatch.alerting.state import Alert, AlertBook, Changes
+from tpuwatch.alerting.template import human_duration
 from tpuwatch.alerting.tracker import Tracker
 from tpuwatch.config import Config
 from tpuwatch.logsetup import redact_data
