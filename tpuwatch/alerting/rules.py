@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 from urllib.parse import urljoin, urlsplit
 
 from tpuwatch import yamlfile
+from tpuwatch.alerting import runbooks
 from tpuwatch.alerting.template import Template, TemplateError
 from tpuwatch.alerting.tracker import Kind, Track, Tracker
 from tpuwatch.samples import Labels, Sample
@@ -133,13 +134,20 @@ def runbook(base: str, url: str) -> str:
     return urljoin(base if base.endswith("/") else base + "/", url)
 
 
+def _runbook_url(rule: Rule, base: str) -> str | None:
+    """The rule's own runbook_url, else the runbook tpuwatch ships for its name (if any); joined to ``base``."""
+    url = rule.runbook_url or (rule.alert if rule.alert in runbooks.shipped() else None)
+    return runbook(base, url) if url and base else url
+
+
 def load_rules(default: bool, patterns: Iterable[str], settings: Mapping[str, float] | None = None,
                runbook_base: str = "") -> list[Rule]:
     """The built-in rules (when ``default``) plus every file matching ``patterns`` (none is fine).
 
     A rule with ``threshold_from`` takes its threshold from ``settings`` (values of
     THRESHOLD_SETTINGS); without them it keeps the threshold written beside it.
-    Relative runbook URLs are joined to ``runbook_base`` when one is given.
+    A rule without a runbook_url links the runbook tpuwatch ships for its alert
+    name, if there is one; relative links are joined to ``runbook_base`` when one is given.
     """
     rules = parse_rules(default_rules_text(), "built-in rules") if default else []
     for pattern in patterns:
@@ -152,9 +160,7 @@ def load_rules(default: bool, patterns: Iterable[str], settings: Mapping[str, fl
             rules += parse_rules(text, path)
     if settings:
         rules = [replace(r, threshold=settings[r.threshold_from]) if r.threshold_from else r for r in rules]
-    if runbook_base:
-        rules = [replace(r, runbook_url=runbook(runbook_base, r.runbook_url)) if r.runbook_url else r for r in rules]
-    return rules
+    return [replace(r, runbook_url=_runbook_url(r, runbook_base)) for r in rules]
 
 
 def tracks(rules: Iterable[Rule]) -> dict[str, Track]:
