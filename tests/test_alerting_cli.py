@@ -206,7 +206,7 @@ def test_alerts_lists_the_daemons_active_alerts_most_severe_then_oldest_first(
         ["firing", "critical", "AcceleratorLost", "2", "0000:12:00.0"],
         ["pending", "warning", "AcceleratorTemperatureHigh", "1", "0000:11:00.0"],
         ["firing", "warning", "AcceleratorMemoryLeak", "-", "-"]]  # held: its series missed the last cycle
-    assert lines[1].endswith("Device 3 is lost or dead")
+    assert lines[1].endswith("Accelerator chip 3 (0000:13:00.0) is lost or dead")
     assert listing.run(parse_args(listing, "--json"), config) == 0
     listed = json.loads(capsys.readouterr().out)  # /api/alerts as it is: oldest first
     assert listed["status"] == "success"

@@ -151,14 +151,16 @@ def test_fire_and_resolve_lines_name_alert_severity_chip_pci_and_summary(
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "tpuwatch.alerting.service"]
     host = alerting.host
     assert lines == [
-        ("WARNING", f"AcceleratorMemoryLeak (warning) on host {host} firing: Memory leak suspected: host"),
-        ("ERROR", "AcceleratorLost (critical) on device 0, pci 0000:10:00.0 firing: Device 0 is lost or dead"),
+        ("WARNING", f"AcceleratorMemoryLeak (warning) on host {host} firing: "
+                    "Memory leak suspected: host memory keeps growing"),
+        ("ERROR", "AcceleratorLost (critical) on device 0, pci 0000:10:00.0 firing: "
+                  "Accelerator chip 0 (0000:10:00.0) is lost or dead"),
         ("ERROR", "AcceleratorEccUncorrectable (critical) on device 2, pci 0000:12:00.0 firing: "
-                  "Uncorrectable ECC error(s) on device 2"),
+                  "Uncorrectable ECC error(s) on chip 2 (0000:12:00.0)"),
         ("WARNING", f"AcceleratorMemoryLeak (warning) on host {host} resolved after 6m 40s: "
-                    "Memory leak suspected: host"),
+                    "Memory leak suspected: host memory keeps growing"),
         ("ERROR", "AcceleratorLost (critical) on device 0, pci 0000:10:00.0 resolved after 6m 30s: "
-                  "Device 0 is lost or dead"),
+                  "Accelerator chip 0 (0000:10:00.0) is lost or dead"),
     ]
 
 

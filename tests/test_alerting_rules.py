@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tpuwatch.alerting.rules import CompiledRule, default_rules_text, load_rules, parse_rules, render, tracks
+from tpuwatch.alerting import runbooks
+from tpuwatch.alerting.rules import CompiledRule, default_rules_text, load_rules, parse_rules, tracks
 from tpuwatch.alerting.state import AlertBook, fingerprint
+from tpuwatch.alerting.template import render
 from tpuwatch.alerting.tracker import Track, Tracker
 from tpuwatch.catalog import CATALOG
 from tpuwatch.notifiers.webhook import label_set_string
@@ -328,21 +330,23 @@ def test_default_rules_use_catalogued_metrics_and_labels() -> None:
         assert set(r.match) <= set(CATALOG[r.metric].labels), r.alert
 
 
-def test_every_built_in_rule_links_a_runbook_that_exists() -> None:
-    docs = (Path(__file__).parent.parent / "docs" / "alerting.md").read_text()
-    anchors = {line[4:].strip().lower() for line in docs.splitlines() if line.startswith("### ")}
+def test_every_built_in_rule_links_the_runbook_of_its_name() -> None:
     for rule in load_rules(True, []):
-        assert rule.runbook_url, rule.alert
-        page, _, anchor = rule.runbook_url.partition("#")
-        assert page == "alerting.md" and anchor in anchors, rule.runbook_url
+        assert rule.runbook_url == rule.alert and rule.alert in runbooks.shipped(), rule.alert
 
 
 @pytest.mark.parametrize("base,expected", [
-    ("file:///usr/share/doc/tpuwatch/", "file:///usr/share/doc/tpuwatch/alerting.md#acceleratorlost"),
-    ("https://wiki.example/ops/tpuwatch", "https://wiki.example/ops/tpuwatch/alerting.md#acceleratorlost"),
+    ("http://gpu-7:9847/runbooks/", "http://gpu-7:9847/runbooks/AcceleratorLost"),
+    ("https://wiki.example/ops/tpuwatch", "https://wiki.example/ops/tpuwatch/AcceleratorLost"),
 ])
-def test_runbook_links_join_alerting_runbook_base_url(base: str, expected: str) -> None:
+def test_runbook_links_join_alerting_runbook_base_url(base: str, expected: str, tmp_path: Path) -> None:
     (lost,) = [r for r in load_rules(True, [], runbook_base=base) if r.alert == "AcceleratorLost"]
     assert lost.runbook_url == expected
-    (mine,) = parse_rules("rules: [{alert: X, metric: m, runbook_url: 'https://rb.example/x'}]", "test.yaml")
-    assert load_rules(False, [], runbook_base=base) == [] and mine.runbook_url == "https://rb.example/x"
+    (tmp_path / "mine.yaml").write_text("rules: [{alert: X, metric: m, runbook_url: 'https://rb.example/x'},\n"
+                                        "        {alert: Y, metric: m, runbook_url: y.html},\n"
+                                        "        {alert: Z, metric: m},\n"
+                                        "        {alert: AcceleratorLost, metric: m, threshold: 2}]\n")
+    mine = {r.alert: r.runbook_url for r in load_rules(False, [str(tmp_path / "*.yaml")], runbook_base=base)}
+    # Absolute as written, relative joined to the base, none without a shipped runbook, the shipped one by name.
+    assert mine == {"X": "https://rb.example/x", "Y": expected.replace("AcceleratorLost", "y.html"), "Z": None,
+                    "AcceleratorLost": expected}

@@ -321,8 +321,10 @@ def test_a_simulated_fault_pages_through_the_webhook(start_daemon: Callable[...,
         alert = wait_until(ecc_alert, timeout=30, what="the ECC alert at the webhook")
         assert alert["status"] == "firing" and alert["labels"]["device"] == "2"
         assert alert["labels"]["severity"] == "critical" and alert["annotations"]["summary"]
-        runbook = "file:///usr/share/doc/tpuwatch/alerting.md#acceleratoreccuncorrectable"  # the .deb's docs
-        assert alert["annotations"]["runbook_url"] == runbook
+        runbook = alert["annotations"]["runbook_url"]  # the daemon's own, at its listen address
+        assert runbook == f"{daemon.url}/runbooks/AcceleratorEccUncorrectable"
+        page = requests.get(runbook, timeout=5)
+        assert page.status_code == 200 and "uncorrectable memory errors" in page.text
         assert alert["labels"]["pci"] == "0000:12:00.0"
         listed = run_cli("alerts", "--json", "--config", str(daemon.config_path))
         assert listed.returncode == 0, listed.stderr

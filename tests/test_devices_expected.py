@@ -127,7 +127,7 @@ def test_a_gpu_on_the_bus_that_nvml_does_not_see_is_named_missing(nvml: Path, tm
              if r.alert == "AcceleratorsMissing"]
     fired = [c for r in rules for c in r.evaluate(samples, Tracker(), 1e9, {"host": "h"})]
     assert [(c.labels["pci"], c.annotations["summary"]) for c in fired] == [
-        ("0000:6c:00.0", "1 expected accelerator(s) missing 0000:6c:00.0")]
+        ("0000:6c:00.0", "1 expected accelerator(s) missing: PCI 0000:6c:00.0 does not answer")]
 
 
 def test_check_names_the_missing_chips(nvml: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -115,8 +115,11 @@ def test_ships_unit_config_sysusers_and_tmpfiles_verbatim(unpacked: Path) -> Non
 
 
 def test_ships_the_docs_uncompressed_where_runbook_links_point(unpacked: Path) -> None:
-    for doc in sorted((REPO / "docs").glob("*.md")):  # alerting.runbook_base_url's default
+    for doc in sorted((REPO / "docs").glob("*.md")):  # the fleet rules' runbook links
         assert (unpacked / "usr/share/doc/tpuwatch" / doc.name).read_bytes() == doc.read_bytes(), doc.name
+    # The runbooks the endpoint serves: a copy in the package, not the source tree's link.
+    runbooks = unpacked / PYLIB / "tpuwatch/alerting/runbooks.md"
+    assert not runbooks.is_symlink() and runbooks.read_bytes() == (REPO / "docs/alerting.md").read_bytes()
 
 
 def test_ships_every_file_of_the_package_and_no_bytecode(unpacked: Path) -> None:

@@ -91,7 +91,8 @@ def test_top_draws_the_chips_live_and_quits_on_q_restoring_the_terminal(
         assert all(lines[d].split()[3] != "CRITICAL" for d in "023")
         assert all(len(re.findall("[▁▂▃▄▅▆▇█]", line)) >= 8 for line in lines.values()), lines  # the sparklines
         first = terminal.capture()
-        terminal.wait_for("└ AcceleratorEccUncorrectable: Uncorrectable ECC error(s) on device 1")  # redrawn
+        redrawn = "└ AcceleratorEccUncorrectable: Uncorrectable ECC error(s) on chip 1 (0000:11:00.0)"
+        terminal.wait_for(redrawn)
         coloured = terminal.capture(colours=True)
         assert RED_CRITICAL.search(coloured), coloured
         wait_until(lambda: terminal.capture() != first, what="a redraw")  # the clock and the readings move

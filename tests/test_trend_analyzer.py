@@ -125,7 +125,7 @@ def test_a_leaking_process_is_named_by_command_and_pod_in_the_series_and_the_ale
              if r.alert == "AcceleratorMemoryLeak"]
     fired = [c for r in rules for c in r.evaluate(out, Tracker(), 1e9, {"host": "h"})]
     assert [c.annotations["summary"] for c in fired] == [
-        "Memory leak suspected: process 4101 python3 trainer-0 on device 0"]
+        "Memory leak suspected in process 4101 (python3) in pod ml/trainer-0 on chip 0: HBM keeps growing"]
 
 
 def _temperature_drifts(trend: TrendAnalyzer) -> set[str]:

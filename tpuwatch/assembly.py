@@ -199,9 +199,9 @@ def assemble(config: Config, previous: Parts | None, daemon_samples: SampleSourc
             canary.known_devices = lambda: [r.device for r in sources.device_readings()]
         actions = _actions(config, previous)
         if previous is None:
-            alerting = Alerting(config, config.state_dir)
+            alerting = Alerting(config, config.state_dir, web.ssl_context is not None)
         else:  # last: it applies whole or raises, changing nothing
-            previous.alerting.reconfigure(config)
+            previous.alerting.reconfigure(config, web.ssl_context is not None)
             alerting = previous.alerting
     except BaseException:
         if kept_sources is None:

@@ -182,14 +182,17 @@ class AlertingConfig:
     outbox_max_bytes: Annotated[int, Range(1 << 20, 1 << 40)] = 256 << 20
     breaker_failures: Annotated[int, Range(1, 1000)] = 5
     breaker_reset: Annotated[float, Duration(minimum=0.1)] = 300.0
-    # Where the runbooks of rules with a relative runbook_url live: the docs the .deb installs, by default.
-    runbook_base_url: str = "file:///usr/share/doc/tpuwatch/"
+    # The prefix of runbook links (a rule's relative runbook_url, the built-in rules' alert names); None: the
+    # daemon's own /runbooks/, which serves the runbooks tpuwatch ships.
+    runbook_base_url: str | None = None
 
     def validate(self, path: str) -> None:
         if self.retry_max < self.retry_initial:
             raise ConfigError(f"{path}.retry_max", "must not be below retry_initial")
-        if not self.runbook_base_url.startswith(("http://", "https://", "file:///")):
-            raise ConfigError(f"{path}.runbook_base_url", "must start with http://, https:// or file:///")
+        if self.runbook_base_url is not None and not re.match(r"(https?://[^/\s]|file:///)\S*$",
+                                                               self.runbook_base_url):
+            raise ConfigError(f"{path}.runbook_base_url",
+                              "must be an http://, https:// or file:/// URL without blanks (or null)")
 
 
 # --- kubernetes (docs/kubernetes.md) ---------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The HTTP endpoint: /metrics, JSON routes (/healthz, /api/alerts), pages (the status page) and a landing
-page where no page is given, with optional TLS and basic auth on every route.
+"""The HTTP endpoint: /metrics, JSON routes (/healthz, /api/alerts), pages (the status page), the shipped
+runbooks (/runbooks/NAME) and a landing page where no page is given, with optional TLS and basic auth on every
+route.
 
 Connections are handled by tpuwatch.httpd (one event loop, bounded workers,
 deadlines and caps on everything), so no number of idle, slow or hostile
@@ -20,6 +21,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from tpuwatch.alerting import runbooks
 from tpuwatch.exporter import Exposition, RenderedRegistry
 from tpuwatch.httpd.limits import LISTEN_BACKLOG, Limits
 from tpuwatch.httpd.protocol import Request, Response, accepts_gzip
@@ -44,7 +46,7 @@ Route = JsonRoute | Page
 
 _LANDING = b"""<!doctype html><html><head><title>tpuwatch</title></head><body>
 <h1>tpuwatch</h1><p><a href="/metrics">/metrics</a> &middot; <a href="/healthz">/healthz</a>
-&middot; <a href="/api/alerts">/api/alerts</a></p>
+&middot; <a href="/api/alerts">/api/alerts</a> &middot; <a href="/runbooks/">/runbooks/</a></p>
 </body></html>
 """
 _UNAUTHORIZED = Response(401, b"401 Unauthorized\n", headers=(("WWW-Authenticate", 'Basic realm="tpuwatch"'),))
@@ -108,6 +110,8 @@ class _Routes:
             return Response(code, (json.dumps(payload, indent=2) + "\n").encode(), "application/json")
         if path == "/":
             return Response(200, _LANDING, "text/html; charset=utf-8")
+        if path.startswith(runbooks.PREFIX):
+            return runbooks.answer(path)
         return _NOT_FOUND
 
 

@@ -24,6 +24,8 @@ from typing import Annotated, Literal
 from urllib.parse import urljoin, urlsplit
 
 from tpuwatch import yamlfile
+from tpuwatch.alerting import runbooks
+from tpuwatch.alerting.template import Template, TemplateError
 from tpuwatch.alerting.tracker import Kind, Track, Tracker
 from tpuwatch.samples import Labels, Sample
 from tpuwatch.schema import ConfigError, Duration, Regex, build
@@ -32,29 +34,6 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
     ">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne,
 }
 _AGGREGATES: dict[str, Callable[[list[float]], float]] = {"sum": math.fsum, "max": max, "min": min, "count": len}
-_TEMPLATE_RE = re.compile(r"\{\{\s*\$(?:labels\.(\w+)|(value))\s*(?:\|\s*(\w+)\s*)?\}\}")
-
-
-def human_duration(seconds: float) -> str:
-    """Like Prometheus's humanizeDuration: ``1d 2h 0m 5s`` from the largest unit down; under 1 s, NaN and Inf
-    as they are (``0.25s``, ``nans``), negative as ``0s``."""
-    if not math.isfinite(seconds) or seconds < 1:
-        return f"{seconds:.3g}s" if not math.isfinite(seconds) or seconds > 0 else "0s"
-    rest = round(seconds)
-    parts: list[str] = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        count, rest = divmod(rest, size)
-        if count or parts:
-            parts.append(f"{count}{unit}")
-    return " ".join([*parts, f"{rest}s"])
-
-
-_FILTERS: dict[str, Callable[[float], str]] = {
-    "number": lambda v: f"{v:.4g}",
-    "percent": lambda v: f"{v * 100:.1f}%",
-    "duration": human_duration,
-    "bytes": lambda v: f"{v / 2**30:.2f} GiB",
-}
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Settings a rule may take its threshold from (``threshold_from``), so that it agrees with the detector it reads.
 THRESHOLD_SETTINGS = ("trend.critical_eta", "trend.max_eta")
@@ -100,11 +79,12 @@ class Rule:
         if self.threshold_from is not None and self.threshold_from not in THRESHOLD_SETTINGS:
             raise ConfigError(f"{path}.threshold_from",
                               f"unknown setting {self.threshold_from!r} (known: {', '.join(THRESHOLD_SETTINGS)})")
-        for key, text in {**self.annotations, "runbook_url": self.runbook_url or ""}.items():
-            for match in _TEMPLATE_RE.finditer(text):
-                if match.group(3) and match.group(3) not in _FILTERS:
-                    raise ConfigError(f"{path}.annotations.{key}",
-                                      f"unknown filter {match.group(3)!r} (known: {', '.join(_FILTERS)})")
+        templates = {f"annotations.{key}": text for key, text in self.annotations.items()}
+        for key, text in {**templates, "runbook_url": self.runbook_url or ""}.items():
+            try:
+                Template(text)
+            except TemplateError as exc:
+                raise ConfigError(f"{path}.{key}", str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -154,13 +134,20 @@ def runbook(base: str, url: str) -> str:
     return urljoin(base if base.endswith("/") else base + "/", url)
 
 
+def _runbook_url(rule: Rule, base: str) -> str | None:
+    """The rule's own runbook_url, else the runbook tpuwatch ships for its name (if any); joined to ``base``."""
+    url = rule.runbook_url or (rule.alert if rule.alert in runbooks.shipped() else None)
+    return runbook(base, url) if url and base else url
+
+
 def load_rules(default: bool, patterns: Iterable[str], settings: Mapping[str, float] | None = None,
                runbook_base: str = "") -> list[Rule]:
     """The built-in rules (when ``default``) plus every file matching ``patterns`` (none is fine).
 
     A rule with ``threshold_from`` takes its threshold from ``settings`` (values of
     THRESHOLD_SETTINGS); without them it keeps the threshold written beside it.
-    Relative runbook URLs are joined to ``runbook_base`` when one is given.
+    A rule without a runbook_url links the runbook tpuwatch ships for its alert
+    name, if there is one; relative links are joined to ``runbook_base`` when one is given.
     """
     rules = parse_rules(default_rules_text(), "built-in rules") if default else []
     for pattern in patterns:
@@ -173,9 +160,7 @@ def load_rules(default: bool, patterns: Iterable[str], settings: Mapping[str, fl
             rules += parse_rules(text, path)
     if settings:
         rules = [replace(r, threshold=settings[r.threshold_from]) if r.threshold_from else r for r in rules]
-    if runbook_base:
-        rules = [replace(r, runbook_url=runbook(runbook_base, r.runbook_url)) if r.runbook_url else r for r in rules]
-    return rules
+    return [replace(r, runbook_url=_runbook_url(r, runbook_base)) for r in rules]
 
 
 def tracks(rules: Iterable[Rule]) -> dict[str, Track]:
@@ -202,15 +187,6 @@ def tracks(rules: Iterable[Rule]) -> dict[str, Track]:
     return found
 
 
-def render(template: str, labels: dict[str, str], value: float) -> str:
-    """Fill ``{{ $labels.NAME }}`` and ``{{ $value }}`` (optionally ``| number|percent|duration|bytes``)."""
-    def fill(match: re.Match[str]) -> str:
-        if match.group(1):
-            return labels.get(match.group(1), "")
-        return _FILTERS[match.group(3) or "number"](value)
-    return _TEMPLATE_RE.sub(fill, template)
-
-
 def _matches(labels: Labels, match: dict[str, re.Pattern[str]]) -> bool:
     have = dict(labels)
     return all(pattern.fullmatch(have.get(label, "")) for label, pattern in match.items())
@@ -222,6 +198,8 @@ class CompiledRule:
     def __init__(self, rule: Rule) -> None:
         self.rule = rule
         self._match = {label: re.compile(p) for label, p in rule.match.items()}
+        self._annotations = {key: Template(text) for key, text in rule.annotations.items()}
+        self._runbook = Template(rule.runbook_url) if rule.runbook_url else None
 
     def evaluate(self, samples: list[Sample], tracker: Tracker, now: float, external: dict[str, str],
                  held: Iterable[tuple[Sample, float]] = (), pci: Mapping[str, str] | None = None) -> list[Candidate]:
@@ -256,9 +234,9 @@ class CompiledRule:
                 merged["pci"] = chip
             merged = {k: v for k, v in {**merged, **rule.labels, "alertname": rule.alert,
                                         "severity": rule.severity}.items() if v != ""}
-            annotations = {k: render(v, merged, value).strip() for k, v in rule.annotations.items()}
-            if rule.runbook_url:
-                annotations["runbook_url"] = render(rule.runbook_url, merged, value)
+            annotations = {key: template.render(merged, value) for key, template in self._annotations.items()}
+            if self._runbook is not None:
+                annotations["runbook_url"] = self._runbook.render(merged, value)
             out.append(Candidate(rule, merged, annotations, value))
         return out
 

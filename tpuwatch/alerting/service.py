@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import operator
 import os
@@ -11,6 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from tpuwatch.alerting import runbooks
 from tpuwatch.alerting.db import OutboxFull
 from tpuwatch.alerting.dbopen import open_db
 from tpuwatch.alerting.delivery import Delivery
@@ -20,11 +22,11 @@ from tpuwatch.alerting.rules import (
     THRESHOLD_SETTINGS,
     CompiledRule,
     Rule,
-    human_duration,
     load_rules,
     tracks,
 )
 from tpuwatch.alerting.state import Alert, AlertBook, Changes
+from tpuwatch.alerting.template import human_duration
 from tpuwatch.alerting.tracker import Tracker
 from tpuwatch.config import Config
 from tpuwatch.logsetup import redact_data
@@ -35,16 +37,43 @@ from tpuwatch.schema import parse_listen_address
 log = logging.getLogger(__name__)
 
 MAX_PCI_ENTRIES = 4096
+# alerting.runbook_base_url's default before the endpoint served runbooks, written out in the .deb's
+# /etc/tpuwatch/config.yaml: the docs there have no page per alert name, so it stands for the default now.
+OLD_DEFAULT_RUNBOOK_BASE = "file:///usr/share/doc/tpuwatch/"
 _SEVERITY_LEVEL = {"critical": logging.ERROR}
 
 
-def rules_and_notifiers(config: Config) -> tuple[list[Rule], list[Notifier]]:
-    """The alert rules and notifiers ``config`` asks for, reading rule and secret files; ConfigError on a problem."""
+def own_url(config: Config, tls: bool) -> str:
+    """The endpoint's URL as others reach it: ``listen``'s address, or the host's name where it listens on every
+    address (``0.0.0.0``, ``::``)."""
+    host, port = parse_listen_address(config.listen)
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # a name
+        address = None
+    if not host or (address is not None and address.is_unspecified):
+        host = socket.gethostname()
+    elif address is not None and address.version == 6:
+        host = f"[{host}]"
+    return f"{'https' if tls else 'http'}://{host}:{port}"
+
+
+def runbook_base(config: Config, tls: bool) -> str:
+    """Where runbook links point: ``alerting.runbook_base_url``, or the endpoint's own /runbooks/."""
+    base = config.alerting.runbook_base_url
+    return own_url(config, tls) + runbooks.PREFIX if base in (None, OLD_DEFAULT_RUNBOOK_BASE) else base
+
+
+def rules_and_notifiers(config: Config, tls: bool = False) -> tuple[list[Rule], list[Notifier]]:
+    """The alert rules and notifiers ``config`` asks for, reading rule and secret files; ConfigError on a problem.
+
+    ``tls``: whether the endpoint serves https, for the runbook links to the endpoint itself.
+    """
     section = config.alerting
     if not section.enabled:
         return [], []
     settings = {name: float(operator.attrgetter(name)(config)) for name in THRESHOLD_SETTINGS}
-    return (load_rules(section.default_rules, section.rule_files, settings, section.runbook_base_url),
+    return (load_rules(section.default_rules, section.rule_files, settings, runbook_base(config, tls)),
             build_notifiers(config.notify, section.send_timeout))
 
 
@@ -83,10 +112,11 @@ class Alerting:
     delivers them, between ``start()`` and ``stop()``.  Construction raises
     ConfigError for a bad rule file or an unreadable secret; a corrupt
     database is moved aside and one that cannot be written is kept in memory
-    (``state_problem`` says why).
+    (``state_problem`` says why).  ``tls`` says whether the endpoint serves
+    https, for the links to it (runbooks, the notifications' externalURL).
     """
 
-    def __init__(self, config: Config, state_dir: str) -> None:
+    def __init__(self, config: Config, state_dir: str, tls: bool = False) -> None:
         self.host = socket.gethostname()
         self.db = open_db(state_dir, config.alerting.outbox_max_bytes, repair=True)
         self.book = AlertBook(self.db.load_alerts())
@@ -101,7 +131,7 @@ class Alerting:
         # Chips' PCI addresses, first from the alerts that name them, so that held alerts keep their labels.
         self._pci = {a.labels["device"]: a.labels["pci"] for a in self.book.alerts.values()
                      if a.labels.get("device") and a.labels.get("pci")}
-        self._install(config, None, *rules_and_notifiers(config))
+        self._install(config, tls, None, *rules_and_notifiers(config, tls))
         self.tracker.restore(self.db.load_counters(), self._tracks)
         started = time.time()
         self._retire(started)
@@ -116,18 +146,17 @@ class Alerting:
             if alert.state == "firing" and windows:
                 alert.hold_until = started + max(windows)
 
-    def _install(self, config: Config, previous: Delivery | None, rules: list[Rule],
+    def _install(self, config: Config, tls: bool, previous: Delivery | None, rules: list[Rule],
                  notifiers: list[Notifier]) -> None:
         """Switch to ``config``'s rules, notifiers and delivery."""
         section = config.alerting
-        _, port = parse_listen_address(config.listen)
         tracked = tracks(rules)
         delivery = Delivery(self.db, section, notifiers)
         if previous is not None:
             delivery.results.update(previous.totals())
         self.config, self._tracks, self.delivery = config, tracked, delivery
         self._rules = [CompiledRule(r) for r in rules]
-        self.dispatcher = Dispatcher(section, notifiers, config.interval, f"http://{self.host}:{port}")
+        self.dispatcher = Dispatcher(section, notifiers, config.interval, own_url(config, tls))
         names = {n.name for n in notifiers}
         for alert in self.book.alerts.values():
             for receiver in [r for r in alert.notified if r not in names]:
@@ -278,15 +307,16 @@ class Alerting:
             self._wake.wait(min(wait, 1.0))
             self._wake.clear()
 
-    def reconfigure(self, config: Config) -> None:
-        """Apply a reloaded config; raises ConfigError, keeping the old one, for bad rules or secrets.
+    def reconfigure(self, config: Config, tls: bool = False) -> None:
+        """Apply a reloaded config (``tls``: whether the endpoint now serves https); raises ConfigError, keeping
+        the old one, for bad rules or secrets.
 
         The rule and secret files are read before the lock is taken, so evaluation goes on meanwhile.
         """
-        rules, notifiers = rules_and_notifiers(config)
+        rules, notifiers = rules_and_notifiers(config, tls)
         with self._lock:
             old = self.delivery
-            self._install(config, old, rules, notifiers)
+            self._install(config, tls, old, rules, notifiers)
             self._retire(time.time())
         old.stop(0.0)
         if self._thread is not None:
