@@ -21,6 +21,7 @@ BACKENDS: dict[str, str] = {
     "tpu": "tpuwatch.devices.tpu",
     "nvidia": "tpuwatch.devices.nvidia",
     "sim": "tpuwatch.devices.sim",
+    "amd": "tpuwatch.devices.amd",
 }
 
 
