@@ -74,7 +74,7 @@ def test_values_are_typed() -> None:
     ("listen: 9847", "listen: expected a string, got int"),
     ("listen: 'localhost'", "listen: invalid listen address"),
     ("listen: '127.0.0.1:70000'", "listen: port 70000 out of range"),
-    ("devices: {backend: tpu9}", "devices.backend: must be one of auto, tpu, nvidia, sim, none"),
+    ("devices: {backend: tpu9}", "devices.backend: must be one of auto, tpu, nvidia, sim, amd, none"),
     ("devices: {sim: {count: 'four'}}", "devices.sim.count: expected an integer, got a string"),
     ("devices: {sim: {count: true}}", "devices.sim.count: expected an integer, got a boolean"),
     ("devices: {sim: {count: 0}}", "devices.sim.count: 0 out of range 1..64"),

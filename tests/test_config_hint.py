@@ -27,9 +27,9 @@ def _error(text: str) -> str:
     ("canary: {enable: false}\n", "canary.enable: unknown key; did you mean 'enabled'?"),
     ("devices: {sim: {cuont: 2}}\n", "devices.sim.cuont: unknown key; did you mean 'count'?"),
     ("devices: {backend: nvida}\n",
-     "devices.backend: must be one of auto, tpu, nvidia, sim, none; got 'nvida'; did you mean 'nvidia'?"),
+     "devices.backend: must be one of auto, tpu, nvidia, sim, amd, none; got 'nvida'; did you mean 'nvidia'?"),
     ("devices: {backend: NVIDIA}\n",
-     "devices.backend: must be one of auto, tpu, nvidia, sim, none; got 'NVIDIA'; did you mean 'nvidia'?"),
+     "devices.backend: must be one of auto, tpu, nvidia, sim, amd, none; got 'NVIDIA'; did you mean 'nvidia'?"),
     ("log_level: warn\n", "log_level: must be one of debug, info, warning, error; got 'warn'; did you mean 'warning'?"),
     ("kernel_log: {source: journald}\n",
      "kernel_log.source: must be one of auto, kmsg, journal, file, none; got 'journald'; did you mean 'journal'?"),
@@ -45,8 +45,8 @@ def test_a_misspelling_names_what_it_likely_meant(text: str, message: str) -> No
                       "interval, kernel_log, kubernetes, listen, log_level, notify, paths, state_dir, store, trend, "
                       "web_config)"),
     ("store: {size: 5}\n", "store.size: unknown key (known keys: max_series, points_per_series)"),
-    ("devices: {backend: gpu}\n", "devices.backend: must be one of auto, tpu, nvidia, sim, none; got 'gpu'"),
-    ("devices: {backend: 7}\n", "devices.backend: must be one of auto, tpu, nvidia, sim, none; got 7"),
+    ("devices: {backend: gpu}\n", "devices.backend: must be one of auto, tpu, nvidia, sim, amd, none; got 'gpu'"),
+    ("devices: {backend: 7}\n", "devices.backend: must be one of auto, tpu, nvidia, sim, amd, none; got 7"),
     ("{1: x}\n", "[\"1\"]: unknown key (known keys: alerting, canary, collector_timeout, devices, host, interval, "
                  "kernel_log, kubernetes, listen, log_level, notify, paths, state_dir, store, trend, web_config)"),
 ])
@@ -86,4 +86,4 @@ def test_config_check_says_it_in_one_line_and_exits_2(tmp_path: Path) -> None:
     result = run_cli("config", "check", "--config", str(path))
     assert result.returncode == 2
     assert result.stderr.splitlines() == ["tpuwatch: config error: devices.backend: must be one of auto, tpu, nvidia, "
-                                          "sim, none; got 'nvida'; did you mean 'nvidia'?"]
+                                          "sim, amd, none; got 'nvida'; did you mean 'nvidia'?"]

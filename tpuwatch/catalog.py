@@ -104,6 +104,9 @@ _SPECS = [
     MetricSpec("tpuwatch_device_nvlink_errors_total", "counter",
                "NVLink errors since the driver loaded by kind (replay, recovery, crc_flit, crc_data, ecc_data).",
                ("device", "link", "kind")),
+    MetricSpec("tpuwatch_device_ras_errors_total", "counter",
+               "RAS errors the amdgpu driver counts per block (umc, gfx, sdma, ...) by kind (corrected, "
+               "uncorrected, deferred where the block reports it).", ("device", "block", "kind")),
     MetricSpec("tpuwatch_dcn_tcp_packets_total", "counter",
                "TCP packets of the TPU runtime's megascale (DCN) transport by kind (sent, retransmitted), summed "
                "over the runtimes answering (libtpu runtime).", ("kind",)),

@@ -98,7 +98,7 @@ class ExpectedDevices(Check):
 class DevicesConfig:
     """Which device backend samples the accelerators, and how many chips the host should have."""
 
-    backend: Literal["auto", "tpu", "nvidia", "sim", "none"] = "auto"
+    backend: Literal["auto", "tpu", "nvidia", "sim", "amd", "none"] = "auto"
     expected: Annotated[str, ExpectedDevices()] = "auto"
     sim: SimConfig = field(default_factory=SimConfig)
     tpu: TpuConfig = field(default_factory=TpuConfig)

@@ -82,7 +82,8 @@ class HostCollector:
     def _holder_samples(self) -> list[Sample]:
         now = self._clock()
         if now >= self._next_scan:
-            self._holders = scan_holders(self._procfs, self._dev_root, self._patterns)
+            # host.device_files, and every device file the backend names for a chip (an AMD GPU's render node)
+            self._holders = scan_holders(self._procfs, self._dev_root, [*self._patterns, *self._chips()])
             self._next_scan = now + self._scan_interval
         if self.pods is not None:
             self.pods.refresh()

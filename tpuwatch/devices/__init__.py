@@ -2,40 +2,33 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
-from collections.abc import Callable
 
 from tpuwatch.config import Config
 from tpuwatch.devices.base import DeviceBackend, DeviceReading
-from tpuwatch.hw.chips import accelerators
-from tpuwatch.hw.pci import VENDOR_GOOGLE, VENDOR_NVIDIA, pci_root, scan_pci
+from tpuwatch.hw.pci import pci_root
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BACKENDS", "DeviceBackend", "DeviceReading", "select_backend"]
+__all__ = ["BACKENDS", "DeviceBackend", "DeviceReading", "chips_of", "select_backend"]
+
+# Name -> the module that reads that kind of accelerator.  The module has ``build(config) -> DeviceBackend`` and,
+# to be picked by ``devices.backend: auto`` and counted by ``devices.expected: auto``, ``chips(sysfs) ->
+# list[str]``: the PCI address of each chip of its kind under ``sysfs``, one per chip.  A module is imported
+# when it is chosen or asked for its chips: a command that needs no backend does not pay for their imports.
+BACKENDS: dict[str, str] = {
+    "tpu": "tpuwatch.devices.tpu",
+    "nvidia": "tpuwatch.devices.nvidia",
+    "sim": "tpuwatch.devices.sim",
+    "amd": "tpuwatch.devices.amd",
+}
 
 
-def _tpu(config: Config) -> DeviceBackend:
-    from tpuwatch.devices.tpu import TpuBackend
-
-    return TpuBackend(config)
-
-
-def _nvidia(config: Config) -> DeviceBackend:
-    from tpuwatch.devices.nvidia import NvidiaBackend
-
-    return NvidiaBackend(config)
-
-
-def _sim(config: Config) -> DeviceBackend:
-    from tpuwatch.devices.sim import SimBackend
-
-    return SimBackend(config.devices.sim)
-
-
-# A backend's module is imported when it is chosen: a command that needs none (logscan on a host without
-# accelerators) does not pay for the others' imports.
-BACKENDS: dict[str, Callable[[Config], DeviceBackend]] = {"tpu": _tpu, "nvidia": _nvidia, "sim": _sim}
+def chips_of(name: str, sysfs: str) -> list[str]:
+    """The PCI address of each chip backend ``name`` finds under ``sysfs`` (none for a backend without chips)."""
+    find = getattr(importlib.import_module(BACKENDS[name]), "chips", None)
+    return list(find(sysfs)) if find is not None else []
 
 
 def select_backend(config: Config) -> tuple[DeviceBackend | None, str]:
@@ -45,18 +38,21 @@ def select_backend(config: Config) -> tuple[DeviceBackend | None, str]:
     return backend, why
 
 
+def _build(name: str, config: Config) -> DeviceBackend:
+    backend: DeviceBackend = importlib.import_module(BACKENDS[name]).build(config)
+    return backend
+
+
 def _choose(config: Config) -> tuple[DeviceBackend | None, str]:
     choice = config.devices.backend
     if choice == "none":
         return None, "devices.backend is none: host metrics only"
     if choice != "auto":
-        backend = BACKENDS[choice](config)
         detail = f" (scenario {config.devices.sim.scenario})" if choice == "sim" else ""
-        return backend, f"devices.backend is {choice}{detail}"
-    found = accelerators(scan_pci(config.paths.sysfs))
-    for kind, devices in found.items():
-        if devices:
-            addresses = ", ".join(d.address for d in devices)
-            return BACKENDS[kind](config), f"auto: {len(devices)} {kind} PCI device(s) at {addresses}"
-    return None, (f"auto: no accelerator under {pci_root(config.paths.sysfs)} (no PCI vendor {VENDOR_GOOGLE} TPU "
-                  f"or {VENDOR_NVIDIA} GPU): host metrics only")
+        return _build(choice, config), f"devices.backend is {choice}{detail}"
+    for name in BACKENDS:
+        found = chips_of(name, config.paths.sysfs)
+        if found:
+            return _build(name, config), f"auto: {len(found)} {name} PCI device(s) at {', '.join(found)}"
+    return None, (f"auto: no accelerator under {pci_root(config.paths.sysfs)} that a backend knows "
+                  f"({', '.join(BACKENDS)}): host metrics only")

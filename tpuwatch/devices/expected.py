@@ -3,7 +3,8 @@
 ``auto`` takes, in order: the TPU slice the environment describes (``TPU_CHIPS_PER_HOST_BOUNDS``, the
 chips of one host as the TPU device plugin and Cloud TPU's ``tpu-env`` write them, e.g. ``2,2,1``;
 else ``TPU_ACCELERATOR_TYPE`` / ``ACCELERATOR_TYPE`` such as ``v5litepod-8``); the simulator's chip
-count; else the accelerator PCI functions present at start (TPU chips, NVIDIA display-class functions).
+count; else the chips the backend finds on the PCI bus at start (its module's ``chips``: one PCI function
+per TPU chip, NVIDIA display-class functions, AMD Instinct functions).
 A count in the config wins over all of them; ``off`` expects nothing.
 
 An accelerator type names the slice, not the host: ``v2``/``v3``/``v4``/``v5p`` count TensorCores (two per
@@ -23,10 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from tpuwatch.config import Config
+from tpuwatch.devices import BACKENDS, chips_of
 from tpuwatch.devices.base import DeviceReading
-from tpuwatch.devices.pci import discover_tpus
-from tpuwatch.hw.chips import accelerators
-from tpuwatch.hw.pci import scan_pci
 from tpuwatch.samples import Sample, sample
 
 BOUNDS_VARIABLES = ("TPU_CHIPS_PER_HOST_BOUNDS", "CHIPS_PER_HOST_BOUNDS")
@@ -68,12 +67,8 @@ def chips_from_environment(environ: Mapping[str, str]) -> tuple[int, str] | None
 
 
 def pci_functions(config: Config, backend: str) -> tuple[str, ...]:
-    """The accelerator PCI functions under ``paths.sysfs``: one per TPU chip, each NVIDIA display function."""
-    if backend == "tpu":
-        return tuple(chip.pci for chip in discover_tpus(config.paths.sysfs))
-    if backend == "nvidia":
-        return tuple(d.address for d in accelerators(scan_pci(config.paths.sysfs))["nvidia"])
-    return ()
+    """The PCI address of each chip ``backend`` finds under ``paths.sysfs`` (``chips`` of its module)."""
+    return tuple(chips_of(backend, config.paths.sysfs)) if backend in BACKENDS else ()
 
 
 def expect(config: Config, backend: str, environ: Mapping[str, str] = os.environ) -> Expectation | None:

@@ -27,7 +27,9 @@ from typing import Any
 
 from tpuwatch.config import Config
 from tpuwatch.devices.base import DeviceReading, LinkReading, ProcessUse
+from tpuwatch.hw.chips import accelerators
 from tpuwatch.hw.deadline import CallTimeout, Lanes
+from tpuwatch.hw.pci import scan_pci
 from tpuwatch.hw.procfs import read_text
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,16 @@ def pci_bus_id(bus_id: str | bytes) -> str:
 
 def _text(value: str | bytes) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def build(config: Config) -> NvidiaBackend:
+    """The backend ``devices.backend: nvidia`` names."""
+    return NvidiaBackend(config)
+
+
+def chips(sysfs: str) -> list[str]:
+    """NVIDIA display-class PCI functions (3D or VGA controllers) under ``sysfs``, one per GPU."""
+    return [d.address for d in accelerators(scan_pci(sysfs))["nvidia"]]
 
 
 class GpuLost(Exception):

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
-from tpuwatch.config import Scenario, SimConfig
+from tpuwatch.config import Config, Scenario, SimConfig
 from tpuwatch.devices.base import DeviceReading
 from tpuwatch.hw.chips import CHIPS
 
@@ -54,6 +54,11 @@ def _model(chip: str) -> _Model:
     if row.hbm_bytes is None or row.idle_watts is None or row.max_watts is None:
         raise ValueError(f"chip {chip} cannot be simulated: no capacity or power range in the chip table")
     return _Model(row.hbm_bytes, row.idle_watts, row.max_watts)
+
+
+def build(config: Config) -> SimBackend:
+    """The backend ``devices.backend: sim`` names, from ``devices.sim``."""
+    return SimBackend(config.devices.sim)
 
 
 class SimBackend:

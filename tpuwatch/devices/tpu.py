@@ -54,6 +54,16 @@ class _Placed:
     pid: int | None = None  # the process whose runtime answered for the chip, when found (it holds the chip)
 
 
+def build(config: Config) -> TpuBackend:
+    """The backend ``devices.backend: tpu`` names."""
+    return TpuBackend(config)
+
+
+def chips(sysfs: str) -> list[str]:
+    """The first PCI function of each TPU chip under ``sysfs``."""
+    return [chip.pci for chip in discover_tpus(sysfs)]
+
+
 class TpuBackend:
     """Cloud TPU chips: sysfs discovery plus libtpu runtime metrics."""
 
