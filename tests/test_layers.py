@@ -27,7 +27,8 @@ ROOT = "tpuwatch"  # the package's own __init__.py
 
 # Bottom first.  A part may import the parts of its own layer and of the layers below; a new part gets a line.
 LAYERS: list[tuple[str, set[str]]] = [
-    ("the bottom: hardware and host facts, readings, how quantities read", {ROOT, "hw", "samples", "units"}),
+    ("the bottom: hardware and host facts, readings, how quantities read, the backends by name",
+     {ROOT, "hw", "samples", "units", "backends"}),
     ("plumbing", {"schema", "yamlfile", "statefile", "catalog", "logsetup", "sdnotify", "httpd", "malloc"}),
     ("config, the store, the state directory, the web config, the receiver types",
      {"config", "store", "statedir", "webconfig", "notifiers"}),

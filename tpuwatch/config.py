@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import yaml
 
 from tpuwatch import yamlfile
+from tpuwatch.backends import BACKENDS
 from tpuwatch.notifiers import ReceiverConfig
 from tpuwatch.schema import (
     Check,
@@ -21,6 +22,7 @@ from tpuwatch.schema import (
     Duration,
     FilePath,
     ListenAddress,
+    OneOf,
     Range,
     Url,
     build,
@@ -98,7 +100,7 @@ class ExpectedDevices(Check):
 class DevicesConfig:
     """Which device backend samples the accelerators, and how many chips the host should have."""
 
-    backend: Literal["auto", "tpu", "nvidia", "sim", "amd", "none"] = "auto"
+    backend: Annotated[str, OneOf(("auto", *BACKENDS, "none"))] = "auto"
     expected: Annotated[str, ExpectedDevices()] = "auto"
     sim: SimConfig = field(default_factory=SimConfig)
     tpu: TpuConfig = field(default_factory=TpuConfig)

@@ -179,6 +179,21 @@ class Duration(Check):
 
 
 @dataclasses.dataclass(frozen=True)
+class OneOf(Check):
+    """A name among ``choices``: a ``Literal`` whose names come from a registry's keys."""
+
+    parses = True
+
+    choices: tuple[str, ...] = ()
+
+    def convert(self, value: Any) -> str:
+        if value not in self.choices:
+            raise ValueError(f"must be one of {', '.join(self.choices)}; got {short(value)}"
+                             f"{did_you_mean(value, self.choices)}")
+        return str(value)
+
+
+@dataclasses.dataclass(frozen=True)
 class Range(Check):
     """A number within ``minimum..maximum``."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 
+from tpuwatch.backends import BACKENDS
 from tpuwatch.config import Config
 from tpuwatch.devices.base import DeviceBackend, DeviceReading
 from tpuwatch.hw.pci import pci_root
@@ -13,16 +14,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["BACKENDS", "DeviceBackend", "DeviceReading", "chips_of", "select_backend"]
 
-# Name -> the module that reads that kind of accelerator.  The module has ``build(config) -> DeviceBackend`` and,
-# to be picked by ``devices.backend: auto`` and counted by ``devices.expected: auto``, ``chips(sysfs) ->
-# list[str]``: the PCI address of each chip of its kind under ``sysfs``, one per chip.  A module is imported
-# when it is chosen or asked for its chips: a command that needs no backend does not pay for their imports.
-BACKENDS: dict[str, str] = {
-    "tpu": "tpuwatch.devices.tpu",
-    "nvidia": "tpuwatch.devices.nvidia",
-    "sim": "tpuwatch.devices.sim",
-    "amd": "tpuwatch.devices.amd",
-}
 
 
 def chips_of(name: str, sysfs: str) -> list[str]:
