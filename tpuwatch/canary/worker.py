@@ -100,7 +100,7 @@ def plan(args: argparse.Namespace) -> Plan:
     tpus = found["tpu"]
     platform = "tpu" if tpus else "gpu" if found["nvidia"] else "cpu"
     env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.05"}
-    if platform == "gpu":
+    if platform != "tpu":  # jax for CUDA or ROCm runs deterministic GPU ops; a CPU-only jax ignores the flag
         env["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_deterministic_ops=true").strip()
     locker = holds.lock_holder(args.lockfile) if platform == "tpu" else None
     if locker is not None:
