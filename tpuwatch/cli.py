@@ -60,8 +60,9 @@ COMMANDS: dict[str, Command] = {
                            2: "no such receiver, none configured, a secret unreadable, no outbox, or " + USAGE_EXIT},
                           "tpuwatch.alerting.testalert"),
     "top": Command("Show the chips live in the terminal: from the running daemon, else read from the hardware.",
-                   {0: "quit (q or Ctrl-C), or with --once every chip ok",
-                    1: "with --once: a chip is not ok, or the daemon of --url does not answer",
+                   {0: "quit (q or Ctrl-C), or with --once the host ok",
+                    1: "with --once: a chip is not ok, a fire drill cannot run, or the daemon of --url does not "
+                       "answer",
                     2: USAGE_EXIT}, "tpuwatch.views.top"),
     "alerts": Command("List the running daemon's pending and firing alerts.",
                       {0: "listed", 1: "the daemon cannot be asked", 2: USAGE_EXIT}, "tpuwatch.alerting.listing"),
