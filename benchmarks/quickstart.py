@@ -91,6 +91,7 @@ class Outcome:
     poll_s: list[float] = field(default_factory=list)
     pip: dict[str, int] = field(default_factory=dict)
     stop_rc: int | None = None
+    stop_s: float | None = None
     warnings: list[str] = field(default_factory=list)
     error: str | None = None
 
@@ -187,12 +188,6 @@ class Container:
         return ["nsenter", f"--target={self.holder.pid}", "--mount", "--", "sh", "-c",
                 f"cd {shlex.quote(str(self.src))} && exec {step}"]
 
-    def run(self, step: str, log: Path, timeout: float) -> int:
-        """Run ``step`` to its end, its output in ``log``; its exit status."""
-        with open(log, "w") as out:
-            return subprocess.run(self.argv(step), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                  env=self.env, timeout=timeout, preexec_fn=die_with_parent, check=False).returncode
-
     def output(self, step: str, timeout: float = 30.0) -> subprocess.CompletedProcess[str]:
         """Run ``step`` and capture what it prints."""
         return subprocess.run(self.argv(step), stdin=subprocess.DEVNULL, capture_output=True, text=True,
@@ -253,27 +248,28 @@ def run_scenario(steps: list[str], scenario: str, window: float) -> Outcome:
         raise BenchmarkError(f"127.0.0.1:{PORT} is taken by another process: the quick start needs it")
     venv, pip, daemon_step = for_scenario(steps, scenario)
     with container() as box:
-        logs = box.root
         start = time.monotonic()
-        if box.run(venv, logs / "venv.log", 600) != 0:
-            outcome.error = f"{venv} failed: {(logs / 'venv.log').read_text()[-500:]}"
-            return outcome
-        outcome.venv_s = time.monotonic() - start
-        pip_rc = box.run(pip, logs / "pip.log", 1800)
-        outcome.pip = pip_sources((logs / "pip.log").read_text())
-        if pip_rc != 0:
-            outcome.error = f"{pip} failed: {(logs / 'pip.log').read_text()[-500:]}"
-            return outcome
+        for step, timeout in ((venv, 600), (pip, 1800)):
+            done = box.output(step, timeout)
+            if done.returncode != 0:
+                outcome.error = f"{step} failed: {(done.stdout + done.stderr)[-500:]}"
+                return outcome
+            if step == venv:
+                outcome.venv_s = time.monotonic() - start
         outcome.install_s = time.monotonic() - start
+        outcome.pip = pip_sources(done.stdout)
         progress(f"{scenario}: installed in {outcome.install_s:.1f} s ({outcome.pip})")
-        daemon = box.start(daemon_step, logs / "daemon.log")
+        daemon = box.start(daemon_step, box.root / "daemon.log")
         try:
             watch(box, daemon, daemon_step, start, window, outcome)
         finally:
+            stopping = time.monotonic()
             outcome.stop_rc = stop(daemon)
-            outcome.warnings = log_warnings((logs / "daemon.log").read_text(errors="replace"))
+            outcome.stop_s = time.monotonic() - stopping
+            log = (box.root / "daemon.log").read_text(errors="replace")
+            outcome.warnings = log_warnings(log)
         if outcome.error is not None:
-            outcome.error += f"; daemon log: {(logs / 'daemon.log').read_text(errors='replace')[-800:]}"
+            outcome.error += f"; daemon log: {log[-800:]}"
     return outcome
 
 
@@ -322,6 +318,7 @@ def watch(box: Container, daemon: subprocess.Popen[bytes], daemon_step: str, sta
 
 
 def seconds(value: float | None) -> str:
+    """A time for the table; ``-`` when there is none."""
     return "-" if value is None else f"{value:.1f}"
 
 
@@ -363,8 +360,11 @@ def render(outcomes: list[Outcome], facts: dict[str, str], started: datetime, co
         lines.append(f"`tpuwatch alerts --json` took a median {statistics.median(polls):.2f} s (max "
                      f"{max(polls):.2f} s) per poll, {len(polls)} polls: a first alert is seen up to that plus 0.5 s "
                      "after the daemon lists it.")
-    stops = sorted({o.stop_rc for o in outcomes if o.stop_rc is not None})
-    lines.append(f"Every daemon stopped on SIGTERM with exit status {', '.join(map(str, stops)) or '-'}.")
+    stopped = [o for o in outcomes if o.stop_s is not None]
+    if stopped:
+        codes = ", ".join(sorted({str(o.stop_rc) for o in stopped}))
+        lines.append(f"The daemons stopped on SIGTERM with exit status {codes}, in "
+                     + ", ".join(f"{o.scenario} {o.stop_s:.1f} s" for o in stopped) + ".")
     for o in outcomes:
         if not o.alerts and o.warnings:
             lines.append(f"{o.scenario}: the daemon's log said: " + "; ".join(f"`{w}`" for w in o.warnings[:4]))
@@ -407,12 +407,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         steps = readme_steps(subprocess.run(["git", "-C", str(REPO_ROOT), "show", "HEAD:README.md"],
                                             capture_output=True, text=True, check=True).stdout)
+        facts = machine_facts(steps)
         outcomes = []
         for scenario in args.scenarios:
             progress(f"{scenario}: {' && '.join(for_scenario(steps, scenario))}")
             window = args.healthy_window if scenario == "healthy" else args.deadline
             outcomes.append(run_scenario(steps, scenario, window))
-        facts = machine_facts(steps)
     except KeyboardInterrupt:
         progress("interrupted: daemons stopped, no report written")
         return 130
