@@ -6,34 +6,27 @@ Usage::
     python benchmarks/quickstart.py [--scenarios NAME ...] [--deadline S] [--healthy-window S] [--quick]
                                     [--output BENCHMARKS.md]
 
-It reads the first command of README.md (in the copy below) and runs it, less
-its ``apt-get`` steps, once per ``--simulate`` scenario, each in a fresh
-"container": a ``git archive HEAD`` of this checkout (what a clone gives: no
-build artefacts) as the working directory, a fresh empty ``HOME`` (so pip's
-cache is empty), Debian's default ``PATH`` (``python3`` is ``/usr/bin/python3``),
-and a private mount namespace in which ``/opt`` and ``/var/lib`` are overlays
-on temporary directories with ``tpuwatch`` absent from both: the command's
-``/opt/tpuwatch`` venv and the daemon's default ``state_dir``
-``/var/lib/tpuwatch`` exist only there, nothing is written to the host's, and
-no scenario sees another's alerts.  No config file is given (an
-``/etc/tpuwatch`` on the host is hidden by an empty directory).  The network
-is the host's: the daemon listens on its default 127.0.0.1:9847, so the
-scenarios run one after another.  pip uses the machine's configured indexes
-(its ``PIP_*`` variables and ``/etc`` files are kept).
+It runs README.md's first command, less its ``apt-get`` steps, once per
+``--simulate`` scenario, each in a fresh "container": a ``git archive HEAD``
+copy of this checkout (what a clone gives) as the working directory, an empty
+``HOME`` (so pip's cache is empty; pip keeps the machine's ``PIP_*`` variables
+and ``/etc`` files), Debian's ``PATH`` (``python3`` is ``/usr/bin/python3``)
+and a private mount namespace in which ``/opt``, ``/var/lib`` and ``/etc`` are
+overlays on temporary directories, each ``tpuwatch`` in them an empty directory
+hiding whatever the host has or later puts there (someone installing the
+Debian package): the venv, the default ``state_dir`` and the absent config
+file are the container's alone.  The network is the host's, so the daemons
+take the default port 9847 one after another.
 
-Each step runs as the user types it, in the container (``nsenter`` into its
-mount namespace, as ``docker exec`` does): ``python3 -m venv /opt/tpuwatch``,
-``/opt/tpuwatch/bin/pip install .``, then the daemon, ``tpuwatch run
---simulate SCENARIO``.  Times are from the start of ``python3 -m venv``: the
-install done, the daemon answering ``/healthz`` (any status), and the first
-alert as the user sees it: ``/opt/tpuwatch/bin/tpuwatch alerts --json`` (the
-README's second command), started every 0.5 s from the container, until it
-lists a pending or firing alert or the deadline passes (``--deadline``, default
-600 s after serving; ``healthy`` is watched for ``--healthy-window``, default
-120 s, and should show none).  The anchor is the bare install in the same run
-(``pip install .``): first alerts are given from the start and after serving.
-Every daemon gets SIGTERM when its scenario ends, on Ctrl-C, on SIGTERM, and
-(``PR_SET_PDEATHSIG``) when this script dies.
+Each step runs in the container as typed (``nsenter`` into its namespace, as
+``docker exec`` does).  Times are from the start of ``python3 -m venv``: the
+install done, ``/healthz`` answering (any status), and the first alert as the
+user sees it: ``/opt/tpuwatch/bin/tpuwatch alerts --json`` started every
+0.5 s until it lists a pending or firing alert, or ``--deadline`` (600 s)
+after serving; ``healthy`` is watched for ``--healthy-window`` (120 s).  The
+anchor is the bare install in the same run: first alerts are also given after
+serving.  Every daemon gets SIGTERM when its scenario ends, on Ctrl-C, on
+SIGTERM, and (``PR_SET_PDEATHSIG``) when this script dies.
 
 Needs root and util-linux's ``unshare`` and ``nsenter``; rewrites the
 ``quickstart`` section of BENCHMARKS.md.
@@ -68,8 +61,7 @@ from common import BENCHMARKS_MD, REPO_ROOT, cpu_model, machine_and_command, wri
 
 SCENARIOS = ("healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost")
 DEBIAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-OVERLAID = ("/opt", "/var/lib")  # the parents of the venv and the default state_dir
-HIDDEN = "/etc/tpuwatch"
+OVERLAID = ("/opt", "/var/lib", "/etc")  # the parents of the venv, the default state_dir and the default config
 PORT = 9847
 POLL_S = 0.5
 SERVING_TIMEOUT_S = 120.0
@@ -145,6 +137,12 @@ def log_warnings(log: str) -> list[str]:
     return list(seen)
 
 
+def mount_points(mountinfo: str) -> list[str]:
+    """The mount points a ``/proc/PID/mountinfo`` lists, in its order (parents first)."""
+    return [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+            for line in mountinfo.splitlines() if line.strip()]
+
+
 # --- the container ---------------------------------------------------------------------------------------------
 
 
@@ -171,16 +169,21 @@ class Container:
             raise BenchmarkError(f"cannot make the container's mount namespace: {self.holder.stderr.read().strip()}")
 
     def _mount_script(self) -> str:
+        """Overlay each of OVERLAID, its ``tpuwatch`` an empty opaque directory of the upper layer (whatever the
+        host has or later puts there stays hidden), the mounts under it (a container's /etc/resolv.conf) kept."""
         lines = []
+        mounts = mount_points(Path("/proc/self/mountinfo").read_text())
         for index, lower in enumerate(OVERLAID):
             upper, work = self.root / f"upper{index}", self.root / f"work{index}"
-            upper.mkdir()
+            (upper / "tpuwatch").mkdir(parents=True)
+            os.setxattr(upper / "tpuwatch", "trusted.overlay.opaque", b"y")
             work.mkdir()
+            kept = [(m, self.root / f"kept{index}-{n}") for n, m in enumerate(mounts) if m.startswith(lower + "/")]
+            for mount, stage in kept:
+                (stage.mkdir if Path(mount).is_dir() else stage.touch)()
+            lines += [f"mount --bind {shlex.quote(mount)} {stage}" for mount, stage in kept]
             lines.append(f"mount -t overlay overlay -o lowerdir={lower},upperdir={upper},workdir={work} {lower}")
-            lines.append(f"rm -rf {lower}/tpuwatch")
-        if Path(HIDDEN).exists():
-            (self.root / "etc").mkdir()
-            lines.append(f"mount --bind {self.root / 'etc'} {HIDDEN}")
+            lines += [f"mount --bind {stage} {shlex.quote(mount)}" for mount, stage in kept]
         return " && ".join([*lines, "echo ready", "exec sleep infinity"])
 
     def argv(self, step: str) -> list[str]:
@@ -327,9 +330,9 @@ def render(outcomes: list[Outcome], facts: dict[str, str], started: datetime, co
     lines = ["## Quick start: install to first alert", "",
              "README.md's first command, less `apt-get`, run as a new user runs it, once per `--simulate` scenario, "
              "each in a fresh container (a `git archive HEAD` copy as the working directory, an empty HOME so pip's "
-             "cache is empty, Debian's PATH, `/opt` and `/var/lib` private overlays so that `/opt/tpuwatch` and the "
-             "default state directory `/var/lib/tpuwatch` are new and the host's untouched, no config file, the "
-             "default port 9847, one scenario after another). Times are seconds from the start of `python3 -m venv "
+             "cache is empty, Debian's PATH, `/opt`, `/var/lib` and `/etc` private overlays so that `/opt/tpuwatch`, "
+             "the default state directory `/var/lib/tpuwatch` and `/etc/tpuwatch` are new and empty and the host's "
+             "untouched, no config file, the default port 9847, one scenario after another). Times are seconds from the start of `python3 -m venv "
              "/opt/tpuwatch`: `pip install .` done, the daemon answering `/healthz`, and the first alert as the user "
              "sees it: `/opt/tpuwatch/bin/tpuwatch alerts --json` started every 0.5 s from the container. The anchor "
              "is the install itself, so the first alert is also given after serving.", "",
