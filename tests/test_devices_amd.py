@@ -266,6 +266,18 @@ def test_garbage_and_inaccessible_files_are_absent_and_logged_once(tmp_path: Pat
     assert any("ras/umc_err_count: 'Query currently inaccessible'" in m for m in warnings)
 
 
+def test_garbage_that_changes_at_every_read_is_remembered_within_a_bound(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    paths = host(tmp_path, "mi210")
+    used = gpu_dir(paths, "0000:c1:00.0") / "mem_info_vram_used"
+    backend = AmdBackend(config(paths))
+    with caplog.at_level(logging.WARNING, logger="tpuwatch.devices.amd"):
+        for n in range(backend._logged.limit + 50):
+            used.write_text(f"garbage {n}\n")
+            assert backend.read()[0].memory_used_bytes is None
+    assert len(caplog.messages) == backend._logged.limit  # one line per distinct problem, up to the bound
+
+
 def test_an_inaccessible_block_counts_what_it_last_said(tmp_path: Path) -> None:
     paths = host(tmp_path, "mi210")
     backend = AmdBackend(config(paths))

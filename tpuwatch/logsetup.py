@@ -155,3 +155,21 @@ def configure(level: str) -> None:
     root.addHandler(handler)
     _guard(root)
     logging.getLogger("apscheduler").setLevel(logging.WARNING)
+
+
+class Once:
+    """Which problems were already logged, so that each is logged once: ``once(key)`` is True the first time.
+
+    At most ``limit`` keys are remembered (a problem whose text changes at every read cannot grow it without
+    bound); past that, nothing new is logged.
+    """
+
+    def __init__(self, limit: int = 256) -> None:
+        self.limit = limit
+        self._seen: set[Any] = set()
+
+    def __call__(self, key: Any) -> bool:
+        if key in self._seen or len(self._seen) >= self.limit:
+            return False
+        self._seen.add(key)
+        return True

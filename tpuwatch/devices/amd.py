@@ -40,6 +40,7 @@ from tpuwatch.devices.base import DeviceReading, ProcessUse
 from tpuwatch.hw.deadline import CallTimeout, Lanes
 from tpuwatch.hw.pci import PciDevice, pci_root, scan_pci
 from tpuwatch.hw.procfs import scan_holders
+from tpuwatch.logsetup import Once
 from tpuwatch.samples import Sample, sample
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,6 @@ PROCESSING_ACCELERATOR = "0x12"  # PCI base class of the MI300 series (0x1200); 
 # every id: the PCI ID Repository (pci.ids, https://pci-ids.ucw.cz/read/PC/1002).
 INSTINCT = {"0x738c": "MI100", "0x738e": "MI100", "0x740f": "MI210", "0x740c": "MI250", "0x7408": "MI250X",
             "0x74a0": "MI300A", "0x74a1": "MI300X", "0x74a5": "MI325X"}
-KFD = "kfd"
 READ_TIMEOUT = 2.0  # at most; half the collector deadline when that is shorter
 TEMPERATURES = ("edge", "junction", "mem")
 RAS_KINDS = {"ue": "uncorrected", "ce": "corrected", "de": "deferred"}
@@ -224,7 +224,7 @@ class AmdBackend:
         self._ras: dict[str, dict[str, dict[str, int]]] = {}  # PCI address -> block -> kind -> last count
         self._holders: dict[int, tuple[str, set[str]]] = {}  # pid -> (command, device files)
         self._holders_at: float | None = None
-        self._logged: set[tuple[str, str]] = set()
+        self._logged = Once()
         self._host_samples: list[Sample] = []
 
     def host_samples(self) -> list[Sample]:
@@ -331,16 +331,20 @@ class AmdBackend:
                 for kind in ("corrected", "uncorrected")}
 
     def _once(self, pci: str, problem: str) -> None:
-        if (pci, problem) not in self._logged:
-            self._logged.add((pci, problem))
+        if self._logged((pci, problem)):
             log.warning("AMD GPU %s: %s (logged once)", pci, problem)
 
     def _scan_holders(self, gpus: list[AmdGpu]) -> None:
-        """Processes holding /dev/kfd or a GPU's render node, rescanned every holder_scan_interval."""
+        """Processes holding a GPU's render node, rescanned every holder_scan_interval (/dev/kfd is every GPU's:
+        its holders belong to none)."""
         now = self._clock()
         if self._holders_at is not None and now - self._holders_at < self.holder_scan_interval:
             return
-        patterns = [KFD, *(f for gpu in gpus for f in self._files(gpu))]
-        holders = scan_holders(self.paths.procfs, self.paths.dev, patterns)
-        self._holders = {pid: (h.command, h.device_files) for pid, h in holders.items()}
         self._holders_at = now
+        patterns = [f for gpu in gpus for f in self._files(gpu)]
+        try:
+            holders = scan_holders(self.paths.procfs, self.paths.dev, patterns) if patterns else {}
+        except OSError as exc:  # procfs unreadable: the GPUs are still read, their holders unknown
+            self._once("procfs", f"cannot scan {self.paths.procfs} for holders: {exc.strerror or exc}")
+            holders = {}
+        self._holders = {pid: (h.command, h.device_files) for pid, h in holders.items()}

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpuwatch.devices.runtime import KNOWN_METRICS, Entry, MalformedMetric, parse_response
+from tpuwatch.logsetup import Once
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class RuntimeClient:
         self.timeout = timeout
         self._stubs: dict[str, Any] = {}
         self._channels: list[Any] = []
-        self._logged: set[tuple[str, str, str]] = set()
+        self._logged = Once(MAX_LOGGED)
         self._offered: dict[str, frozenset[str]] = {}  # address -> known metrics it lists
         try:
             import grpc
@@ -148,9 +149,7 @@ class RuntimeClient:
         self._log_once(address, metric, problem)
 
     def _log_once(self, address: str, metric: str, problem: str) -> None:
-        key = (address, metric, problem)
-        if key not in self._logged and len(self._logged) < MAX_LOGGED:
-            self._logged.add(key)
+        if self._logged((address, metric, problem)):
             log.warning("libtpu runtime at %s: %s: %s (logged once)", address, metric, problem)
 
 

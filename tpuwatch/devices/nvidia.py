@@ -31,6 +31,7 @@ from tpuwatch.hw.chips import accelerators
 from tpuwatch.hw.deadline import CallTimeout, Lanes
 from tpuwatch.hw.pci import scan_pci
 from tpuwatch.hw.procfs import read_text
+from tpuwatch.logsetup import Once
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class NvidiaBackend:
         self._nvml: ModuleType | None = None
         self._identity: dict[int, tuple[str, str | None]] = {}  # index -> (name, PCI address) once read
         self._in_call: dict[int, str] = {}  # index -> the NVML function a GPU's lane is in
-        self._logged: set[tuple[int, str, str]] = set()
+        self._logged = Once()
         self._procfs = config.paths.procfs
         self._links: dict[int, tuple[int, ...]] = {}  # index -> the links its first read found
 
@@ -179,8 +180,7 @@ class NvidiaBackend:
             except nvml.NVMLError as exc:
                 if exc.value == getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", None):
                     continue
-                if exc.value not in quiet and (index, function, str(exc)) not in self._logged:
-                    self._logged.add((index, function, str(exc)))
+                if exc.value not in quiet and self._logged((index, function, str(exc))):
                     log.warning("GPU %d: NVML %s failed: %s (logged once)", index, function, exc)
                 return None
         return None
