@@ -11,9 +11,7 @@ is one factory and one entry in ``SOURCES`` or ``ACTIONS``.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import logging
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any, Protocol
 import psutil
 
 from tpuwatch.canary.collector import CanaryCollector
+from tpuwatch.canary.needs import jax_missing_here
 from tpuwatch.collectors import Collector
 from tpuwatch.collectors.host import HostCollector
 from tpuwatch.config import Config
@@ -183,9 +182,9 @@ def build_canary(config: Config, devices: DeviceCollector | None) -> CanaryColle
     """The daemon's canary, or None when it is off or jax is missing (said once at WARNING)."""
     if not config.canary.enabled:
         return None
-    if config.canary.python is None and importlib.util.find_spec("jax") is None:
-        log.warning("canary off: jax is not installed for %s (pip install 'tpuwatch[canary]', or point "
-                    "canary.python at an interpreter with jax)", sys.executable)
+    missing = jax_missing_here() if config.canary.python is None else None
+    if missing is not None:
+        log.warning("canary off: %s", missing)
         return None
     return CanaryCollector(config, lambda: [r.device for r in devices.last_readings] if devices is not None else [])
 

@@ -29,16 +29,20 @@ PROBE_TIMEOUT_S = 30.0
 _FIND_JAX = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('jax') else 1)"
 
 
+def jax_missing_here() -> str | None:
+    """Why a canary run by this interpreter cannot start (jax not installed), or None."""
+    if importlib.util.find_spec("jax") is not None:
+        return None
+    return f"jax is not installed for {sys.executable} ({INSTALL}, or point canary.python at an interpreter with jax)"
+
+
 def canary_unavailable(config: Config, timeout: float = PROBE_TIMEOUT_S) -> str | None:
     """Why the daemon's canary cannot run with ``config`` (off, or no jax where its worker would run), or None."""
     if not config.canary.enabled:
         return "canary.enabled is false"
     python = config.canary.python
     if python is None:
-        if importlib.util.find_spec("jax") is not None:
-            return None
-        return (f"jax is not installed for {sys.executable} ({INSTALL}, or point canary.python at an "
-                "interpreter with jax)")
+        return jax_missing_here()
     try:
         answer = subprocess.run([python, "-c", _FIND_JAX], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, timeout=timeout, check=False)
