@@ -31,6 +31,8 @@ NONE = "—"
 OWN = {"alertname", "severity"}  # every alert's; beside them the daemon adds host, Prometheus instance and job
 # Cases beyond test_alerting_rules' DEFAULT_CASES, for labels those leave out: (before, after, alert, severity).
 EXTRA_CASES = [
+    ([], [("tpuwatch_kernel_events_total", 1, {"rule": "nvidia_xid", "severity": "critical", "device": "0",
+                                               "gpu_instance": "5"})], "KernelHardwareErrorCritical", "critical"),
     ([], [("tpuwatch_memory_leak_suspected", 1, {"memory": "process", "device": "", "pid": "4242"})],
      "AcceleratorMemoryLeak", "warning"),
     ([], [("tpuwatch_memory_exhaustion_eta_seconds", 3600, {"memory": "process", "device": "", "pid": "4242"})],

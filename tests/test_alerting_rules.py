@@ -217,6 +217,11 @@ def test_alerts_about_a_lost_chip_are_inhibited_but_the_loss_itself_is_not() -> 
 
 
 # The list of what the built-in rules must catch, as (samples before, samples after, alert, severity).
+def _fabric(state: str, status: str, health: str) -> dict[str, str]:
+    return {"device": "0", "state": state, "status": status, "health": health, "clique_id": "1",
+            "cluster_uuid": "ab" * 16}
+
+
 DEFAULT_CASES = [
     ("uncorrectable ECC", [("tpuwatch_device_ecc_errors_total", 0, {"device": "0", "kind": "uncorrected"})],
      [("tpuwatch_device_ecc_errors_total", 1, {"device": "0", "kind": "uncorrected"})],
@@ -282,6 +287,33 @@ DEFAULT_CASES = [
      "AcceleratorInterconnectError", "critical"),
     ("process leak", [], [("tpuwatch_memory_leak_suspected", 1, {"memory": "process_hbm", "device": "0",
                                                                 "pid": "4242"})], "AcceleratorMemoryLeak", "warning"),
+    ("GPU needs a reset at start", [], [("tpuwatch_device_recovery_action", 1, {"device": "0", "action": "gpu_reset"})],
+     "AcceleratorRecoveryActionRequired", "critical"),
+    ("node reboot", [], [("tpuwatch_device_recovery_action", 2, {"device": "1", "action": "node_reboot"})],
+     "AcceleratorRecoveryActionRequired", "critical"),
+    ("drain P2P", [], [("tpuwatch_device_recovery_action", 3, {"device": "0", "action": "drain_p2p"})],
+     "AcceleratorRecoveryActionRequired", "warning"),
+    ("a recovery action newer than tpuwatch", [], [("tpuwatch_device_recovery_action", 9, {"device": "0",
+                                                                                          "action": "9"})],
+     "AcceleratorRecoveryActionRequired", "warning"),
+    ("Xid 154 node reboot", [], [("tpuwatch_kernel_recovery_actions_total", 1, {"device": "0",
+                                                                               "action": "node_reboot"})],
+     "AcceleratorRecoveryActionRequired", "critical"),
+    ("Xid 154 recover IMEX domain", [], [("tpuwatch_kernel_recovery_actions_total", 1,
+                                          {"device": "0", "action": "recover_imex_domain"})],
+     "AcceleratorRecoveryActionRequired", "warning"),
+    ("fabric manager down", [], [("tpuwatch_device_fabric_info", 1, _fabric("not_started", "success", ""))],
+     "AcceleratorFabricUnhealthy", "critical"),
+    ("fabric registration failed", [], [("tpuwatch_device_fabric_info", 1, _fabric("completed", "timeout", "healthy"))],
+     "AcceleratorFabricUnhealthy", "critical"),
+    ("fabric unhealthy", [], [("tpuwatch_device_fabric_info", 1, _fabric("completed", "success", "unhealthy"))],
+     "AcceleratorFabricUnhealthy", "critical"),
+    ("fabric limited capacity", [], [("tpuwatch_device_fabric_info", 1,
+                                      _fabric("completed", "success", "limited_capacity"))],
+     "AcceleratorFabricUnhealthy", "warning"),
+    ("field read failing", [], [("tpuwatch_device_read_errors_total", 5, {"device": "0",
+                                                                         "field": "nvmlDeviceGetPowerUsage"})],
+     "AcceleratorReadFailing", "warning"),
 ]
 
 
@@ -318,6 +350,11 @@ def test_default_rules_stay_quiet_on_a_healthy_chip() -> None:
                sample("tpuwatch_device_memory_total_bytes", 100, device="0"),
                sample("tpuwatch_collector_success", 1, collector="devices")]
     samples.append(sample("tpuwatch_device_ecc_errors_total", 500, device="0", kind="corrected"))  # old news
+    samples += [sample("tpuwatch_device_recovery_action", 0, device="0", action="none"),
+                sample("tpuwatch_kernel_recovery_actions_total", 1, device="0", action="none"),
+                sample("tpuwatch_device_read_errors_total", 1, device="0", field="nvmlDeviceGetPowerUsage"),
+                sample("tpuwatch_device_fabric_info", 1, device="0", state="completed", status="success",
+                       health="healthy", clique_id="1", cluster_uuid="ab" * 16)]
     tracker = Tracker()
     for t in (0, 10):
         tracker.observe(samples, tracks(r.rule for r in rules), T0 + t)

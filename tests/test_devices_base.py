@@ -10,6 +10,8 @@ from tpuwatch.catalog import CATALOG, spec_of
 from tpuwatch.devices.base import (
     HARDWARE_ONLY_FAMILIES,
     DeviceReading,
+    Fabric,
+    GpuInstance,
     LinkReading,
     Summary,
     reading_samples,
@@ -31,6 +33,8 @@ FULL = DeviceReading(
     memory_repair_pending=True, row_remap_failed=False, pcie_replays_total=7,
     throttle_reasons={"gpu_idle": True, "hw_slowdown": False, "board_limit": False},
     links=(LinkReading(0, True, {"crc_flit": 3, "replay": 0}), LinkReading(1, False, {})),
+    recovery_action=2, fabric=Fabric("completed", "success", 7, "ab" * 16, "limited_capacity", 0x4),
+    instances=(GpuInstance(3, 1 << 30, 10 << 30), GpuInstance(5, None, None)),
 )
 
 
@@ -46,7 +50,17 @@ def test_every_sample_of_a_full_reading_is_catalogued_with_its_labels() -> None:
     for s in samples:
         spec = spec_of(s.name)
         quantile = ("quantile",) if spec.kind == "summary" and s.name == spec.name else ()
-        assert tuple(sorted(spec.labels + quantile)) == tuple(name for name, _ in s.labels), s.name
+        optional = tuple(name for name in spec.optional_labels if name in dict(s.labels))
+        assert tuple(sorted(spec.labels + quantile + optional)) == tuple(name for name, _ in s.labels), s.name
+    nvidia = {(s.name, s.labels): s.value for s in samples if "recovery" in s.name or "fabric" in s.name
+              or "gpu_instance" in dict(s.labels)}
+    assert nvidia == {
+        ("tpuwatch_device_recovery_action", (("action", "node_reboot"), ("device", "0"))): 2,
+        ("tpuwatch_device_fabric_info", (("clique_id", "7"), ("cluster_uuid", "ab" * 16), ("device", "0"),
+                                         ("health", "limited_capacity"), ("state", "completed"),
+                                         ("status", "success"))): 1,
+        ("tpuwatch_device_memory_used_bytes", (("device", "0"), ("gpu_instance", "3"))): 1 << 30,
+        ("tpuwatch_device_memory_total_bytes", (("device", "0"), ("gpu_instance", "3"))): 10 << 30}
     status = {dict(s.labels)["status"]: s.value for s in samples if s.name == "tpuwatch_device_driver_status"}
     assert status == {"ALIVE": 0, "LAMED": 1, "DEAD": 0, "DRIVER_EXITING": 0}
     timing = {(s.name, dict(s.labels).get("quantile")): s.value for s in samples if "hlo_execution" in s.name}

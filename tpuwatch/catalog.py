@@ -21,6 +21,8 @@ class MetricSpec:
     help: str
     labels: tuple[str, ...] = ()  # a summary's samples also carry "quantile", its _count and _sum do not
     allow_negative: bool = False
+    # Labels only some samples carry (a MIG instance on NVIDIA), exposed only where they do.
+    optional_labels: tuple[str, ...] = ()
 
 
 _SPECS = [
@@ -29,8 +31,12 @@ _SPECS = [
                ("device", "chip", "pci", "backend")),
     MetricSpec("tpuwatch_device_up", "gauge", "1 if the chip is present and responding, 0 if it was lost.",
                ("device",)),
-    MetricSpec("tpuwatch_device_memory_used_bytes", "gauge", "Device memory (HBM) in use.", ("device",)),
-    MetricSpec("tpuwatch_device_memory_total_bytes", "gauge", "Device memory (HBM) capacity.", ("device",)),
+    MetricSpec("tpuwatch_device_memory_used_bytes", "gauge",
+               "Device memory (HBM) in use; with gpu_instance, that of a MIG GPU instance (NVIDIA).", ("device",),
+               optional_labels=("gpu_instance",)),
+    MetricSpec("tpuwatch_device_memory_total_bytes", "gauge",
+               "Device memory (HBM) capacity; with gpu_instance, that of a MIG GPU instance (NVIDIA).", ("device",),
+               optional_labels=("gpu_instance",)),
     MetricSpec("tpuwatch_device_utilization_ratio", "gauge", "Compute utilization (duty cycle), 0-1.",
                ("device",)),
     MetricSpec("tpuwatch_device_temperature_celsius", "gauge", "Chip temperature.", ("device",),
@@ -91,8 +97,8 @@ _SPECS = [
                "Processes using the chip (NVML's running processes; a TPU's device-file holders).", ("device",)),
     MetricSpec("tpuwatch_process_device_memory_used_bytes", "gauge",
                "Device memory a process uses on the chip, where the hardware reports it per process (NVML; a "
-               "TPU process whose runtime answers for the chip).",
-               ("device", "pid", "command", "namespace", "pod", "container")),
+               "TPU process whose runtime answers for the chip); gpu_instance: the MIG instance it runs in.",
+               ("device", "pid", "command", "namespace", "pod", "container"), optional_labels=("gpu_instance",)),
     MetricSpec("tpuwatch_devices_expected", "gauge",
                "Accelerator chips this host should have (devices.expected), by where the number comes from "
                "(config, accelerator_type, simulator, pci).", ("source",)),
@@ -104,6 +110,22 @@ _SPECS = [
     MetricSpec("tpuwatch_device_nvlink_errors_total", "counter",
                "NVLink errors since the driver loaded by kind (replay, recovery, crc_flit, crc_data, ecc_data).",
                ("device", "link", "kind")),
+    MetricSpec("tpuwatch_device_recovery_action", "gauge",
+               "The recovery action the NVIDIA driver asks for the GPU (NVML field 230), its number as value and "
+               "in words: none, gpu_reset, node_reboot, drain_p2p, drain_and_reset, recover_imex_domain, "
+               "bus_reset, system_reboot (a newer one by its number); absent where the driver does not know it.",
+               ("device", "action")),
+    MetricSpec("tpuwatch_device_fabric_info", "gauge",
+               "A GPU's NVLink fabric registration (NVSwitch systems; absent on PCIe GPUs): state (not_started, "
+               "in_progress, completed), status (success or the error), health summary (healthy, unhealthy, "
+               "limited_capacity; \"\" where the driver has none), clique and cluster; value is always 1.",
+               ("device", "state", "status", "health", "clique_id", "cluster_uuid")),
+    MetricSpec("tpuwatch_device_read_errors_total", "counter",
+               "Reads of a chip's field that failed other than for want of support (the field stays absent), "
+               "by field (for NVIDIA the NVML function), since tpuwatch started.", ("device", "field")),
+    MetricSpec("tpuwatch_kernel_recovery_actions_total", "counter",
+               "NVIDIA Xid 154 lines by the recovery action they ask of the GPU (kernel log).",
+               ("device", "action")),
     MetricSpec("tpuwatch_device_ras_errors_total", "counter",
                "RAS errors the amdgpu driver counts per block (umc, gfx, sdma, ...) by kind (corrected, "
                "uncorrected, deferred where the block reports it).", ("device", "block", "kind")),
@@ -115,8 +137,9 @@ _SPECS = [
                "e.g. HANG_DETECTED) or slice (kind: its type) (libtpu runtime).", ("source", "kind")),
     # --- kernel log ---
     MetricSpec("tpuwatch_kernel_events_total", "counter",
-               "Kernel log lines matched by a rule, by rule, severity and device (\"\" when unattributed).",
-               ("rule", "severity", "device")),
+               "Kernel log lines matched by a rule, by rule, severity and device (\"\" when unattributed); "
+               "gpu_instance: the MIG instance an Xid line names.", ("rule", "severity", "device"),
+               optional_labels=("gpu_instance",)),
     MetricSpec("tpuwatch_kernel_log_records_total", "counter", "Kernel log records read, by source.", ("source",)),
     MetricSpec("tpuwatch_kernel_log_lost_total", "counter",
                "Kernel log records lost before they were read (kmsg ring-buffer overrun), by source.", ("source",)),

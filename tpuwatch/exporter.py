@@ -48,7 +48,9 @@ def families(samples: Iterable[Sample]) -> list[Metric]:
             family = GaugeMetricFamily(name, spec.help, labels=spec.labels)
         for s in group:
             labels = dict(s.labels)
-            family.add_metric([labels.get(label, "") for label in spec.labels], s.value)
+            exposed = {label: labels.get(label, "") for label in spec.labels}
+            exposed.update({label: labels[label] for label in spec.optional_labels if labels.get(label)})
+            family.samples.append(ExpositionSample(name, exposed, s.value))
         out.append(family)
     return out
 

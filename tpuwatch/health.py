@@ -15,6 +15,7 @@ from tpuwatch.canary.needs import blocked_drills
 from tpuwatch.collectors import GuardedCollector
 from tpuwatch.devices import DeviceReading
 from tpuwatch.devices.collector import DeviceCollector
+from tpuwatch.hw.recovery import action_words
 from tpuwatch.kernel_log.collector import event_problems
 from tpuwatch.statedir import StateDir, holder, probe
 from tpuwatch.units import celsius
@@ -40,6 +41,11 @@ def device_problems(readings: Iterable[DeviceReading]) -> list[str]:
             problems.append(f"{where}: row remapping failed (memory cannot be repaired, replace the GPU)")
         elif r.memory_repair_pending:
             problems.append(f"{where}: memory repair pending (page retirement or row remap needs a GPU reset)")
+        if r.recovery_action:
+            problems.append(f"{where}: the driver asks for a recovery action: {action_words(r.recovery_action)}")
+        if r.fabric is not None and r.fabric.problem:
+            problems.append(f"{where}: {r.fabric.problem}")
+        problems += [f"{where}: {field} could not be read ({error})" for field, error in sorted(r.read_errors.items())]
         if r.ecc_uncorrected_total:
             problems.append(f"{where}: {int(r.ecc_uncorrected_total)} uncorrectable ECC error(s) "
                             "since the driver loaded")

@@ -158,7 +158,7 @@ class _Read:
 
     root: Path
     texts: dict[str, str | None]
-    failures: list[str]
+    failures: dict[str, str]  # file -> why it could not be read
 
 
 class _Reader:
@@ -167,7 +167,7 @@ class _Reader:
     def __init__(self, root: Path, current: dict[str, str]) -> None:
         self.root = root
         self.current = current
-        self.read = _Read(root, {}, [])
+        self.read = _Read(root, {}, {})
 
     def text(self, relative: str) -> str | None:
         path = self.root / relative
@@ -182,7 +182,7 @@ class _Reader:
         except OSError as exc:
             if exc.errno == errno.ENODEV:
                 raise GpuLost(f"{path}: {exc.strerror}") from None
-            self.read.failures.append(f"{relative}: {exc.strerror or exc}")
+            self.read.failures[relative] = f"{path}: {exc.strerror or exc}"
             text = None
         self.read.texts[relative] = text
         return text
@@ -273,7 +273,7 @@ class AmdBackend:
 
     def _reading(self, gpu: AmdGpu, read: _Read) -> DeviceReading:
         where = f"sysfs:{read.root}"
-        for failure in read.failures:
+        for failure in read.failures.values():
             self._once(gpu.pci, failure)
         fields: dict[str, Any] = {}
         sources = {"presence": where}
@@ -301,7 +301,7 @@ class AmdBackend:
         processes = tuple(ProcessUse(pid, command) for pid, (command, files) in sorted(self._holders.items())
                           if set(self._files(gpu)) & files)
         return DeviceReading(device=str(self._indices[gpu.pci]), chip=gpu.product, pci=gpu.pci, sources=sources,
-                             device_files=self._files(gpu), processes=processes,
+                             device_files=self._files(gpu), processes=processes, read_errors=read.failures,
                              owners=tuple(f"{p.pid} ({p.command})" for p in processes), **fields)
 
     def _number(self, pci: str, read: _Read, name: str) -> float | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from tpuwatch.hw.recovery import action_name
 from tpuwatch.samples import Sample, sample
 
 
@@ -30,6 +31,7 @@ class ProcessUse:
     pid: int
     command: str
     device_memory_bytes: float | None = None
+    gpu_instance: int | None = None  # the MIG GPU instance it runs in (NVIDIA)
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,39 @@ class LinkReading:
     link: int
     up: bool
     errors: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GpuInstance:
+    """One MIG GPU instance (NVIDIA): its id and device memory."""
+
+    gpu_instance: int
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """An NVIDIA GPU's fabric registration: state, status (nvmlReturn_t of the registration, "success" or an error's
+    words), clique and cluster, and where the driver tells it the health summary and mask."""
+
+    state: str
+    status: str
+    clique_id: int
+    cluster_uuid: str
+    health: str | None = None
+    health_mask: int | None = None
+
+    @property
+    def problem(self) -> str | None:
+        """Why the GPU cannot use its fabric (registration pending, failed, unhealthy), or None."""
+        if self.state != "completed":
+            return f"fabric registration {self.state.replace('_', ' ')} (is the Fabric Manager running?)"
+        if self.status != "success":
+            return f"fabric registration failed: {self.status}"
+        if self.health in ("unhealthy", "limited_capacity"):
+            return f"fabric health {self.health.replace('_', ' ')} (health mask 0x{self.health_mask or 0:x})"
+        return None
 
 
 @dataclass(frozen=True)
@@ -93,8 +128,22 @@ class DeviceReading:
     processes: tuple[ProcessUse, ...] | None = None
     # NVLinks that are active or were seen active since tpuwatch started; None: the chip has none it reports.
     links: tuple[LinkReading, ...] | None = None
+    # NVIDIA: the recovery action the driver asks for (tpuwatch.hw.recovery), None where not supported.
+    recovery_action: int | None = None
+    # NVIDIA: the GPU's fabric registration (NVSwitch systems), None on GPUs without one.
+    fabric: Fabric | None = None
+    # NVIDIA: MIG GPU instances while MIG is enabled (at most 7 per GPU), None otherwise.
+    instances: tuple[GpuInstance, ...] | None = None
+    # Fields whose read failed this time (not for want of support): field -> error, counted by the devices
+    # collector (tpuwatch_device_read_errors_total) and reported by check.
+    read_errors: dict[str, str] = field(default_factory=dict)
     # What was read from where, e.g. {"memory": "libtpu:localhost:8431", "status": "sysfs:/sys/..."}.
     sources: dict[str, str] = field(default_factory=dict)
+
+
+def slug(text: str) -> str:
+    """Words as a label value: "Insufficient Resources" -> "insufficient_resources"."""
+    return "_".join(text.lower().split())
 
 
 def sources_line(sources: dict[str, str]) -> str:
@@ -160,7 +209,8 @@ HARDWARE_ONLY_FAMILIES = frozenset(
     {metric for attribute, metric in _GAUGES if attribute not in _SIMULATED}
     | {metric for attribute, metric, _, _ in _LABELLED if attribute not in _SIMULATED}
     | {"tpuwatch_device_driver_status", "tpuwatch_device_throttle_active", HLO_EXECUTION, MEGASCALE,
-       "tpuwatch_device_nvlink_up", "tpuwatch_device_nvlink_errors_total"}
+       "tpuwatch_device_nvlink_up", "tpuwatch_device_nvlink_errors_total", "tpuwatch_device_recovery_action",
+       "tpuwatch_device_fabric_info"}
 )
 
 
@@ -190,6 +240,18 @@ def reading_samples(reading: DeviceReading, backend: str) -> list[Sample]:
         out += summary_samples(HLO_EXECUTION, reading.hlo_execution_seconds, device=device)
     for metric, buffer_size, latency in reading.megascale or ():
         out += summary_samples(MEGASCALE, latency, device=device, metric=metric, buffer_size=buffer_size)
+    if reading.recovery_action is not None:
+        out.append(sample("tpuwatch_device_recovery_action", reading.recovery_action, device=device,
+                          action=action_name(reading.recovery_action)))
+    if reading.fabric is not None:
+        f = reading.fabric
+        out.append(sample("tpuwatch_device_fabric_info", 1, device=device, state=f.state, status=slug(f.status),
+                          health=f.health or "", clique_id=str(f.clique_id), cluster_uuid=f.cluster_uuid))
+    for instance in reading.instances or ():
+        for attribute, metric in _GAUGES[:2]:
+            value = getattr(instance, attribute)
+            if value is not None:
+                out.append(sample(metric, value, device=device, gpu_instance=str(instance.gpu_instance)))
     for link in reading.links or ():
         out.append(sample("tpuwatch_device_nvlink_up", 1 if link.up else 0, device=device, link=str(link.link)))
         out += [sample("tpuwatch_device_nvlink_errors_total", count, device=device, link=str(link.link), kind=kind)

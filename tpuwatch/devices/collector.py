@@ -10,11 +10,12 @@ from tpuwatch.devices.expected import Expectation, missing_problem, missing_samp
 from tpuwatch.devices.processes import DEFAULT_CAP, process_samples
 from tpuwatch.devices.seen import SeenThisBoot, is_number
 from tpuwatch.pods import PodLookup
-from tpuwatch.samples import Sample
+from tpuwatch.samples import Sample, sample
 
 log = logging.getLogger(__name__)
 
 MAX_REMEMBERED_DEVICES = 1024
+MAX_READ_ERROR_SERIES = 1024  # (device, field) pairs counted; past it, new pairs are logged, not counted
 
 
 class DeviceCollector:
@@ -41,6 +42,7 @@ class DeviceCollector:
         self._known: dict[str, DeviceReading] = {device: DeviceReading(device=device, chip=chip, pci=pci)
                                                   for device, (chip, pci) in self.seen.chips.items()}
         self._restored = set(self._known)
+        self._read_errors: dict[tuple[str, str], int] = {}
 
     @property
     def degraded(self) -> str | None:
@@ -81,6 +83,7 @@ class DeviceCollector:
         self.last_readings = sorted(readings.values(), key=lambda r: _device_order(r.device))
         out = [s for r in self.last_readings for s in reading_samples(r, self.backend.name)]
         out += [s for r in self.last_readings for s in process_samples(r, self.pods, self.max_processes)]
+        out += self._read_error_samples()
         out += self._expected_samples()
         host_samples = getattr(self.backend, "host_samples", None)  # readings the backend ties to no chip
         return out + list(host_samples()) if host_samples is not None else out
@@ -98,6 +101,17 @@ class DeviceCollector:
                 del self._known[device]
                 self.seen.forget(device)
         self._restored = set()
+
+    def _read_error_samples(self) -> list[Sample]:
+        """``tpuwatch_device_read_errors_total{device,field}``: reads of a field that failed (not for want of
+        support), counted per cycle since tpuwatch started; a pair appears with its first failure."""
+        for reading in self.last_readings:
+            for field in reading.read_errors:
+                key = (reading.device, field)
+                if key in self._read_errors or len(self._read_errors) < MAX_READ_ERROR_SERIES:
+                    self._read_errors[key] = self._read_errors.get(key, 0) + 1
+        return [sample("tpuwatch_device_read_errors_total", count, device=device, field=field)
+                for (device, field), count in sorted(self._read_errors.items())]
 
     def _expected_samples(self) -> list[Sample]:
         if self.expected is None:

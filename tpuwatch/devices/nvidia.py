@@ -13,7 +13,10 @@ UUID and minor number (the names the device plugin and /dev give it), and its NV
 and, while it is active, its error counters (replay, recovery, CRC flit, CRC data, ECC data).  Which links
 a GPU has is learnt on its first read (links 0 to NVML_NVLINK_MAX_LINKS - 1 that answer); every one is
 reported, and the devices collector exports a link once it has been seen active this boot
-(``tpuwatch.devices.links``), so unused ports are not reported down.
+(``tpuwatch.devices.links``), so unused ports are not reported down.  Also the recovery action the driver
+asks for and the fabric registration (``nvidia_health``), and MIG instances with their memory and processes
+(``nvidia_mig``).  A read that fails other than NOT_SUPPORTED leaves its value absent and is named in the
+reading's ``read_errors`` (``nvidia_calls``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from types import ModuleType
 from typing import Any
 
 from tpuwatch.config import Config
-from tpuwatch.devices.base import DeviceReading, LinkReading, ProcessUse
+from tpuwatch.devices import nvidia_health, nvidia_mig
+from tpuwatch.devices.base import DeviceReading, LinkReading
+from tpuwatch.devices.nvidia_calls import GpuCalls, GpuLost
 from tpuwatch.hw.chips import accelerators
 from tpuwatch.hw.deadline import CallTimeout, Lanes
 from tpuwatch.hw.pci import scan_pci
@@ -55,7 +60,6 @@ SUPPORTED_REASONS = ("nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetS
 CURRENT_REASONS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
 NVML_FEATURE_ENABLED = 1
 RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's resource; its device ids are the GPUs' UUIDs (or indices)
-RUNNING_PROCESSES = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
 # nvmlNvLinkErrorCounter_t (pynvml.py NVML_NVLINK_ERROR_DL_*) -> the ``kind`` label.
 NVLINK_ERRORS = {"NVML_NVLINK_ERROR_DL_REPLAY": "replay", "NVML_NVLINK_ERROR_DL_RECOVERY": "recovery",
                  "NVML_NVLINK_ERROR_DL_CRC_FLIT": "crc_flit", "NVML_NVLINK_ERROR_DL_CRC_DATA": "crc_data",
@@ -87,10 +91,6 @@ def build(config: Config) -> NvidiaBackend:
 def chips(sysfs: str) -> list[str]:
     """NVIDIA display-class PCI functions (3D or VGA controllers) under ``sysfs``, one per GPU."""
     return [d.address for d in accelerators(scan_pci(sysfs))["nvidia"]]
-
-
-class GpuLost(Exception):
-    """NVML answered NVML_ERROR_GPU_IS_LOST."""
 
 
 class NvidiaBackend:
@@ -151,72 +151,39 @@ class NvidiaBackend:
         return DeviceReading(device=str(index), chip=name, pci=pci, up=False, problem=problem,
                              sources={"presence": "nvml"})
 
-    def _call(self, nvml: Any, index: int, function: str, *args: Any, **kwargs: Any) -> Any:
-        """A required NVML call; GpuLost on NVML_ERROR_GPU_IS_LOST."""
-        self._in_call[index] = function
-        try:
-            return getattr(nvml, function)(*args, **kwargs)
-        except nvml.NVMLError as exc:
-            if exc.value == nvml.NVML_ERROR_GPU_IS_LOST:
-                raise GpuLost(f"{function}: {exc}") from None
-            raise
-
-    def _optional(self, nvml: Any, index: int, function: str, *args: Any, **kwargs: Any) -> Any:
-        """An NVML call whose failure makes its value absent (logged once unless NOT_SUPPORTED)."""
-        return self._first(nvml, index, (function,), *args, **kwargs)
-
-    def _first(self, nvml: Any, index: int, functions: tuple[str, ...], *args: Any, **kwargs: Any) -> Any:
-        """The first of ``functions`` that this nvidia-ml-py and driver have; None if none answers.
-
-        A function the module lacks, or the driver library lacks (NVML_ERROR_FUNCTION_NOT_FOUND),
-        passes on to the next; other failures make the value absent, logged once unless NOT_SUPPORTED.
-        """
-        quiet = {nvml.NVML_ERROR_NOT_SUPPORTED, getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", None)}
-        for function in functions:
-            if not hasattr(nvml, function):
-                continue
-            try:
-                return self._call(nvml, index, function, *args, **kwargs)
-            except nvml.NVMLError as exc:
-                if exc.value == getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", None):
-                    continue
-                if exc.value not in quiet and self._logged((index, function, str(exc))):
-                    log.warning("GPU %d: NVML %s failed: %s (logged once)", index, function, exc)
-                return None
-        return None
-
     def _read_gpu(self, nvml: Any, index: int) -> DeviceReading:
         """Everything NVML tells about one GPU (runs in the GPU's lane)."""
-        handle = self._call(nvml, index, "nvmlDeviceGetHandleByIndex", index)
-        name = _text(self._call(nvml, index, "nvmlDeviceGetName", handle))
-        pci = pci_bus_id(self._call(nvml, index, "nvmlDeviceGetPciInfo", handle).busId)
+        calls = GpuCalls(nvml, index, self._in_call, self._logged)
+        handle = calls.call("nvmlDeviceGetHandleByIndex", index)
+        name = _text(calls.call("nvmlDeviceGetName", handle))
+        pci = pci_bus_id(calls.call("nvmlDeviceGetPciInfo", handle).busId)
         self._identity[index] = (name, pci)
         fields: dict[str, Any] = {}
-        memory = self._optional(nvml, index, "nvmlDeviceGetMemoryInfo", handle)
+        memory = calls.optional("nvmlDeviceGetMemoryInfo", handle)
         if memory is not None:
             fields.update(memory_used_bytes=float(memory.used), memory_total_bytes=float(memory.total))
         if hasattr(nvml, "nvmlMemory_v2"):  # used stays v1's: NVML's docs disagree on whether v2's includes reserved
-            memory_v2 = self._first(nvml, index, ("nvmlDeviceGetMemoryInfo",), handle, version=nvml.nvmlMemory_v2)
+            memory_v2 = calls.first(("nvmlDeviceGetMemoryInfo",), handle, version=nvml.nvmlMemory_v2,
+                                    field="nvmlDeviceGetMemoryInfo_v2")
             fields["memory_reserved_bytes"] = float(memory_v2.reserved) if memory_v2 is not None else None
-        utilization = self._optional(nvml, index, "nvmlDeviceGetUtilizationRates", handle)
+        utilization = calls.optional("nvmlDeviceGetUtilizationRates", handle)
         if utilization is not None:
             fields["utilization_ratio"] = utilization.gpu / 100.0
-        fields["temperature_celsius"] = self._optional(nvml, index, "nvmlDeviceGetTemperature", handle,
-                                                       nvml.NVML_TEMPERATURE_GPU)
-        power = self._optional(nvml, index, "nvmlDeviceGetPowerUsage", handle)
+        fields["temperature_celsius"] = calls.optional("nvmlDeviceGetTemperature", handle, nvml.NVML_TEMPERATURE_GPU)
+        power = calls.optional("nvmlDeviceGetPowerUsage", handle)
         fields["power_watts"] = power / 1000.0 if power is not None else None
         for kind, error_type in (("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
                                  ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
             for suffix, counter in (("", nvml.NVML_VOLATILE_ECC), ("_aggregate", nvml.NVML_AGGREGATE_ECC)):
-                fields[f"ecc_{kind}{suffix}_total"] = self._optional(nvml, index, "nvmlDeviceGetTotalEccErrors",
-                                                                     handle, error_type, counter)
+                fields[f"ecc_{kind}{suffix}_total"] = calls.optional("nvmlDeviceGetTotalEccErrors", handle,
+                                                                     error_type, counter)
         causes = (("retired_pages_single_bit", nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS),
                   ("retired_pages_double_bit", nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR))
         for attribute, cause in causes:
-            pages = self._optional(nvml, index, "nvmlDeviceGetRetiredPages", handle, cause)
+            pages = calls.optional("nvmlDeviceGetRetiredPages", handle, cause)
             fields[attribute] = float(len(pages)) if pages is not None else None
-        pages_pending = self._optional(nvml, index, "nvmlDeviceGetRetiredPagesPendingStatus", handle)
-        rows = self._optional(nvml, index, "nvmlDeviceGetRemappedRows", handle)
+        pages_pending = calls.optional("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        rows = calls.optional("nvmlDeviceGetRemappedRows", handle)
         rows_pending = None
         if rows is not None:
             corrected, uncorrected, rows_pending, failed = rows
@@ -225,68 +192,52 @@ class NvidiaBackend:
         pending = [bool(p) for p in (None if pages_pending is None else pages_pending == NVML_FEATURE_ENABLED,
                                      rows_pending) if p is not None]
         fields["memory_repair_pending"] = any(pending) if pending else None
-        fields["pcie_replays_total"] = self._optional(nvml, index, "nvmlDeviceGetPcieReplayCounter", handle)
-        supported = self._first(nvml, index, SUPPORTED_REASONS, handle)
-        active = self._first(nvml, index, CURRENT_REASONS, handle)
+        fields["pcie_replays_total"] = calls.optional("nvmlDeviceGetPcieReplayCounter", handle)
+        supported = calls.first(SUPPORTED_REASONS, handle)
+        active = calls.first(CURRENT_REASONS, handle)
         if supported is not None and active is not None:
             fields["throttle_reasons"] = throttle_reasons(supported, active)
-        fields.update(self._identity_fields(nvml, index, handle))
-        fields["processes"] = self._processes(nvml, index, handle)
-        fields["links"] = self._read_links(nvml, index, handle)
+        fields.update(self._identity_fields(calls, handle))
+        action, action_supported = nvidia_health.recovery_action(calls, handle)
+        fields["recovery_action"] = action
+        fields["fabric"] = nvidia_health.fabric(calls, handle)
+        mig = nvidia_mig.instances(calls, handle)
+        fields["instances"] = mig[0] if mig is not None else None
+        listed = nvidia_mig.processes(calls, handle, mig[1] if mig is not None else [])
+        fields["processes"] = None if listed is None else nvidia_mig.uses(listed, self._command)
+        fields["links"] = self._read_links(calls, handle)
         self._in_call.pop(index, None)
         sources = {"presence": "nvml"}
         sources.update({key: "nvml" for key, value in fields.items() if value is not None and value != ()})
-        return DeviceReading(device=str(index), chip=name, pci=pci, sources=sources, **fields)
+        if not action_supported:
+            sources["recovery_action"] = "not supported by the driver"
+        return DeviceReading(device=str(index), chip=name, pci=pci, sources=sources, read_errors=calls.failures,
+                             **fields)
 
-    def _identity_fields(self, nvml: Any, index: int, handle: Any) -> dict[str, Any]:
+    def _identity_fields(self, calls: GpuCalls, handle: Any) -> dict[str, Any]:
         """The GPU's device file (/dev/nvidiaMINOR) and the ids the device plugin names it by."""
-        uuid = self._optional(nvml, index, "nvmlDeviceGetUUID", handle)
-        minor = self._optional(nvml, index, "nvmlDeviceGetMinorNumber", handle)
+        uuid = calls.optional("nvmlDeviceGetUUID", handle)
+        minor = calls.optional("nvmlDeviceGetMinorNumber", handle)
         ids = ((RESOURCE, _text(uuid)),) if uuid else ()
         return {"device_files": (f"nvidia{minor}",) if minor is not None else (),
-                "plugin_ids": (*ids, (RESOURCE, str(index)))}
-
-    def _processes(self, nvml: Any, index: int, handle: Any) -> tuple[ProcessUse, ...] | None:
-        """Compute and graphics processes on the GPU, a pid in both lists once (its larger memory figure)."""
-        found: dict[int, float | None] = {}
-        answered = False
-        for function in RUNNING_PROCESSES:
-            listed = self._optional(nvml, index, function, handle)
-            answered = answered or listed is not None
-            for process in listed or ():
-                used = None if process.usedGpuMemory is None else float(process.usedGpuMemory)
-                previous = found.get(process.pid)
-                found[process.pid] = used if previous is None else max(previous, used or 0.0)
-        if not answered:
-            return None
-        return tuple(ProcessUse(pid, self._command(pid), used) for pid, used in sorted(found.items()))
+                "plugin_ids": (*ids, (RESOURCE, str(calls.index)))}
 
     def _command(self, pid: int) -> str:
         return read_text(f"{self._procfs}/{pid}/comm").strip()[:64] or "?"
 
-    def _read_links(self, nvml: Any, index: int, handle: Any) -> tuple[LinkReading, ...] | None:
+    def _read_links(self, calls: GpuCalls, handle: Any) -> tuple[LinkReading, ...] | None:
         """State and error counters of every link the GPU has (the collector keeps those seen active)."""
+        nvml, index = calls.nvml, calls.index
         if not hasattr(nvml, "nvmlDeviceGetNvLinkState"):
             return None
         if index not in self._links:  # the first read learns which links exist; absent ones answer an error
             count = min(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18)), MAX_NVLINKS)
-            self._links[index] = tuple(link for link in range(count) if self._quiet(
-                nvml, index, "nvmlDeviceGetNvLinkState", handle, link) is not None)
+            self._links[index] = tuple(link for link in range(count)
+                                       if calls.quiet("nvmlDeviceGetNvLinkState", handle, link) is not None)
         links = []
         for link in self._links[index]:
-            up = self._quiet(nvml, index, "nvmlDeviceGetNvLinkState", handle, link) == NVML_FEATURE_ENABLED
-            errors = {kind: self._quiet(nvml, index, "nvmlDeviceGetNvLinkErrorCounter", handle, link,
-                                        getattr(nvml, constant))
+            up = calls.quiet("nvmlDeviceGetNvLinkState", handle, link) == NVML_FEATURE_ENABLED
+            errors = {kind: calls.quiet("nvmlDeviceGetNvLinkErrorCounter", handle, link, getattr(nvml, constant))
                       for constant, kind in NVLINK_ERRORS.items() if up and hasattr(nvml, constant)}
             links.append(LinkReading(link, up, {k: float(v) for k, v in errors.items() if v is not None}))
         return tuple(links) if self._links[index] else None
-
-    def _quiet(self, nvml: Any, index: int, function: str, *args: Any) -> Any:
-        """An NVML call whose failure (a link the GPU lacks, a counter it does not keep) is simply no value."""
-        self._in_call[index] = function
-        try:
-            return getattr(nvml, function)(*args)
-        except nvml.NVMLError as exc:
-            if exc.value == nvml.NVML_ERROR_GPU_IS_LOST:
-                raise GpuLost(f"{function}: {exc}") from None
-            return None

@@ -3,8 +3,8 @@
 Per chip: ``tpuwatch_device_processes{device}`` (how many, uncapped) and, for at most
 ``host.max_processes_per_device`` of them (those holding the most device memory first, then by pid),
 ``tpuwatch_process_device_memory_used_bytes{device,pid,command,namespace,pod,container}`` where the
-hardware reports memory per process.  A process that ends leaves no series behind: each cycle exports
-what it read.
+hardware reports memory per process (with ``gpu_instance``: the MIG instance it runs in).  A process that
+ends leaves no series behind: each cycle exports what it read.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ def process_samples(reading: DeviceReading, pods: PodLookup | None, cap: int = D
         if process.device_memory_bytes is None:
             continue
         where = pods.pod_of(process.pid, reading.plugin_ids) if pods is not None else PodRef()
+        instance = {} if process.gpu_instance is None else {"gpu_instance": str(process.gpu_instance)}
         out.append(sample("tpuwatch_process_device_memory_used_bytes", process.device_memory_bytes,
-                          device=reading.device, pid=str(process.pid), command=process.command, **where.labels()))
+                          device=reading.device, pid=str(process.pid), command=process.command, **where.labels(),
+                          **instance))
     return out

@@ -64,7 +64,9 @@ class KernelLogCollector:
     """Reads what is new in the kernel log, within a budget of time, and counts rule matches.
 
     Samples: ``tpuwatch_kernel_events_total{rule,severity,device}`` (every
-    occurrence read, storms included; ``device`` is "" when unattributed),
+    occurrence read, storms included; ``device`` is "" when unattributed; an
+    Xid naming a MIG instance adds ``gpu_instance``),
+    ``tpuwatch_kernel_recovery_actions_total{device,action}`` (Xid 154 lines),
     ``tpuwatch_kernel_log_records_total``, ``tpuwatch_kernel_log_lost_total``,
     ``tpuwatch_kernel_log_skipped_total{reason}`` and
     ``tpuwatch_kernel_log_position_save_failures_total``.  Events pass through
@@ -84,8 +86,9 @@ class KernelLogCollector:
         self._budget = deadline * BUDGET_SHARE
         self._timer = timer
         self._storms = StormFilter(storm_window, clock=clock)
-        self._counts: Counter[tuple[str, str, str]] = Counter(
-            {(r.name, s, ""): 0 for r in rules.rules for s in r.severities()})
+        self._counts: Counter[tuple[str, str, str, str]] = Counter(
+            {(r.name, s, "", ""): 0 for r in rules.rules for s in r.severities()})
+        self._actions: Counter[tuple[str, str]] = Counter()  # (device, recovery action) of Xid 154 lines
         self._logged_error = False
         self._read_problem: str | None = None
         self._passing = 0  # lines passed over in the current storms, for the log
@@ -223,8 +226,11 @@ class KernelLogCollector:
     def _samples(self) -> list[Sample]:
         source = self.source
         with self._lock:
-            out = [sample("tpuwatch_kernel_events_total", n, rule=rule, severity=severity, device=device)
-                   for (rule, severity, device), n in sorted(self._counts.items())]
+            out = [sample("tpuwatch_kernel_events_total", n, rule=rule, severity=severity, device=device,
+                          **({"gpu_instance": instance} if instance else {}))
+                   for (rule, severity, device, instance), n in sorted(self._counts.items())]
+            out += [sample("tpuwatch_kernel_recovery_actions_total", n, device=device, action=action)
+                    for (device, action), n in sorted(self._actions.items())]
         out.append(sample("tpuwatch_kernel_log_records_total", self.reader.records, source=source.name))
         out.append(sample("tpuwatch_kernel_log_lost_total", source.lost, source=source.name))
         skipped = source.skipped + Counter(error=self.reader.errors)
@@ -238,7 +244,10 @@ class KernelLogCollector:
         passed: list[KernelEvent] = []
         with self._lock:
             for event in events:
-                self._counts[(event.rule, event.severity, event.device or "")] += 1
+                instance = event.fields.get("gpu_instance", "")
+                self._counts[(event.rule, event.severity, event.device or "", instance)] += 1
+                if "recovery_action" in event.fields:
+                    self._actions[(event.device or "", event.fields["recovery_action"])] += 1
         for event in events:
             passed.extend(self._storms.offer(event))
         self._publish(passed)

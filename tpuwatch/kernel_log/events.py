@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tpuwatch.hw.recovery import XID_RECOVERY_ACTION, action_name, xid154_action
 from tpuwatch.kernel_log.attribution import Attribution, as_attribution
 from tpuwatch.kernel_log.records import Record
 from tpuwatch.kernel_log.rule import Match
@@ -68,7 +69,20 @@ def make_event(match: Match, record: Record, device_for_pci: Attribution | Calla
     attribution = as_attribution(device_for_pci)
     pci = match.pci or attribution.pci_of(source)
     return KernelEvent(match.rule, match.severity, source.message, pci, attribution(pci) if pci else None,
-                       match.xid, match.fields, line, 1, when)
+                       match.xid, nvidia_fields(match, source.message), line, 1, when)
+
+
+def nvidia_fields(match: Match, message: str) -> dict[str, str]:
+    """The match's fields, with an Xid line's MIG instance as a number ("05" -> "5") and an Xid 154 line's
+    recovery action in the words of ``tpuwatch_device_recovery_action`` (``recovery_action``)."""
+    fields = match.fields
+    if "gpu_instance" in fields:
+        fields = {**fields, "gpu_instance": str(int(fields["gpu_instance"]))}
+    if XID_RECOVERY_ACTION in (match.xid, int(fields.get("followup", 0))):
+        action = xid154_action(message)
+        if action is not None:
+            fields = {**fields, "recovery_action": action_name(action)}
+    return fields
 
 
 @dataclass
