@@ -13,9 +13,10 @@ against the anchor, tpu-info's own client functions fetching the same
 runtime data (usage, HBM bandwidth, idle time, HLO queue, HLO timing; on v5p
 also the three megascale latencies), with an instant runtime and with one
 that takes 20 ms per call.
-NVIDIA: 8 GPUs of the test stand-in ``pynvml``; ``NvidiaBackend.read()`` (one
-deadline lane per GPU) against the same NVML calls made one GPU after the
-other on the calling thread, which is what the lanes cost.
+NVIDIA: 8 GPUs of the test stand-in libnvidia-ml.so.1 (tests/nvml/, built with
+gcc against nvidia-nvml-dev's nvml.h) read through the real nvidia-ml-py;
+``NvidiaBackend.read()`` (one deadline lane per GPU) against the same NVML calls
+made one GPU after the other on the calling thread, which is what the lanes cost.
 AMD: 8 MI300X functions (the composed tests/testdata/amd/mi300x tree, its GPU
 copied to 8 PCI addresses); ``AmdBackend.read()`` (one deadline lane per GPU,
 parsing, RAS totals) against the same files read one GPU after the other on
@@ -58,9 +59,8 @@ from tpuwatch.devices.amd import AmdBackend, discover, read_gpu  # noqa: E402
 from tpuwatch.devices.nvidia import NvidiaBackend  # noqa: E402
 from tpuwatch.devices.tpu import TpuBackend  # noqa: E402
 
+import fakenvml  # noqa: E402
 from common import cpu_model, write_section  # noqa: E402
-
-STANDIN = Path(__file__).resolve().parent.parent / "tests" / "testdata" / "devices" / "nvml"
 
 
 class DelayedRuntime(Runtime):
@@ -132,11 +132,11 @@ def tpu_rows(root: Path, reads: int) -> list[tuple[str, float, float]]:
 def nvidia_row(root: Path, reads: int) -> tuple[float, float]:
     root.mkdir(parents=True)
     state = root / "gpus.json"
-    gpus = json.loads((STANDIN / "h100x4.json").read_text())["gpus"]
+    gpus = json.loads(fakenvml.H100X4.read_text())["gpus"]
     gpus = [dict(g, lost=False) for g in gpus] * 2
     state.write_text(json.dumps({"gpus": gpus}))
     os.environ["FAKE_NVML_STATE"] = str(state)
-    sys.path.insert(0, str(STANDIN))
+    fakenvml.preload(fakenvml.build(root / "lib"))
     import pynvml as nvml
     backend = NvidiaBackend(Config(devices=DevicesConfig(backend="nvidia")))
     assert len(backend.read()) == 8
@@ -198,7 +198,8 @@ def main() -> int:
         lines.append(f"| TPU {label}: sysfs, owners (rescanned every 1 s), the runtime metrics it lists | "
                      f"tpu-info {tpu_version} client, same runtime data | {anchor:.1f} | {ours:.1f} | "
                      f"{ours / anchor:.2f} |")
-    lines.append(f"| NVIDIA × 8 (test stand-in pynvml): every field, one deadline lane per GPU | same NVML calls "
+    lines.append(f"| NVIDIA × 8 (nvidia-ml-py {importlib.metadata.version('nvidia-ml-py')}, stand-in "
+                 f"libnvidia-ml.so.1): every field, one deadline lane per GPU | same NVML calls "
                  f"in sequence, no deadline | {nvidia_anchor:.1f} | {nvidia_ours:.1f} | "
                  f"{nvidia_ours / nvidia_anchor:.2f} |")
     lines.append(f"| AMD × 8 (MI300X sysfs, composed tree): every file, one deadline lane per GPU | the same files "
@@ -209,8 +210,8 @@ def main() -> int:
         "went away) and then asks all of them at once on a kept channel, so a slow runtime costs one call's",
         "latency, not one per metric; tpu-info opens a channel per function and asks in turn. tpuwatch also",
         "folds per-core answers per chip and turns distributions into summaries, which tpu-info does not for",
-        "every row. The NVIDIA row measures the lanes' thread cost against the stand-in module (which reads a",
-        "JSON file per call), not real NVML latency. The AMD row reads a copy of the sysfs tree on the local disk,",
+        "every row. The NVIDIA row measures the lanes' thread cost through the real nvidia-ml-py against the",
+        "stand-in C library (which reads and parses a JSON file per call), not real NVML latency. The AMD row reads a copy of the sysfs tree on the local disk,",
         "not the driver: on a host every file is a driver call, and the lanes keep a slow one from stalling the rest.",
     ]
     write_section("devices", "\n".join(lines))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ import pytest
 import requests
 import yaml
 
+import fakenvml
 from http_receiver import Mode, Receiver
 
 
@@ -280,3 +282,38 @@ def tmpfs(tmp_path: Path) -> Iterator[Callable[..., Tmpfs]]:
     yield mount
     for fs in made:
         fs.unmount()
+
+
+@pytest.fixture(scope="session")
+def nvml_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stand-in libnvidia-ml.so.1 (tests/nvml/), built once per session and loaded into this process.
+
+    FAKE_NVML_STATE names one file for the whole session, set before any call can run: a hung call polls
+    the environment from its own thread, so no test changes the variable (each rewrites the file instead).
+    TPUWATCH_NVML_SANITIZE=1 builds the AddressSanitizer variant (test_nvml_standin's ASan run).
+    """
+    why = fakenvml.unavailable() or (None if importlib.util.find_spec("pynvml") else
+                                     "nvidia-ml-py is not installed (the test extra)")
+    if why:
+        if os.environ.get("TPUWATCH_REQUIRE_TOOLS") == "1":
+            pytest.fail(f"the NVML stand-in is required in CI: {why}")
+        pytest.skip(why)
+    root = tmp_path_factory.mktemp("nvml")
+    directory = fakenvml.build(root, sanitize=os.environ.get("TPUWATCH_NVML_SANITIZE") == "1")
+    state = root / "state.json"
+    state.write_text('{"gpus": []}')
+    os.environ["FAKE_NVML_STATE"] = str(state)
+    fakenvml.preload(directory)
+    return directory
+
+
+@pytest.fixture
+def nvml(nvml_library: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[fakenvml.FakeNvml]:
+    """Four H100s (tests/testdata/devices/nvml/h100x4.json) behind the real nvidia-ml-py; subprocesses load the
+    same library through LD_LIBRARY_PATH.  Calls left hanging are released at teardown."""
+    fake = fakenvml.FakeNvml(Path(os.environ["FAKE_NVML_STATE"]), nvml_library)
+    fake.write(json.loads(fakenvml.H100X4.read_text()))
+    for name, value in fakenvml.environment(nvml_library, fake.state).items():
+        monkeypatch.setenv(name, value)
+    yield fake
+    fake.release()

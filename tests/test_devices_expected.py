@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +23,7 @@ from tpuwatch.devices.sim import SimBackend
 from tpuwatch.samples import sample
 
 from conftest import SIM_FAST, DaemonProcess, run_cli, wait_until
-
-STANDIN = Path(__file__).parent / "testdata" / "devices" / "nvml"
+from fakenvml import FakeNvml
 
 
 @pytest.mark.parametrize("environ,expected", [
@@ -91,19 +88,13 @@ def gpu_sysfs(root: Path, count: int) -> str:
 
 
 @pytest.fixture
-def nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    state = tmp_path / "gpus.json"
-    shutil.copyfile(STANDIN / "h100x4.json", state)
-    monkeypatch.setenv("FAKE_NVML_STATE", str(state))
-    monkeypatch.syspath_prepend(str(STANDIN))
-    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
-    gpus = json.loads(state.read_text())
-    gpus["gpus"][2]["lost"] = False  # every GPU NVML sees answers: the fifth is the one missing
-    state.write_text(json.dumps(gpus))
-    yield state
+def answering(nvml: FakeNvml) -> FakeNvml:
+    """The four GPUs of h100x4.json, every one answering: the fifth on the bus is the one missing."""
+    nvml.change(2, lost=False)
+    return nvml
 
 
-def test_a_gpu_on_the_bus_that_nvml_does_not_see_is_named_missing(nvml: Path, tmp_path: Path,
+def test_a_gpu_on_the_bus_that_nvml_does_not_see_is_named_missing(answering: FakeNvml, tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     # Five GPUs on the bus; NVML answers for the four of h100x4.json (18, 2a, 3b, 5d): 6c failed to initialise.
     config = Config(paths=Paths(sysfs=gpu_sysfs(tmp_path, 5)),
@@ -130,11 +121,10 @@ def test_a_gpu_on_the_bus_that_nvml_does_not_see_is_named_missing(nvml: Path, tm
         ("0000:6c:00.0", "1 expected accelerator(s) missing: PCI 0000:6c:00.0 does not answer")]
 
 
-def test_check_names_the_missing_chips(nvml: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_check_names_the_missing_chips(answering: FakeNvml, tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(json.dumps({"paths": {"sysfs": gpu_sysfs(tmp_path, 5)}, "devices": {"backend": "auto"},
                                 "kernel_log": {"source": "none", "previous_boot": False}}))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]))
     result = run_cli("check", "--json", "--config", str(path))
     report = json.loads(result.stdout)
     assert result.returncode == 1

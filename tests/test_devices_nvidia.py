@@ -1,20 +1,18 @@
-"""NVIDIA backend at the nvidia-ml-py boundary: a stand-in ``pynvml`` module, lost and hung GPUs."""
+"""NVIDIA backend through the real nvidia-ml-py and the stand-in libnvidia-ml.so.1 (tests/nvml/): lost and hung GPUs."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import pynvml
 import pytest
 from fakekubelet import Kubelet, serve
 
@@ -29,35 +27,12 @@ from tpuwatch.health import collector_problems, device_problems
 from tpuwatch.pods import PodLookup
 
 from conftest import run_cli, wait_until
+from fakenvml import FakeNvml
 
-STANDIN = Path(__file__).parent / "testdata" / "devices" / "nvml"
-GPUS = STANDIN / "h100x4.json"
-
-
-class FakeNvml:
-    """The stand-in module on sys.path and the GPU state file it reads."""
-
-    def __init__(self, state: Path, module: ModuleType) -> None:
-        self.state = state
-        self.module = module
-
-    def change(self, index: int, **fields: Any) -> None:
-        data = json.loads(self.state.read_text())
-        data["gpus"][index].update(fields)
-        self.state.write_text(json.dumps(data))
-
-
-@pytest.fixture
-def nvml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeNvml]:
-    state = tmp_path / "gpus.json"
-    shutil.copyfile(GPUS, state)
-    monkeypatch.setenv("FAKE_NVML_STATE", str(state))
-    monkeypatch.syspath_prepend(str(STANDIN))
-    monkeypatch.delitem(sys.modules, "pynvml", raising=False)
-    import pynvml
-    assert pynvml.__file__ == str(STANDIN / "pynvml.py")
-    yield FakeNvml(state, pynvml)
-    pynvml.RELEASE.set()  # let any call left hanging return
+# Entry points an older driver's library lacks (the clocks "event reason" calls, nvmlDeviceGetMemoryInfo_v2): the
+# stand-in answers NVML_ERROR_FUNCTION_NOT_FOUND, as nvidia-ml-py reports a symbol it cannot find.
+OLD_DRIVER = ["nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetCurrentClocksEventReasons",
+              "nvmlDeviceGetMemoryInfo_v2"]
 
 
 def config(timeout: float = 0.5, backend: str = "nvidia", sysfs: str = "/sys") -> Config:
@@ -78,25 +53,34 @@ def test_throttle_reasons_lists_only_supported_ones() -> None:
 
 def test_clock_event_reasons_and_reserved_memory_come_from_the_current_calls(nvml: FakeNvml,
                                                                               caplog: pytest.LogCaptureFixture) -> None:
+    nvml.change(0, unsupported=["nvmlDeviceGetSupportedClocksThrottleReasons",
+                                "nvmlDeviceGetCurrentClocksThrottleReasons"])
     with caplog.at_level(logging.WARNING):
-        first, second, _, old_driver = NvidiaBackend(config()).read()
-    assert first.throttle_reasons is not None
+        first, second, _, fourth = NvidiaBackend(config()).read()
+    assert first.throttle_reasons is not None, "read through the current calls, not the deprecated ones"
     assert [name for name, active in first.throttle_reasons.items() if active] == ["sw_power_cap", "board_limit"]
     assert first.throttle_reasons["reliability"] is False
     assert (first.memory_reserved_bytes, first.sources["memory_reserved_bytes"]) == (566231040, "nvml")
     assert first.memory_used_bytes == 42949672960, "used stays what nvmlDeviceGetMemoryInfo (v1) says"
+    assert fourth.throttle_reasons is not None and "board_limit" not in fourth.throttle_reasons
     # An older driver lacks the event-reason and v2 functions: the deprecated calls answer, reserved is absent.
-    assert old_driver.throttle_reasons is not None and "board_limit" not in old_driver.throttle_reasons
-    assert old_driver.throttle_reasons["gpu_idle"] is True
+    nvml.change(0, unsupported=[])
+    nvml.update(missing_symbols=OLD_DRIVER)
+    with caplog.at_level(logging.WARNING):
+        old_driver = NvidiaBackend(config()).read()[0]
+    assert old_driver.throttle_reasons == first.throttle_reasons
     assert old_driver.memory_reserved_bytes is None and "memory_reserved_bytes" not in old_driver.sources
+    assert old_driver.memory_used_bytes == 42949672960
     assert caplog.records == [], "a function the driver lacks is not a failure"
 
 
 def test_an_older_nvidia_ml_py_without_the_new_calls_falls_back(nvml: FakeNvml,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml.change(0, unsupported=["nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetCurrentClocksEventReasons",
+                                "nvmlDeviceGetMemoryInfo_v2"])  # proof that the module's functions are not called
     for name in ("nvmlDeviceGetSupportedClocksEventReasons", "nvmlDeviceGetCurrentClocksEventReasons",
                  "nvmlMemory_v2"):
-        monkeypatch.delattr(nvml.module, name)
+        monkeypatch.delattr(pynvml, name)
     first = NvidiaBackend(config()).read()[0]
     assert first.throttle_reasons is not None and first.throttle_reasons["board_limit"] is True
     assert first.memory_reserved_bytes is None
@@ -174,7 +158,6 @@ def test_a_call_that_never_returns_marks_only_that_gpu_unresponsive(nvml: FakeNv
     assert again[0].up and again[0].memory_used_bytes == 42949672960
     assert threading.active_count() <= threads + 1, "a stuck GPU holds one thread, not one more per read"
     nvml.change(3, hang=None)
-    nvml.module.RELEASE.set()
     # The released call finishes in its own thread; until it has, the lane is still busy.
     def answering() -> DeviceReading | None:
         reading = backend.read()[3]
@@ -212,11 +195,9 @@ def test_auto_picks_nvidia_from_pci(tmp_path: Path) -> None:
     assert why == "auto: 1 nvidia PCI device(s) at 0000:18:00.0"
 
 
-def test_check_reports_each_gpu_and_exits_unhealthy(nvml: FakeNvml, tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_check_reports_each_gpu_and_exits_unhealthy(nvml: FakeNvml, tmp_path: Path) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(json.dumps({"paths": {"sysfs": gpu_sysfs(tmp_path)}, "devices": {"backend": "auto"}}))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]))
     result = run_cli("check", "--json", "--config", str(path))
     assert result.returncode == 1, result.stderr
     report = json.loads(result.stdout)
@@ -256,7 +237,6 @@ def test_the_hardware_check_prints_both_sides_and_flags_a_mismatch(nvml: FakeNvm
     smi.write_text(FAKE_SMI.format(python=sys.executable, skew=skew))
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STANDIN), os.environ.get("PYTHONPATH", "")]))
     script = Path(__file__).parent / "hardware" / "nvidia_check.py"
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == exit_code, done.stdout + done.stderr
@@ -325,9 +305,9 @@ def test_a_gpu_gone_from_the_bus_stays_down_when_tpuwatch_restarts_in_the_same_b
     state = tmp_path / "devices" / "seen.json"
     nvml.change(2, lost=False)
     DeviceCollector(NvidiaBackend(config()), seen=SeenThisBoot("nvidia", state, "boot-1")).collect()
-    data = json.loads(nvml.state.read_text())
+    data = nvml.read()
     data["gpus"].pop()  # the last GPU is no longer enumerated (removed after it fell off the bus)
-    nvml.state.write_text(json.dumps(data))
+    nvml.write(data)
     gone = str(len(data["gpus"]))
 
     saved = state.read_bytes()
@@ -339,7 +319,7 @@ def test_a_gpu_gone_from_the_bus_stays_down_when_tpuwatch_restarts_in_the_same_b
 
     assert up("nvidia", "boot-1")[gone] == 0
     data["gpus"].pop(0)  # and the first one: NVML numbers the rest from 0 again
-    nvml.state.write_text(json.dumps(data))
+    nvml.write(data)
     assert up("nvidia", "boot-1") == {"0": 1, "1": 1, gone: 0}, \
         "a chip whose number another has now is forgotten, never reported down under another's number"
     assert gone not in up("nvidia", "boot-2"), "after a reboot only what is there counts"
