@@ -20,6 +20,7 @@ from tpuwatch.devices.amd import AmdBackend, parse_hwmon, parse_ras
 from tpuwatch.devices.base import reading_samples
 from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.devices.expected import expect, missing_problem
+from tpuwatch.health import device_problems
 from tpuwatch.hw.units import GIB
 from tpuwatch.kernel_log.attribution import Attribution, device_lookup
 from tpuwatch.kernel_log.records import Record
@@ -264,6 +265,25 @@ def test_garbage_and_inaccessible_files_are_absent_and_logged_once(tmp_path: Pat
     assert len(warnings) == 2, warnings
     assert any("mem_info_vram_used: not a number" in m for m in warnings)
     assert any("ras/umc_err_count: 'Query currently inaccessible'" in m for m in warnings)
+
+
+def test_unreadable_files_are_counted_per_field_and_named_by_check(tmp_path: Path) -> None:
+    paths = host(tmp_path, "mi210")
+    root = gpu_dir(paths, "0000:c1:00.0")
+    (root / "gpu_busy_percent").unlink()
+    (root / "gpu_busy_percent").mkdir()  # open() fails with EISDIR: a read error, not an absent file
+    (root / "mem_info_vram_used").write_text("garbage\n")
+    collector = DeviceCollector(AmdBackend(config(paths)))
+    collector.collect()
+    samples = collector.collect()
+    reading = collector.last_readings[0]
+    assert reading.utilization_ratio is None and reading.memory_used_bytes is None
+    assert set(reading.read_errors) == {"gpu_busy_percent", "mem_info_vram_used"}
+    counted = {dict(s.labels)["field"]: s.value for s in samples if s.name == "tpuwatch_device_read_errors_total"}
+    assert counted == {"gpu_busy_percent": 2, "mem_info_vram_used": 2}
+    problems = device_problems(collector.last_readings)
+    assert any(p.startswith("device 0 (MI210, pci 0000:c1:00.0): gpu_busy_percent could not be read (")
+               and "Is a directory" in p for p in problems), problems
 
 
 def test_garbage_that_changes_at_every_read_is_remembered_within_a_bound(tmp_path: Path,

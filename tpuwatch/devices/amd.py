@@ -308,6 +308,7 @@ class AmdBackend:
         text = read.texts.get(name)
         value = parse_number(text)
         if value is None and text is not None:
+            read.failures[name] = f"{read.root / name}: not a number: {text.strip()[:40]!r}"
             self._once(pci, f"{name}: not a number: {text.strip()[:40]!r}")
         return float(value) if value is not None else None
 
