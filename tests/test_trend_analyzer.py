@@ -64,6 +64,9 @@ def test_series_extracted_from_a_cycle() -> None:
         (("memory", "host"),): (24 * GIB, 64 * GIB),
         (("command", "python3"), ("memory", "process"), ("pid", "42")): (3 * GIB, 64 * GIB),
     }
+    mig = [sample("tpuwatch_device_memory_used_bytes", 1 * GIB, device="0", gpu_instance="3"),
+           sample("tpuwatch_device_memory_total_bytes", 2 * GIB, device="0", gpu_instance="3")]
+    assert memory_series(_cycle(5 * GIB) + mig) == memory, "a MIG instance's memory is not the chip's"
     drift = drift_series(_cycle(5 * GIB))
     assert drift == {(("device", "0"), ("series", "canary_latency")): 0.004,
                      (("band", "0.8-1.0"), ("device", "0"), ("series", "temperature")): 60.0}

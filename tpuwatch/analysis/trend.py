@@ -65,8 +65,12 @@ def memory_series(samples: list[Sample]) -> dict[Labels, tuple[float, float | No
     for s in samples:
         by_name.setdefault(s.name, {})[s.labels] = s.value
     out: dict[Labels, tuple[float, float | None]] = {}
-    totals = by_name.get("tpuwatch_device_memory_total_bytes", {})
+    # A chip's own series; a MIG instance's (gpu_instance) is part of the chip's and not a series of its own here.
+    totals = {labels: total for labels, total in by_name.get("tpuwatch_device_memory_total_bytes", {}).items()
+              if "gpu_instance" not in dict(labels)}
     for labels, used in by_name.get("tpuwatch_device_memory_used_bytes", {}).items():
+        if "gpu_instance" in dict(labels):
+            continue
         device = dict(labels).get("device", "")
         out[(("device", device), ("memory", "hbm"))] = (used, totals.get(labels))
     host_total = by_name.get("tpuwatch_host_memory_total_bytes", {}).get(())
