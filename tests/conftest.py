@@ -299,11 +299,13 @@ def nvml_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
             pytest.fail(f"the NVML stand-in is required in CI: {why}")
         pytest.skip(why)
     root = tmp_path_factory.mktemp("nvml")
-    directory = fakenvml.build(root, sanitize=os.environ.get("TPUWATCH_NVML_SANITIZE") == "1")
+    sanitize = os.environ.get("TPUWATCH_NVML_SANITIZE") == "1"
+    directory = fakenvml.build(root, sanitize=sanitize)
     state = root / "state.json"
     state.write_text('{"gpus": []}')
     os.environ["FAKE_NVML_STATE"] = str(state)
-    fakenvml.preload(directory)
+    library = fakenvml.preload(directory)
+    assert hasattr(library, "__asan_init") == sanitize, "the ASan run loads the instrumented build, no other"
     return directory
 
 

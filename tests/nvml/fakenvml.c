@@ -119,6 +119,11 @@ static nvmlReturn_t load(struct ctx *c) {
         return NVML_ERROR_UNKNOWN;
     }
     c->root = 0;
+    for (int gpu = jfirst(&c->doc, jget(&c->doc, 0, "gpus")); gpu >= 0; gpu = jnext(&c->doc, gpu))
+        if (jtypeof(&c->doc, gpu) != J_OBJECT) {
+            done(c);
+            return NVML_ERROR_UNKNOWN;
+        }
     return NVML_SUCCESS;
 }
 
@@ -230,11 +235,7 @@ static nvmlReturn_t begin(struct ctx *c, const char *fn, nvmlDevice_t dev, int m
             return NVML_ERROR_INVALID_ARGUMENT;
         }
         c->gpu = c->dev = jat(&c->doc, gpus, (int)c->index);
-        c->mig = (int)(slot % (MAX_MIG + 1)) - 1;
-        if (jtypeof(&c->doc, c->gpu) != J_OBJECT) {
-            done(c);
-            return NVML_ERROR_UNKNOWN;
-        }
+        c->mig = (int)(slot % (MAX_MIG + 1)) - 1; /* load() made sure every GPU is an object */
         if (c->mig >= 0) {
             c->dev = jat(&c->doc, jget(&c->doc, jget(&c->doc, c->gpu, "mig"), "instances"), c->mig);
             if (jtypeof(&c->doc, c->dev) != J_OBJECT) { /* the instance was destroyed */
