@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <time.h>
 
@@ -103,12 +104,17 @@ static nvmlReturn_t load(struct ctx *c) {
     c->gpu = c->dev = c->mig = -1;
     const char *path = getenv("FAKE_NVML_STATE");
     FILE *file = path ? fopen(path, "rb") : NULL;
-    if (file == NULL)
+    struct stat st;
+    if (file == NULL || fstat(fileno(file), &st) != 0 || st.st_size < 0 || st.st_size > JSON_MAX_BYTES) {
+        if (file)
+            fclose(file);
         return NVML_ERROR_UNKNOWN;
-    c->text = malloc(JSON_MAX_BYTES + 2);
-    size_t len = c->text ? fread(c->text, 1, JSON_MAX_BYTES + 1, file) : 0;
+    }
+    size_t room = (size_t)st.st_size + 1; /* one byte more than the file: a file that grew is seen to */
+    c->text = malloc(room + 1);
+    size_t len = c->text ? fread(c->text, 1, room, file) : 0;
     fclose(file);
-    if (c->text == NULL || len > JSON_MAX_BYTES) {
+    if (c->text == NULL || len == room) {
         done(c);
         return NVML_ERROR_UNKNOWN;
     }

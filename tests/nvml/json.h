@@ -27,7 +27,7 @@ struct jnode {
 
 struct jdoc {
     struct jnode *nodes;
-    int used;
+    int used, cap;
     char *text;
 };
 
