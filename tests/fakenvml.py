@@ -24,8 +24,8 @@ from typing import Any
 
 SOURCE = Path(__file__).parent / "nvml"
 SONAME = "libnvidia-ml.so.1"
-# Where the nvidia-nvml-dev wheels put nvml.h: 13.x (cu13) and the cu12 package.
-HEADER_DIRS = (("nvidia", "cu13", "include"), ("nvidia", "nvml_dev", "include"), ("nvidia", "cu12", "include"))
+# Where the nvidia-nvml-dev wheels put nvml.h: 13.x (cu13) and the cu12 ones.
+HEADER_DIRS = (("cu13", "include"), ("nvml_dev", "include"))
 CFLAGS = ("-std=c11", "-D_POSIX_C_SOURCE=200809L", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared")
 SANITIZE = ("-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined")
 
@@ -35,7 +35,7 @@ def header_dir() -> Path | None:
     spec = importlib.util.find_spec("nvidia")
     for root in spec.submodule_search_locations or () if spec else ():
         for parts in HEADER_DIRS:
-            candidate = Path(root, *parts[1:])
+            candidate = Path(root, *parts)
             if (candidate / "nvml.h").is_file():
                 return candidate
     return None

@@ -55,7 +55,7 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV
     BEGIN(device, 0);
     if (gpuFabricInfo == NULL)
         END(NVML_ERROR_INVALID_ARGUMENT);
-    unsigned version = gpuFabricInfo->version;
+    unsigned version = *(const unsigned *)gpuFabricInfo; /* the first member of every versioned struct */
     if (version != nvmlGpuFabricInfo_v2 && version != nvmlGpuFabricInfo_v3)
         END(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     struct fabric f;
@@ -70,12 +70,13 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV
         v2->state = (nvmlGpuFabricState_t)f.state;
         v2->healthMask = (unsigned)f.mask;
     } else {
-        memcpy(gpuFabricInfo->clusterUuid, f.uuid, sizeof f.uuid);
-        gpuFabricInfo->status = f.status;
-        gpuFabricInfo->cliqueId = (unsigned)f.clique;
-        gpuFabricInfo->state = (nvmlGpuFabricState_t)f.state;
-        gpuFabricInfo->healthMask = (unsigned)f.mask;
-        gpuFabricInfo->healthSummary = (unsigned char)f.summary;
+        nvmlGpuFabricInfo_v3_t *v3 = (nvmlGpuFabricInfo_v3_t *)gpuFabricInfo;
+        memcpy(v3->clusterUuid, f.uuid, sizeof f.uuid);
+        v3->status = f.status;
+        v3->cliqueId = (unsigned)f.clique;
+        v3->state = (nvmlGpuFabricState_t)f.state;
+        v3->healthMask = (unsigned)f.mask;
+        v3->healthSummary = (unsigned char)f.summary;
     }
     END(NVML_SUCCESS);
 }
