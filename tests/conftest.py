@@ -315,7 +315,6 @@ def nvml(nvml_library: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[fakenv
     same library through LD_LIBRARY_PATH.  Calls left hanging are released at teardown."""
     fake = fakenvml.FakeNvml(Path(os.environ["FAKE_NVML_STATE"]), nvml_library)
     fake.write(json.loads(fakenvml.H100X4.read_text()))
-    for name, value in fakenvml.environment(nvml_library, fake.state).items():
-        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LD_LIBRARY_PATH", fakenvml.environment(nvml_library, fake.state)["LD_LIBRARY_PATH"])
     yield fake
     fake.release()
