@@ -146,6 +146,10 @@ def test_struct_versions_are_checked(composed: FakeNvml) -> None:
         pynvml.nvmlDeviceGetGpuFabricInfoV(h100, ctypes.byref(wrong))
     with pytest.raises(pynvml.NVMLError_NotSupported):
         pynvml.nvmlDeviceGetGpuFabricInfoV(a100, ctypes.byref(pynvml.c_nvmlGpuFabricInfo_v3_t()))
+    composed.change(1, fabric={**composed.read()["gpus"][1]["fabric"], "max_version": 2})  # a driver before v3
+    with pytest.raises(pynvml.NVMLError_ArgumentVersionMismatch):
+        pynvml.nvmlDeviceGetGpuFabricInfoV(h100, ctypes.byref(v3))
+    pynvml.nvmlDeviceGetGpuFabricInfoV(h100, ctypes.byref(v2))
     composed.change(1, fabric={"cluster_uuid": "0123456789abcdef0123456789ABCDEF", "status": "NOT_READY",
                                "state": 2, "health_summary": 2})
     pynvml.nvmlDeviceGetGpuFabricInfoV(h100, ctypes.byref(v3))

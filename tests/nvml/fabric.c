@@ -58,6 +58,12 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV
     unsigned version = *(const unsigned *)gpuFabricInfo; /* the first member of every versioned struct */
     if (version != nvmlGpuFabricInfo_v2 && version != nvmlGpuFabricInfo_v3)
         END(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
+    /* "max_version": 2 - a driver that predates the v3 struct (it answers a version mismatch for v3). */
+    unsigned long long newest = 3;
+    if (value(&c, jget(&c.doc, c.dev, "fabric"), "max_version", 0xFF, &newest) == NVML_ERROR_UNKNOWN)
+        END(NVML_ERROR_UNKNOWN);
+    if ((version >> 24) > newest)
+        END(NVML_ERROR_ARGUMENT_VERSION_MISMATCH);
     struct fabric f;
     nvmlReturn_t r = fabric_of(&c, &f);
     if (r != NVML_SUCCESS)
