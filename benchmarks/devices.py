@@ -211,8 +211,9 @@ def main() -> int:
         "latency, not one per metric; tpu-info opens a channel per function and asks in turn. tpuwatch also",
         "folds per-core answers per chip and turns distributions into summaries, which tpu-info does not for",
         "every row. The NVIDIA row measures the lanes' thread cost through the real nvidia-ml-py against the",
-        "stand-in C library (which reads and parses a JSON file per call), not real NVML latency. The AMD row reads a copy of the sysfs tree on the local disk,",
-        "not the driver: on a host every file is a driver call, and the lanes keep a slow one from stalling the rest.",
+        "stand-in C library (which reads and parses a JSON file per call), not real NVML latency. The AMD",
+        "row reads a copy of the sysfs tree on the local disk, not the driver: on a host every file is a",
+        "driver call, and the lanes keep a slow one from stalling the rest.",
     ]
     write_section("devices", "\n".join(lines))
     print("\n".join(lines))

@@ -299,11 +299,13 @@ def nvml_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
             pytest.fail(f"the NVML stand-in is required in CI: {why}")
         pytest.skip(why)
     root = tmp_path_factory.mktemp("nvml")
-    directory = fakenvml.build(root, sanitize=os.environ.get("TPUWATCH_NVML_SANITIZE") == "1")
+    sanitize = os.environ.get("TPUWATCH_NVML_SANITIZE") == "1"
+    directory = fakenvml.build(root, sanitize=sanitize)
     state = root / "state.json"
     state.write_text('{"gpus": []}')
     os.environ["FAKE_NVML_STATE"] = str(state)
-    fakenvml.preload(directory)
+    library = fakenvml.preload(directory)
+    assert hasattr(library, "__asan_init") == sanitize, "the ASan run loads the instrumented build, no other"
     return directory
 
 
@@ -313,7 +315,6 @@ def nvml(nvml_library: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[fakenv
     same library through LD_LIBRARY_PATH.  Calls left hanging are released at teardown."""
     fake = fakenvml.FakeNvml(Path(os.environ["FAKE_NVML_STATE"]), nvml_library)
     fake.write(json.loads(fakenvml.H100X4.read_text()))
-    for name, value in fakenvml.environment(nvml_library, fake.state).items():
-        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("LD_LIBRARY_PATH", fakenvml.environment(nvml_library, fake.state)["LD_LIBRARY_PATH"])
     yield fake
     fake.release()

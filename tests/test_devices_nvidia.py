@@ -9,11 +9,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pynvml
 import pytest
+import requests
 from fakekubelet import Kubelet, serve
 
 from tpuwatch.collectors import GuardedCollector
@@ -26,7 +28,7 @@ from tpuwatch.devices.seen import SeenThisBoot
 from tpuwatch.health import collector_problems, device_problems
 from tpuwatch.pods import PodLookup
 
-from conftest import run_cli, wait_until
+from conftest import DaemonProcess, run_cli, wait_until
 from fakenvml import FakeNvml
 
 # Entry points an older driver's library lacks (the clocks "event reason" calls, nvmlDeviceGetMemoryInfo_v2): the
@@ -164,6 +166,41 @@ def test_a_call_that_never_returns_marks_only_that_gpu_unresponsive(nvml: FakeNv
         return reading if reading.up else None
 
     assert wait_until(answering, timeout=5, what="GPU 3 to answer again").power_watts == 68.0
+
+
+def test_a_slow_gpu_is_read_within_the_deadline_and_reported_unresponsive_past_it(nvml: FakeNvml) -> None:
+    nvml.change(1, slow={"nvmlDeviceGetTemperature": 300})
+    readings = NvidiaBackend(config(timeout=3.0)).read()
+    assert readings[1].up and readings[1].temperature_celsius == 33
+    nvml.change(1, slow={"nvmlDeviceGetTemperature": 4000})
+    started = time.monotonic()
+    readings = NvidiaBackend(config(timeout=1.0)).read()
+    assert time.monotonic() - started < 3.0
+    assert readings[1].problem == "unresponsive: NVML nvmlDeviceGetTemperature: no answer within 1.0s"
+    assert [r.up for r in readings] == [True, False, False, True]
+
+
+def test_the_daemon_follows_a_gpu_that_is_lost_hangs_and_comes_back(nvml: FakeNvml, tmp_path: Path,
+                                                                    start_daemon: Callable[..., DaemonProcess]) -> None:
+    # The daemon is another process: nvidia-ml-py there finds the stand-in through LD_LIBRARY_PATH, and the
+    # state file is rewritten under it.
+    daemon = start_daemon({"interval": "2s", "collector_timeout": "2s", "canary": {"enabled": False},
+                           "kernel_log": {"source": "none"}, "paths": {"sysfs": gpu_sysfs(tmp_path)},
+                           "devices": {"backend": "nvidia", "nvidia": {"call_timeout": "1s"}}})
+    daemon.wait_ready()
+
+    def up() -> dict[str, float]:
+        text = requests.get(f"{daemon.url}/metrics", timeout=5).text
+        return {line.split('"')[1]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith("tpuwatch_device_up{")}
+
+    wait_until(lambda: up() == {"0": 1, "1": 1, "2": 0, "3": 1}, timeout=30, what="the fixture's GPUs")
+    nvml.change(0, lost=True)
+    nvml.change(3, hang="nvmlDeviceGetPowerUsage")
+    wait_until(lambda: up() == {"0": 0, "1": 1, "2": 0, "3": 0}, timeout=30, what="GPU 0 lost and GPU 3 hung")
+    nvml.change(0, lost=False)
+    nvml.release()
+    wait_until(lambda: up() == {"0": 1, "1": 1, "2": 0, "3": 1}, timeout=30, what="both back")
 
 
 def test_without_nvidia_ml_py_the_collector_fails_naming_the_extra() -> None:

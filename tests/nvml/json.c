@@ -18,8 +18,16 @@ static void skip_space(struct parser *ps) {
 
 static int new_node(struct parser *ps, enum jtype type) {
     struct jdoc *doc = ps->doc;
-    if (doc->used >= JSON_MAX_NODES)
-        return -1;
+    if (doc->used == doc->cap) {
+        if (doc->cap >= JSON_MAX_NODES)
+            return -1;
+        int cap = doc->cap * 2 < JSON_MAX_NODES ? doc->cap * 2 : JSON_MAX_NODES;
+        struct jnode *grown = realloc(doc->nodes, (size_t)cap * sizeof *grown);
+        if (grown == NULL)
+            return -1;
+        doc->nodes = grown;
+        doc->cap = cap;
+    }
     struct jnode *n = &doc->nodes[doc->used];
     memset(n, 0, sizeof *n);
     n->type = type;
@@ -216,9 +224,8 @@ static int parse_value(struct parser *ps, int depth) {
 int jparse(struct jdoc *doc, char *text, size_t len) {
     memset(doc, 0, sizeof *doc);
     if (len > JSON_MAX_BYTES) return -1;
-    /* A node needs at least one byte of text, so more nodes than bytes are never needed. */
-    size_t cap = len + 1 < JSON_MAX_NODES ? len + 1 : JSON_MAX_NODES;
-    doc->nodes = calloc(cap, sizeof *doc->nodes);
+    doc->cap = 256; /* grown by doubling up to JSON_MAX_NODES */
+    doc->nodes = malloc((size_t)doc->cap * sizeof *doc->nodes);
     if (doc->nodes == NULL) return -1;
     doc->text = text;
     struct parser ps = {doc, text, text + len};
@@ -234,7 +241,7 @@ int jparse(struct jdoc *doc, char *text, size_t len) {
 void jfree(struct jdoc *doc) {
     free(doc->nodes);
     doc->nodes = NULL;
-    doc->used = 0;
+    doc->used = doc->cap = 0;
 }
 
 enum jtype jtypeof(const struct jdoc *doc, int node) {

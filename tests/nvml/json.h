@@ -8,6 +8,8 @@
 
 #include <stddef.h>
 
+#pragma GCC visibility push(hidden) /* the library exports NVML's functions only */
+
 #define JSON_MAX_BYTES (4u << 20) /* a state file larger than this is refused */
 #define JSON_MAX_DEPTH 32
 #define JSON_MAX_NODES 200000
@@ -27,7 +29,7 @@ struct jnode {
 
 struct jdoc {
     struct jnode *nodes;
-    int used;
+    int used, cap;
     char *text;
 };
 
@@ -48,5 +50,7 @@ enum jtype jtypeof(const struct jdoc *doc, int node); /* J_NULL for -1 */
 int juint(const struct jdoc *doc, int node, unsigned long long max, unsigned long long *out);
 const char *jstr(const struct jdoc *doc, int node); /* NULL unless a string */
 int jtrue(const struct jdoc *doc, int node);      /* a true boolean or a non-zero number */
+
+#pragma GCC visibility pop
 
 #endif
