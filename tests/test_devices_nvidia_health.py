@@ -11,8 +11,6 @@ from typing import Any
 
 import pytest
 
-from tpuwatch import config as config_module
-from tpuwatch.alerting import Alerting
 from tpuwatch.config import Config, DevicesConfig, NvidiaConfig, Paths
 from tpuwatch.devices.base import Fabric, GpuInstance, ProcessUse
 from tpuwatch.devices.collector import DeviceCollector
@@ -36,25 +34,18 @@ def _values(samples: list[Sample], name: str) -> dict[tuple[tuple[str, str], ...
     return {s.labels: s.value for s in samples if s.name == name}
 
 
-def _firing(samples: list[Sample], tmp_path: Path) -> list[dict[str, Any]]:
+def _firing(make_alerting: Any, samples: list[Sample]) -> list[dict[str, Any]]:
     """The alerts the built-in rules raise on the first evaluation of ``samples``."""
-    state = tmp_path / "alerting"
-    procfs = tmp_path / "proc" / "sys" / "kernel" / "random"
-    procfs.mkdir(parents=True)
-    (procfs / "boot_id").write_text("boot-1\n")
-    parsed = config_module.parse(json.dumps({"state_dir": str(state), "paths": {"procfs": str(tmp_path / "proc")}}))
-    alerting = Alerting(parsed, parsed.state_dir)
-    try:
-        alerting.evaluate(samples, time.time())
-        return [a for a in alerting.active_alerts() if a["state"] == "firing"]
-    finally:
-        alerting.stop()
+    alerting = make_alerting([])
+    alerting.evaluate(samples, time.time())
+    return [a for a in alerting.active_alerts() if a["state"] == "firing"]
 
 
 # --- recovery action -----------------------------------------------------------------------------------------
 
 
-def test_a_gpu_that_needs_a_reboot_at_start_is_reported_on_the_first_cycle(nvml: FakeNvml, tmp_path: Path) -> None:
+def test_a_gpu_that_needs_a_reboot_at_start_is_reported_on_the_first_cycle(nvml: FakeNvml,
+                                                                           make_alerting: Any) -> None:
     nvml.change(0, fields={"230": 2})
     nvml.change(1, fields={"230": 0})
     nvml.change(3, fields={"230": 3})
@@ -68,7 +59,7 @@ def test_a_gpu_that_needs_a_reboot_at_start_is_reported_on_the_first_cycle(nvml:
     assert ("device 0 (NVIDIA H100 80GB HBM3, pci 0000:18:00.0): the driver asks for a recovery action: node reboot"
             in device_problems(collector.last_readings))
     alerts = {(a["labels"]["alertname"], a["labels"]["severity"], a["labels"].get("device")): a
-              for a in _firing(samples, tmp_path)}
+              for a in _firing(make_alerting, samples)}
     reboot = alerts[("AcceleratorRecoveryActionRequired", "critical", "0")]
     assert reboot["labels"]["pci"] == "0000:18:00.0" and reboot["labels"]["action"] == "node_reboot"
     assert reboot["annotations"]["summary"] == "GPU recovery action node_reboot on chip 0 (0000:18:00.0)"
@@ -125,7 +116,7 @@ def test_a_failed_field_read_is_counted_shown_and_the_gpu_lost_in_its_entry_is_d
 # --- reads that fail other than NOT_SUPPORTED ----------------------------------------------------------------
 
 
-def test_a_field_failing_other_than_not_supported_is_counted_per_field(nvml: FakeNvml, tmp_path: Path) -> None:
+def test_a_field_failing_other_than_not_supported_is_counted_per_field(nvml: FakeNvml, make_alerting: Any) -> None:
     nvml.change(0, errors={"nvmlDeviceGetPowerUsage": "NO_PERMISSION", "nvmlDeviceGetTemperature": "TIMEOUT"},
                 unsupported=["nvmlDeviceGetPcieReplayCounter"])
     collector = DeviceCollector(NvidiaBackend(config()))
@@ -141,7 +132,7 @@ def test_a_field_failing_other_than_not_supported_is_counted_per_field(nvml: Fak
     assert ("device 0 (NVIDIA H100 80GB HBM3, pci 0000:18:00.0): nvmlDeviceGetPowerUsage could not be read "
             "(NVML nvmlDeviceGetPowerUsage: Insufficient Permissions)") in problems
     assert not any("PcieReplay" in p for p in problems), "NOT_SUPPORTED stays quietly absent"
-    firing = {(a["labels"]["alertname"], a["labels"].get("field")) for a in _firing(samples, tmp_path)}
+    firing = {(a["labels"]["alertname"], a["labels"].get("field")) for a in _firing(make_alerting, samples)}
     assert ("AcceleratorReadFailing", "nvmlDeviceGetPowerUsage") in firing
     nvml.change(0, errors={})
     collector.collect()
@@ -151,7 +142,7 @@ def test_a_field_failing_other_than_not_supported_is_counted_per_field(nvml: Fak
 # --- fabric --------------------------------------------------------------------------------------------------
 
 
-def test_fabric_state_status_and_health_are_read_from_the_v3_struct(nvml: FakeNvml, tmp_path: Path) -> None:
+def test_fabric_state_status_and_health_are_read_from_the_v3_struct(nvml: FakeNvml, make_alerting: Any) -> None:
     nvml.change(0, fabric=HEALTHY_FABRIC)
     nvml.change(1, fabric={**HEALTHY_FABRIC, "state": 1})  # the Fabric Manager is down: registration not started
     nvml.change(3, fabric={**HEALTHY_FABRIC, "health_summary": 3, "health_mask": 0x10})
@@ -170,7 +161,7 @@ def test_fabric_state_status_and_health_are_read_from_the_v3_struct(nvml: FakeNv
             "Manager running?)") in problems
     assert any("device 3" in p and "fabric health limited capacity (health mask 0x10)" in p for p in problems)
     firing = {(a["labels"]["alertname"], a["labels"]["severity"], a["labels"]["device"])
-              for a in _firing(samples, tmp_path) if a["labels"]["alertname"] == "AcceleratorFabricUnhealthy"}
+              for a in _firing(make_alerting, samples) if a["labels"]["alertname"] == "AcceleratorFabricUnhealthy"}
     assert firing == {("AcceleratorFabricUnhealthy", "warning", "3")}, "not started waits out its grace (for: 5m)"
 
 

@@ -3,7 +3,9 @@ instance an Xid line names: pure parsing on literal lines, then through the kern
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,6 +16,7 @@ from tpuwatch.kernel_log.collector import KernelLogCollector, event_problems
 from tpuwatch.kernel_log.filesource import FileSource
 from tpuwatch.kernel_log.records import parse_line
 from tpuwatch.kernel_log.rulefile import load_rules
+from tpuwatch.samples import sample
 
 from kernellog import scan
 
@@ -121,6 +124,24 @@ def test_the_collector_counts_recovery_actions_and_mig_instances(tmp_path: Path)
     problems = event_problems(collector.recent_events())
     assert any("GPU-I:05" in p and "device 0" in p for p in problems), problems
     assert any("Node Reboot Required" in p and "pci 0009:01:00.0" in p for p in problems), problems
+
+
+def test_an_xid_154_line_raises_the_recovery_alert_with_the_action_and_address(tmp_path: Path,
+                                                                                make_alerting: Any) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    collector = KernelLogCollector(FileSource(str(log), tmp_path / "file.json"), load_rules([]),
+                                   device_lookup(lambda: READINGS), 60.0)
+    collector.collect()
+    log.write_text(XID154 + "\n")
+    chips = [sample("tpuwatch_device_info", 1, device=r.device, chip=r.chip, pci=r.pci or "", backend="nvidia")
+             for r in READINGS]
+    alerting = make_alerting([])
+    alerting.evaluate(chips + collector.collect(), time.time())
+    [alert] = [a for a in alerting.active_alerts() if a["labels"]["alertname"] == "AcceleratorRecoveryActionRequired"]
+    assert (alert["state"], alert["labels"]["severity"], alert["labels"]["action"]) == ("firing", "critical",
+                                                                                       "node_reboot")
+    assert alert["annotations"]["summary"] == "GPU recovery action node_reboot on chip 1 (0009:01:00.0)"
 
 
 def test_xid_lines_in_every_kernel_log_format_keep_their_instance() -> None:
