@@ -282,6 +282,12 @@ DEFAULT_CASES = [
      "AcceleratorInterconnectError", "critical"),
     ("process leak", [], [("tpuwatch_memory_leak_suspected", 1, {"memory": "process_hbm", "device": "0",
                                                                 "pid": "4242"})], "AcceleratorMemoryLeak", "warning"),
+    ("hung chip", [], [("tpuwatch_device_hung", 1, {"device": "0", "pid": "4101", "command": "python3",
+                                                    "namespace": "ml", "pod": "trainer-0", "container": "jax"})],
+     "AcceleratorHung", "critical"),
+    ("runtime error", [], [("tpuwatch_device_runtime_error_info", 1, {"device": "0", "core": "1",
+                                                                      "message": "program 7 failed"})],
+     "AcceleratorRuntimeError", "warning"),
 ]
 
 

@@ -21,7 +21,7 @@ EXAMPLES = {"device": "0", "pci": "0000:00:04.0", "pid": "4101", "command": "pyt
             "pod": "trainer-0", "container": "jax", "link": "2", "rule": "nvidia_xid", "collector": "devices",
             "source": "megascale", "band": "50-75%", "kind": "crc_flit", "series": "canary_latency",
             "memory": "hbm", "result": "fail", "severity": "critical", "scenario": "sdc", "needs": "canary",
-            "reason": "jax is not installed"}
+            "reason": "jax is not installed", "core": "1", "message": "TensorCore 1 halted"}
 # What a tidy text never holds: blanks doubled or at an end, empty or padded brackets, a blank before
 # punctuation, a separator at an end, a preposition left without its object, template syntax.
 FLAWS = re.compile(r"  |^\s|\s$|\(\s*\)|\(\s|\s[),.;:]|^[,;:]|[,;:]$|\b(?:on|of|in|at|from)\s*(?:[,.;:)]|$)"

@@ -16,6 +16,8 @@ from tpuwatch.devices.base import (
     sources_line,
     summary_samples,
 )
+from tpuwatch.devices.hang import HangVerdict
+from tpuwatch.devices.tpustatus import ChipStatus
 from tpuwatch.exporter import SampleCollector
 
 from conftest import require_tool
@@ -31,6 +33,8 @@ FULL = DeviceReading(
     memory_repair_pending=True, row_remap_failed=False, pcie_replays_total=7,
     throttle_reasons={"gpu_idle": True, "hw_slowdown": False, "board_limit": False},
     links=(LinkReading(0, True, {"crc_flit": 3, "replay": 0}), LinkReading(1, False, {})),
+    runtime_status=ChipStatus(positions=((0, 1, 0, 0x517, 7, 3),), queued=2, errors=((0, "halted"),)),
+    hang=HangVerdict(hung=True, stalled_seconds=700.0, pid=4101, command="python3"),
 )
 
 

@@ -6,8 +6,9 @@ runtime gives, each of which can be turned off (``devices.hang``), and asks all 
 - ``sequencers``: the status RPC's sequencer positions (pc, program id, run id of every sequencer of the
   chip's cores) unchanged since the previous read, while programs are queued;
 - ``duty_cycle``: the TensorCore duty cycle at or below ``duty_cycle_below``;
-- ``tensorcore_idle``: the TensorCore idle duration grown by at least half the time between two reads
-  (it resets whenever the core works);
+- ``tensorcore_idle``: the TensorCore idle duration grown by at least half the time between two reads;
+  one that went down shows the core worked (it restarts from 0), one that did not move says nothing (the
+  runtime may update it less often than tpuwatch reads);
 - ``hlo_execution``: the HLO execution timing distribution empty (count 0; a changed count is progress,
   an unchanged non-zero one says nothing, as the distribution may be a window).
 
@@ -79,7 +80,10 @@ def signals(previous: Track | None, obs: Observation, now: float, config: HangCo
     if config.tensorcore_idle and obs.idle_seconds is not None and previous is not None \
             and previous.idle_seconds is not None and now > previous.at:
         grown = obs.idle_seconds - previous.idle_seconds
-        found["tensorcore_idle"] = "stalled" if grown >= 0.5 * (now - previous.at) else "progress"
+        if grown < 0:
+            found["tensorcore_idle"] = "progress"
+        elif grown > 0 and grown >= 0.5 * (now - previous.at):
+            found["tensorcore_idle"] = "stalled"
     if config.hlo_execution and obs.hlo_executions is not None:
         if obs.hlo_executions == 0:
             found["hlo_execution"] = "stalled"
