@@ -338,6 +338,8 @@ def test_the_hung_drill_fires_on_the_faulty_chip_only(start_daemon: Callable[...
     daemon.wait_ready()
     (alert,) = wait_until(lambda: hung_alerts(daemon), timeout=30, what="the drill's AcceleratorHung")
     assert {"device": "2", "pid": "4102", "command": "python3"}.items() <= alert["labels"].items()
+    page = requests.get(f"{daemon.url}/", timeout=5).text
+    assert "hung: no progress for" in page and "held by process 4102 (python3)" in page, "the status page names it"
     assert [a["labels"]["device"] for a in hung_alerts(daemon)] == ["2"]
 
 
