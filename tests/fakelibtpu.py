@@ -2,7 +2,10 @@
 
 It answers a recorded fixture (tests/testdata/devices/runtime/GEN.json) in
 one of its states ("idle": a workload that runs nothing, "busy"), or fails as
-told.  Run as a program it is a workload process: it opens the device files
+told.  ``GetTpuRuntimeStatus`` answers UNIMPLEMENTED (a libtpu without it)
+unless ``status`` names a state of the cores ("healthy", "idle", "hung",
+"error"; see ``runtime_status``), which a test may change while a daemon
+reads it.  Run as a program it is a workload process: it opens the device files
 given on the command line, serves on a free port, prints the port and runs
 until its stdin closes:
 
@@ -36,21 +39,64 @@ def fixture(generation: str) -> dict[str, Any]:
     return json.loads((RUNTIME / f"{generation}.json").read_text())
 
 
+STATUS_STATES = ("healthy", "idle", "hung", "error")
+HUNG_QUEUED = 2
+
+
+def runtime_status(state: str, chip_ids: list[int], step: int, cores_per_chip: int = 1,
+                   error: str = "TensorCore 0 halted: program 7 failed an assertion") -> dict[str, Any]:
+    """A GetTpuRuntimeStatusResponse as JSON, in the shape tpu-info's ``get_tpuz_info`` reads
+    (cloud-accelerator-diagnostics tpu_info/metrics.py at fe85c12; tpu_telemetry.proto): global core id ->
+    CurrentCoreStateSummary with core_id {global_core_id, chip_id, core_on_chip}, one TensorCore sequencer
+    (pc, tag, tracemark, program_id, run_id), queued_program_info and, in state "error", error_message on the
+    first core.  "healthy" and "error": the sequencer is ``step`` instructions on (a new run every 16) with one
+    program queued behind it; "idle": stopped, nothing queued; "hung": stopped, HUNG_QUEUED programs queued.
+    What libtpu answers on real hardware in each state is not published: these are composed."""
+    moving = state in ("healthy", "error")
+    pc, run = (0x400 + step % 16, 1 + step // 16) if moving else (0x517, 3)
+    queued = {"healthy": 1, "error": 1, "idle": 0, "hung": HUNG_QUEUED}[state]
+    states: dict[str, Any] = {}
+    for rank, chip in enumerate(chip_ids):
+        for index in range(cores_per_chip):
+            core = rank * cores_per_chip + index
+            states[str(core)] = {
+                "coreId": {"globalCoreId": core, "chipId": chip,
+                           "coreOnChip": {"type": "TPU_CORE_TYPE_TENSOR_CORE", "index": index}},
+                "sequencerInfo": [{"sequencerType": "TPU_SEQUENCER_TYPE_TENSOR_CORE_SEQUENCER", "sequencerIndex": 0,
+                                   "pc": str(pc), "tag": "0", "tracemark": "0", "programId": "7",
+                                   "runId": str(run)}],
+                "xdbServerRunning": False,
+                "programFingerprint": "q80=",
+                "launchId": run,
+                "queuedProgramInfo": [{"runId": str(run + 1 + q), "launchId": str(run + 1 + q),
+                                       "programFingerprint": "q80="} for q in range(queued)],
+            }
+            if state == "error" and core == 0:
+                states[str(core)]["errorMessage"] = error
+    return {"hostName": "t1v-n-test-w-0", "coreStates": states}
+
+
 class Runtime(pb2_grpc.RuntimeMetricServiceServicer):
-    """Answers from a fixture state; ``mode`` "unavailable" (no workload) or "slow" (until released)."""
+    """Answers from a fixture state; ``mode`` "unavailable" (no workload) or "slow" (until released).
+
+    ``status`` (one of STATUS_STATES, or None for UNIMPLEMENTED) is the cores' state for ``status_chips``
+    (the runtime's chip ids; TPU7x answers one id per device), ``status_cores`` TensorCores each.
+    """
 
     def __init__(self, generation: str | None = None, state: str = "busy", mode: str = "ok",
-                 ids: set[int] | None = None) -> None:
+                 ids: set[int] | None = None, status: str | None = None, status_chips: tuple[int, ...] = (0,),
+                 status_cores: int = 1) -> None:
         self.mode = mode
+        self.status = status
+        self.status_chips = status_chips
+        self.status_cores = status_cores
         self.release = threading.Event()
         self.calls: Counter[str] = Counter()
+        self.ids = ids
         recorded = fixture(generation) if generation else {"ListSupportedMetrics": {}, state: {}}
         self.listing = recorded["ListSupportedMetrics"]
-        self.answers: dict[str, Any] = recorded[state]
-        if ids is not None:
-            for answer in self.answers.values():
-                if "metric" in answer:
-                    answer["metric"]["metrics"] = [m for m in answer["metric"]["metrics"] if _device(m) in ids]
+        self.answers: dict[str, Any] = {}
+        self._keep(recorded[state])
 
     def _fail(self, context: Any, code: str, details: str) -> None:
         context.abort(getattr(grpc.StatusCode, code), details)
@@ -73,6 +119,30 @@ class Runtime(pb2_grpc.RuntimeMetricServiceServicer):
         if "error" in answer:
             self._fail(context, answer["error"], f"metric {request.metric_name} is not available")
         return json_format.ParseDict(answer, pb2.MetricResponse())
+
+    def use(self, generation: str, state: str) -> None:
+        """Answer the metrics of another fixture state from now on (the workload went idle, or busy again)."""
+        self._keep(fixture(generation)[state])
+
+    def _keep(self, answers: dict[str, Any]) -> None:
+        """Answer ``answers``, only the entries of the devices in ``ids`` where it is set."""
+        if self.ids is not None:
+            for answer in answers.values():
+                if "metric" in answer:
+                    answer["metric"]["metrics"] = [m for m in answer["metric"]["metrics"] if _device(m) in self.ids]
+        self.answers = answers
+
+    def GetTpuRuntimeStatus(self, request: Any, context: Any) -> Any:  # noqa: N802 - the gRPC method name
+        self.calls["GetTpuRuntimeStatus"] += 1
+        step = self.calls["GetTpuRuntimeStatus"]
+        if self.mode == "unavailable":
+            self._fail(context, "UNAVAILABLE", "TPU runtime is not initialized")
+        if self.mode == "slow":
+            self.release.wait(30)
+        if self.status is None:
+            self._fail(context, "UNIMPLEMENTED", "Method not found: GetTpuRuntimeStatus")
+        answer = runtime_status(str(self.status), list(self.status_chips), step, self.status_cores)
+        return json_format.ParseDict(answer, pb2.GetTpuRuntimeStatusResponse())
 
 
 def _device(entry: dict[str, Any]) -> int | None:
@@ -98,7 +168,7 @@ def start(runtime: Runtime, raw: bytes | None = None) -> tuple[Any, str]:
                                                       response_serializer=None)
         server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
             "tpu.monitoring.runtime.RuntimeMetricService",
-            {"GetRuntimeMetric": handler, "ListSupportedMetrics": handler}),))
+            {"GetRuntimeMetric": handler, "ListSupportedMetrics": handler, "GetTpuRuntimeStatus": handler}),))
     port = server.add_secure_port("localhost:0", grpc.local_server_credentials())
     server.start()
     return server, f"localhost:{port}"

@@ -314,6 +314,12 @@ DEFAULT_CASES = [
     ("field read failing", [], [("tpuwatch_device_read_errors_total", 5, {"device": "0",
                                                                          "field": "nvmlDeviceGetPowerUsage"})],
      "AcceleratorReadFailing", "warning"),
+    ("hung chip", [], [("tpuwatch_device_hung", 1, {"device": "0", "pid": "4101", "command": "python3",
+                                                    "namespace": "ml", "pod": "trainer-0", "container": "jax"})],
+     "AcceleratorHung", "critical"),
+    ("runtime error", [], [("tpuwatch_device_runtime_error_info", 1, {"device": "0", "core": "1",
+                                                                      "message": "program 7 failed"})],
+     "AcceleratorRuntimeError", "warning"),
 ]
 
 

@@ -23,7 +23,8 @@ EXAMPLES = {"device": "0", "pci": "0000:00:04.0", "pid": "4101", "command": "pyt
             "memory": "hbm", "result": "fail", "severity": "critical", "scenario": "sdc", "needs": "canary",
             "reason": "jax is not installed", "action": "node_reboot", "state": "completed", "status": "timeout",
             "health": "unhealthy", "clique_id": "7", "cluster_uuid": "0123456789abcdef0123456789abcdef",
-            "field": "nvmlDeviceGetPowerUsage", "gpu_instance": "3"}
+            "field": "nvmlDeviceGetPowerUsage", "gpu_instance": "3", "core": "1",
+            "message": "TensorCore 1 halted"}
 # What a tidy text never holds: blanks doubled or at an end, empty or padded brackets, a blank before
 # punctuation, a separator at an end, a preposition left without its object, template syntax.
 FLAWS = re.compile(r"  |^\s|\s$|\(\s*\)|\(\s|\s[),.;:]|^[,;:]|[,;:]$|\b(?:on|of|in|at|from)\s*(?:[,.;:)]|$)"

@@ -18,6 +18,7 @@ from tpuwatch.devices.base import (
     sources_line,
     summary_samples,
 )
+from tpuwatch.devices.progress import ChipStatus, HangVerdict
 from tpuwatch.exporter import SampleCollector
 
 from conftest import require_tool
@@ -35,6 +36,8 @@ FULL = DeviceReading(
     links=(LinkReading(0, True, {"crc_flit": 3, "replay": 0}), LinkReading(1, False, {})),
     recovery_action=2, fabric=Fabric("completed", "success", 7, "ab" * 16, "limited_capacity", 0x4),
     instances=(GpuInstance(3, 1 << 30, 10 << 30), GpuInstance(5, None, None)),
+    runtime_status=ChipStatus(positions=((0, 1, 0, 0x517, 7, 3),), queued=2, errors=((0, "halted"),)),
+    hang=HangVerdict(hung=True, stalled_seconds=700.0, pid=4101, command="python3"),
 )
 
 

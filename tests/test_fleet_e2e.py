@@ -4,7 +4,8 @@ alerts/ loaded, Debian's Alertmanager forwarding to a recording webhook, and tpu
 One stack for the module (starting it costs seconds): tpuwatch "a" with `--simulate ecc-errors`, a followed
 kernel log file and three receivers (a webhook, the Alertmanager, a webhook that rejects everything);
 tpuwatch "b" with `--simulate sdc` and the canary on, so chip 1 computes wrong numbers; tpuwatch "c" with
-`--simulate hbm-leak` on chip 2, notifying the webhook.
+`--simulate hbm-leak` on chip 2, notifying the webhook; tpuwatch "d" with `--simulate hung` on chip 1, the hang
+time shortened to 1s.
 
 Prometheus loads alerts/ time-compressed: every `for` longer than 0 becomes 1s, so that a leak alert held
 for 15m arrives within seconds.  promtool's unit tests (test_fleet.py) check the real `for` durations.
@@ -66,6 +67,7 @@ class Fleet:
     a: DaemonProcess
     b: DaemonProcess
     c: DaemonProcess
+    d: DaemonProcess
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """Prometheus's instant-query result for ``expr`` (fails on an error answer)."""
@@ -125,13 +127,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             "notify": [{"name": "oncall", "type": "webhook", "url": direct_hook.url()}]},
             args=["--simulate", "hbm-leak"])
         started.append(c)
+        d = DaemonProcess(_workdir(tmp, "d"), {
+            **SIM_FAST, "devices": {"sim": {"count": 2, "fault_device": 1, "fault_after": "1s"},
+                                    "hang": {"after": "1s"}}}, args=["--simulate", "hung"])
+        started.append(d)
 
         (tmp / "prometheus.yml").write_text(yaml.safe_dump({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
             "rule_files": _time_compressed_rules(tmp / "rules"),
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
             "scrape_configs": [{"job_name": "tpuwatch",
-                                "static_configs": [{"targets": [f"127.0.0.1:{d.port}" for d in (a, b, c)]}]}]}))
+                                "static_configs": [{"targets": [f"127.0.0.1:{d.port}" for d in (a, b, c, d)]}]}]}))
         prometheus = f"http://127.0.0.1:{prometheus_port}"
         started.append(Service([prometheus_bin, f"--config.file={tmp / 'prometheus.yml'}",
                                 f"--storage.tsdb.path={tmp / 'prometheus'}",
@@ -144,7 +150,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                    what="the kernel log collector to open the file")
         with open(kernel_log, "a") as log:
             log.write(XID_LINE)
-        yield Fleet(prometheus, am_hook, direct_hook, rejecting_hook, a, b, c)
+        yield Fleet(prometheus, am_hook, direct_hook, rejecting_hook, a, b, c, d)
     finally:
         for part in reversed(started):
             part.stop()
@@ -174,7 +180,7 @@ def _workdir(tmp: Path, name: str) -> Path:
 
 
 def test_prometheus_scrapes_every_daemon_and_loads_the_rules(fleet: Fleet) -> None:
-    targets = {f"127.0.0.1:{d.port}" for d in (fleet.a, fleet.b, fleet.c)}
+    targets = {f"127.0.0.1:{d.port}" for d in (fleet.a, fleet.b, fleet.c, fleet.d)}
     wait_until(lambda: {r["metric"]["instance"] for r in fleet.query('up{job="tpuwatch"} == 1')} == targets,
                timeout=15, what="every target scraped")
 
@@ -223,6 +229,17 @@ def test_canary_faults_page_through_prometheus_and_alertmanager(fleet: Fleet) ->
     outlier = wait_until(lambda: firing(fleet.am_hook, "CanaryFleetOutlier", instance=instance_b),
                          timeout=15, what="the fingerprint outlier alert")
     assert outlier["labels"]["device"] == "1" and outlier["labels"]["fingerprint"]
+
+
+def test_a_hung_chip_pages_through_prometheus_and_alertmanager(fleet: Fleet) -> None:
+    instance_d = f"127.0.0.1:{fleet.d.port}"
+    hung = wait_until(lambda: firing(fleet.am_hook, "AcceleratorHung", instance=instance_d, pci="0000:11:00.0"),
+                      timeout=45, what="the hung chip through Prometheus and Alertmanager")
+    expected = {"device": "1", "pid": "4101", "command": "python3", "severity": "critical"}
+    assert expected.items() <= hung["labels"].items()
+    assert hung["annotations"]["summary"] == f"Chip 1 on {instance_d} hung: process 4101 (python3) makes no progress"
+    assert hung["annotations"]["runbook_url"] == "file:///usr/share/doc/tpuwatch/alerting.md#acceleratorhung"
+    assert not firing(fleet.am_hook, "AcceleratorHung", instance=instance_d, device="0"), "chip 0 makes progress"
 
 
 def test_memory_leak_pages_through_prometheus_and_straight_from_tpuwatch(fleet: Fleet) -> None:

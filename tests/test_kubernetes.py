@@ -213,7 +213,8 @@ def test_each_condition_set_and_cleared_with_its_reason(api: ApiServer, tmp_path
                                      "KernelHardwareError"),
                                     ("CanaryWrongResult", "AcceleratorComputeProblem", "CanaryWrongResult"),
                                     ("AcceleratorMemoryExhaustionSoon", "AcceleratorMemoryProblem",
-                                     "MemoryExhaustionSoon")):
+                                     "MemoryExhaustionSoon"),
+                                    ("AcceleratorHung", "AcceleratorProgressProblem", "CoreHung")):
         start = agent.last_sync or T0
         cycle(agent, start + 1, alert(name, "2"))
         on_node = api.condition("node-0", condition)

@@ -130,7 +130,7 @@ def test_pools_schedule_on_their_nodes() -> None:
     tpu, gpu = (_documents(f)["DaemonSet"]["spec"]["template"]["spec"] for f in ("values-tpu.yaml", "values-gpu.yaml"))
     assert tpu["hostNetwork"] is True  # libtpu's metric service listens on the node's localhost
     ours = {f"tpuwatch.io/{c}" for c in ("AcceleratorHardwareProblem", "AcceleratorComputeProblem",
-                                          "AcceleratorMemoryProblem")}
+                                          "AcceleratorMemoryProblem", "AcceleratorProgressProblem")}
     assert {t["key"] for t in tpu["tolerations"]} == {"google.com/tpu"} | ours  # it keeps watching tainted nodes
     assert gpu["runtimeClassName"] == "nvidia" and {t["key"] for t in gpu["tolerations"]} == {"nvidia.com/gpu"} | ours
     env = {e["name"]: e.get("value") for e in gpu["containers"][0]["env"]}

@@ -72,6 +72,18 @@ _SPECS = [
                "How long the chip's TensorCores have been idle (libtpu runtime).", ("device",)),
     MetricSpec("tpuwatch_device_hlo_queue_size", "gauge", "HLO programs queued for execution (libtpu runtime).",
                ("device",)),
+    MetricSpec("tpuwatch_device_queued_programs", "gauge",
+               "Programs queued on the chip's cores (libtpu runtime status, GetTpuRuntimeStatus).", ("device",)),
+    MetricSpec("tpuwatch_device_runtime_error_info", "gauge",
+               "An error message the libtpu runtime status reports for a core of the chip (global core id, "
+               "message cut to 300 characters); value is always 1.", ("device", "core", "message")),
+    MetricSpec("tpuwatch_device_stalled_seconds", "gauge",
+               "How long a held chip has made no progress while work waits for it (0 while it progresses or "
+               "idles; absent where no signal judges it; docs/devices.md#hung-cores).", ("device",)),
+    MetricSpec("tpuwatch_device_hung", "gauge",
+               "1 while the chip's holder has made no progress for devices.hang.after with work queued, else 0; "
+               "labelled with the holding process and its pod (absent when the chip is not held or nothing "
+               "judges it).", ("device", "pid", "command", "namespace", "pod", "container")),
     MetricSpec("tpuwatch_device_hlo_execution_seconds", "summary",
                "HLO program execution time, quantiles estimated from libtpu's buckets (libtpu runtime).",
                ("device",)),

@@ -34,8 +34,8 @@ from tpuwatch.schema import (
 DEFAULT_PATH = Path("/etc/tpuwatch/config.yaml")
 DEFAULT_PORT = 9847
 
-SCENARIOS = ("healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost")
-Scenario = Literal["healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost"]
+SCENARIOS = ("healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost", "hung")
+Scenario = Literal["healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost", "hung"]
 SimChip = Literal["v4", "v5e", "v5p", "v6e", "h100", "h200"]
 AbsolutePath = Annotated[str, FilePath()]
 # Rule file patterns are expanded with the user's home: ~/alerts/*.yaml.
@@ -76,6 +76,24 @@ class TpuConfig:
 
 
 @dataclass(frozen=True)
+class HangConfig:
+    """Hang detection: a chip held by a process that makes no progress while work waits (docs/devices.md)."""
+
+    enabled: bool = True
+    after: Annotated[float, Duration(minimum=1.0, maximum=7 * 86400.0)] = 600.0
+    require_queued: bool = True
+    sequencers: bool = True
+    duty_cycle: bool = True
+    duty_cycle_below: Annotated[float, Range(0.0, 1.0)] = 0.01
+    tensorcore_idle: bool = True
+    hlo_execution: bool = True
+
+    def validate(self, path: str) -> None:
+        if self.enabled and not (self.sequencers or self.duty_cycle or self.tensorcore_idle or self.hlo_execution):
+            raise ConfigError(path, "enabled with every signal off: turn one on, or set enabled: false")
+
+
+@dataclass(frozen=True)
 class NvidiaConfig:
     """NVIDIA backend (NVML through nvidia-ml-py)."""
 
@@ -104,6 +122,7 @@ class DevicesConfig:
     expected: Annotated[str, ExpectedDevices()] = "auto"
     sim: SimConfig = field(default_factory=SimConfig)
     tpu: TpuConfig = field(default_factory=TpuConfig)
+    hang: HangConfig = field(default_factory=HangConfig)
     nvidia: NvidiaConfig = field(default_factory=NvidiaConfig)
 
 
@@ -390,10 +409,17 @@ def option_type(key: str) -> Callable[[str], Any]:
     return convert
 
 
+DRILL_HANG_AFTER_S = 30.0  # --simulate hung: the hang time, when devices.hang.after is longer
+
+
 def simulated(config: Config, scenario: Scenario) -> Config:
-    """``config`` with the simulated backend forced on, running ``scenario``."""
+    """``config`` with the simulated backend forced on, running ``scenario``; the ``hung`` drill judges a chip
+    hung after at most DRILL_HANG_AFTER_S, so that it fires while one waits."""
     sim = dataclasses.replace(config.devices.sim, scenario=scenario)
-    return dataclasses.replace(config, devices=dataclasses.replace(config.devices, backend="sim", sim=sim))
+    hang = config.devices.hang
+    if scenario == "hung":
+        hang = dataclasses.replace(hang, after=min(hang.after, DRILL_HANG_AFTER_S))
+    return dataclasses.replace(config, devices=dataclasses.replace(config.devices, backend="sim", sim=sim, hang=hang))
 
 
 def to_yaml(config: Config) -> str:

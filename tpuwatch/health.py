@@ -18,7 +18,7 @@ from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.hw.recovery import action_words
 from tpuwatch.kernel_log.collector import event_problems
 from tpuwatch.statedir import StateDir, holder, probe
-from tpuwatch.units import celsius
+from tpuwatch.units import celsius, duration
 
 if TYPE_CHECKING:
     from tpuwatch.assembly import Parts
@@ -56,6 +56,12 @@ def device_problems(readings: Iterable[DeviceReading]) -> list[str]:
             ratio = r.memory_used_bytes / r.memory_total_bytes
             if ratio >= MEMORY_FULL_RATIO:
                 problems.append(f"{where}: memory {ratio:.0%} full")
+        if r.hang is not None and r.hang.hung:
+            problems.append(f"{where}: hung: no progress for {duration(r.hang.stalled_seconds)}"
+                            + (f" with {r.hang.queued:g} program(s) queued" if r.hang.queued else "")
+                            + f" ({', '.join(r.hang.evidence)}), held by process {r.hang.pid} ({r.hang.command})")
+        for core, error in r.runtime_status.errors if r.runtime_status is not None else ():
+            problems.append(f"{where}: libtpu runtime reports an error on core {core}: {error}")
     return problems
 
 

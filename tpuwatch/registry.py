@@ -67,7 +67,8 @@ def _devices(config: Config, built: dict[str, Collector], persist: bool) -> tupl
     host = built.get("host")
     expected = expect(config, backend.name)
     collector = DeviceCollector(backend, expected, host.pods if isinstance(host, HostCollector) else None,
-                                config.host.max_processes_per_device, _seen_this_boot(config, backend, persist))
+                                config.host.max_processes_per_device, _seen_this_boot(config, backend, persist),
+                                config.devices.hang)
     return collector, f"device backend: {why}" + (f"; expecting {expected.count} chip(s): {expected.why}"
                                                   if expected else "; no chip count expected")
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tpuwatch.hw.recovery import action_name
 from tpuwatch.samples import Sample, sample
+
+if TYPE_CHECKING:
+    from tpuwatch.devices.progress import ChipStatus, HangVerdict
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,9 @@ class DeviceReading:
     tensorcore_idle_seconds: float | None = None
     hlo_queue_size: float | None = None
     hlo_execution_seconds: Summary | None = None
+    # libtpu's runtime status of the chip's cores (GetTpuRuntimeStatus), and the hang detector's verdict on it.
+    runtime_status: ChipStatus | None = None
+    hang: HangVerdict | None = None
     # Megascale latencies the runtime attributes to this chip: (metric, buffer size, summary).
     megascale: tuple[tuple[str, str, Summary], ...] | None = None
     # NVIDIA: memory the driver or firmware reserves (NVML v2 memory info, drivers that have it).
@@ -199,6 +205,9 @@ _LABELLED = (
 
 DRIVER_STATUSES = ("ALIVE", "LAMED", "DEAD", "DRIVER_EXITING")
 HLO_EXECUTION = "tpuwatch_device_hlo_execution_seconds"
+QUEUED_PROGRAMS = "tpuwatch_device_queued_programs"
+RUNTIME_ERROR = "tpuwatch_device_runtime_error_info"
+STALLED = "tpuwatch_device_stalled_seconds"
 MEGASCALE = "tpuwatch_device_megascale_latency_seconds"
 
 # The fields the simulator fills; families of every other field only real backends emit, so checks that
@@ -209,6 +218,7 @@ HARDWARE_ONLY_FAMILIES = frozenset(
     {metric for attribute, metric in _GAUGES if attribute not in _SIMULATED}
     | {metric for attribute, metric, _, _ in _LABELLED if attribute not in _SIMULATED}
     | {"tpuwatch_device_driver_status", "tpuwatch_device_throttle_active", HLO_EXECUTION, MEGASCALE,
+       QUEUED_PROGRAMS, RUNTIME_ERROR, STALLED,
        "tpuwatch_device_nvlink_up", "tpuwatch_device_nvlink_errors_total", "tpuwatch_device_recovery_action",
        "tpuwatch_device_fabric_info"}
 )
@@ -238,6 +248,12 @@ def reading_samples(reading: DeviceReading, backend: str) -> list[Sample]:
         out.append(sample("tpuwatch_device_throttle_active", 1 if active else 0, device=device, reason=reason))
     if reading.hlo_execution_seconds is not None:
         out += summary_samples(HLO_EXECUTION, reading.hlo_execution_seconds, device=device)
+    if reading.runtime_status is not None:
+        out.append(sample(QUEUED_PROGRAMS, reading.runtime_status.queued, device=device))
+        out += [sample(RUNTIME_ERROR, 1, device=device, core=str(core), message=message)
+                for core, message in reading.runtime_status.errors]
+    if reading.hang is not None:
+        out.append(sample(STALLED, reading.hang.stalled_seconds, device=device))
     for metric, buffer_size, latency in reading.megascale or ():
         out += summary_samples(MEGASCALE, latency, device=device, metric=metric, buffer_size=buffer_size)
     if reading.recovery_action is not None:

@@ -4,10 +4,13 @@ using each chip named by pod, and the chips the host should have but does not re
 from __future__ import annotations
 
 import logging
+import time
 
+from tpuwatch.config import HangConfig
 from tpuwatch.devices.base import DeviceBackend, DeviceReading, reading_samples
 from tpuwatch.devices.expected import Expectation, missing_problem, missing_samples
-from tpuwatch.devices.processes import DEFAULT_CAP, process_samples
+from tpuwatch.devices.hang import HangWatch
+from tpuwatch.devices.processes import DEFAULT_CAP, hang_samples, process_samples
 from tpuwatch.devices.seen import SeenThisBoot, is_number
 from tpuwatch.pods import PodLookup
 from tpuwatch.samples import Sample, sample
@@ -25,18 +28,21 @@ class DeviceCollector:
     (``missing_problem`` says so in one sentence); with ``pods`` the processes using each chip are named
     by pod, at most ``max_processes`` per chip.  ``seen`` remembers the chips and the links seen active this
     boot (across restarts of tpuwatch when it keeps them in state_dir): only those links are exported, and a
-    chip it remembers that the backend no longer reports is down.
+    chip it remembers that the backend no longer reports is down.  With ``hang`` each held chip's progress is
+    judged (tpuwatch.devices.hang).
     """
 
     name = "devices"
 
     def __init__(self, backend: DeviceBackend, expected: Expectation | None = None, pods: PodLookup | None = None,
-                 max_processes: int = DEFAULT_CAP, seen: SeenThisBoot | None = None) -> None:
+                 max_processes: int = DEFAULT_CAP, seen: SeenThisBoot | None = None,
+                 hang: HangConfig | None = None) -> None:
         self.backend = backend
         self.seen = seen or SeenThisBoot(backend.name)
         self.expected = expected
         self.pods = pods
         self.max_processes = max_processes
+        self.hang = HangWatch(hang) if hang is not None and hang.enabled else None
         self.last_readings: list[DeviceReading] = []
         self.missing_problem: str | None = None
         self._known: dict[str, DeviceReading] = {device: DeviceReading(device=device, chip=chip, pci=pci)
@@ -63,6 +69,8 @@ class DeviceCollector:
         if self._restored:  # the first read after a restart: forget remembered chips that were renumbered
             self._forget_renumbered(readings)
         readings = {device: self.seen.note(r) for device, r in readings.items()}
+        if self.hang is not None:
+            readings = {r.device: r for r in self.hang.apply(list(readings.values()), time.monotonic())}
         self.seen.save()
         for device, previous in self._known.items():
             if device not in readings:
@@ -84,6 +92,7 @@ class DeviceCollector:
         out = [s for r in self.last_readings for s in reading_samples(r, self.backend.name)]
         out += [s for r in self.last_readings for s in process_samples(r, self.pods, self.max_processes)]
         out += self._read_error_samples()
+        out += [s for r in self.last_readings for s in hang_samples(r, self.pods)]
         out += self._expected_samples()
         host_samples = getattr(self.backend, "host_samples", None)  # readings the backend ties to no chip
         return out + list(host_samples()) if host_samples is not None else out

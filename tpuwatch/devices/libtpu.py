@@ -5,9 +5,13 @@ with TPU_RUNTIME_METRICS_PORTS serves one port per process); with none,
 calls answer UNAVAILABLE, which means "no data".  Each address is asked
 ``ListSupportedMetrics`` once (again after an error) and then only for the
 metrics it offers: older libtpu has no HLO metrics (tpu-info: they need
-libtpu >= 0.0.17) and a single-slice workload no megascale ones.  The
-generated stubs come from PyPI's tpu-info (the ``tpu`` extra); parsing is in
-``tpuwatch.devices.runtime``.
+libtpu >= 0.0.17) and a single-slice workload no megascale ones.  Each read
+also asks ``GetTpuRuntimeStatus`` (the cores' sequencers, queued programs and
+error messages, as tpu-info's ``get_tpuz_info`` does); a runtime that answers
+UNIMPLEMENTED (older libtpu) is not asked again until it is listed again, and
+its status is absent, not an error.  The generated stubs come from PyPI's
+tpu-info (the ``tpu`` extra); parsing is in ``tpuwatch.devices.runtime`` and
+``tpuwatch.devices.tpustatus``.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpuwatch.devices.runtime import KNOWN_METRICS, Entry, MalformedMetric, parse_response
+from tpuwatch.devices.tpustatus import CoreStatus, parse_status
 from tpuwatch.logsetup import Once
 
 log = logging.getLogger(__name__)
@@ -32,6 +37,7 @@ class AddressAnswer:
     address: str
     status: str
     entries: dict[str, list[Entry]] = field(default_factory=dict)
+    cores: list[CoreStatus] | None = None  # the runtime status, where the runtime gave it
 
     @property
     def has_data(self) -> bool:
@@ -58,6 +64,7 @@ class RuntimeClient:
         self._channels: list[Any] = []
         self._logged = Once(MAX_LOGGED)
         self._offered: dict[str, frozenset[str]] = {}  # address -> known metrics it lists
+        self._no_status: set[str] = set()  # addresses whose runtime answered GetTpuRuntimeStatus UNIMPLEMENTED
         try:
             import grpc
             from tpu_info.proto import tpu_metric_service_pb2, tpu_metric_service_pb2_grpc
@@ -77,10 +84,31 @@ class RuntimeClient:
         pending = {(address, name): self._stub(address).GetRuntimeMetric.future(
             self._pb2.MetricRequest(metric_name=name), timeout=max(0.05, deadline - time.monotonic()))
             for address in self.addresses if address not in answers for name in sorted(self._offered[address])}
+        statuses = {address: self._stub(address).GetTpuRuntimeStatus.future(
+            self._pb2.GetTpuRuntimeStatusRequest(include_hlo_info=False),
+            timeout=max(0.05, deadline - time.monotonic()))
+            for address in self.addresses if address not in answers and address not in self._no_status}
         for address in self.addresses:
             if address not in answers:
+                cores = self._status(address, statuses[address]) if address in statuses else None
                 answers[address] = self._answer(address, pending)
+                answers[address].cores = cores
         return [answers[address] for address in self.addresses]
+
+    def _status(self, address: str, future: Any) -> list[CoreStatus] | None:
+        """The runtime status's cores; None where the runtime has none to give (logged once if it failed)."""
+        try:
+            return parse_status(future.result())
+        except self._grpc.RpcError as exc:
+            if exc.code() == self._grpc.StatusCode.UNIMPLEMENTED:
+                self._no_status.add(address)
+                log.info("libtpu runtime at %s has no GetTpuRuntimeStatus (older libtpu): hang detection there "
+                         "uses the runtime metrics only", address)
+            elif exc.code().name not in _QUIET:
+                self._log_once(address, "GetTpuRuntimeStatus", f"{exc.code().name}: {exc.details()}")
+        except MalformedMetric as exc:
+            self._log_once(address, "GetTpuRuntimeStatus", f"malformed answer: {exc}")
+        return None
 
     def _list_unknown(self) -> dict[str, AddressAnswer]:
         """Ask ListSupportedMetrics where it is not known; the no-data answers of addresses that fail it."""
@@ -136,6 +164,7 @@ class RuntimeClient:
                 self._log_once(address, name, f"malformed answer: {exc}")
         if not answer.has_data:  # the runtime went away, or offers nothing yet: list its metrics again next read
             del self._offered[address]
+            self._no_status.discard(address)
         if not offered:
             answer.status = "no data (the runtime offers none of the metrics tpuwatch reads)"
         elif not answer.has_data:

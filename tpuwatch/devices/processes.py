@@ -35,3 +35,13 @@ def process_samples(reading: DeviceReading, pods: PodLookup | None, cap: int = D
                           device=reading.device, pid=str(process.pid), command=process.command, **where.labels(),
                           **instance))
     return out
+
+
+def hang_samples(reading: DeviceReading, pods: PodLookup | None) -> list[Sample]:
+    """``tpuwatch_device_hung`` of one chip's reading, labelled with its holder (none when not judged)."""
+    verdict = reading.hang
+    if verdict is None:
+        return []
+    where = pods.pod_of(verdict.pid, reading.plugin_ids) if pods is not None else PodRef()
+    return [sample("tpuwatch_device_hung", 1 if verdict.hung else 0, device=reading.device, pid=str(verdict.pid),
+                   command=verdict.command, **where.labels())]

@@ -14,6 +14,13 @@ power and ECC counters that real TPUs do not expose, so that every alert
 route can be drilled on any host.  A scenario whose fault only another part
 of tpuwatch can see declares it in ``NEEDS``: where that part cannot run, the
 drill cannot either, and tpuwatch says so (tpuwatch.canary.needs).
+
+In the ``hung`` scenario every chip is held by a simulated training process
+and reports a runtime status whose sequencer advances at every read with
+programs queued, as libtpu's GetTpuRuntimeStatus would; from ``fault_after``
+the faulty chip's sequencer stops where it is, its duty cycle drops to 0 and
+its programs stay queued, which the hang detector (tpuwatch.devices.hang)
+judges hung once ``devices.hang.after`` has passed.
 """
 
 from __future__ import annotations
@@ -22,10 +29,11 @@ import math
 import random
 import time
 from collections.abc import Callable, Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from tpuwatch.config import Config, Scenario, SimConfig
-from tpuwatch.devices.base import DeviceReading
+from tpuwatch.devices.base import DeviceReading, ProcessUse
+from tpuwatch.devices.progress import ChipStatus
 from tpuwatch.hw.chips import CHIPS
 
 # The load cycle: not a multiple or divisor of a minute (nor of the 10 s history step), so that per-minute means
@@ -38,7 +46,9 @@ OVERHEAT_C_PER_S = 0.5
 OVERHEAT_MAX_C = 96.0
 UNCORRECTED_AFTER_S = (0.0, 120.0)  # after the fault starts, one uncorrectable error at each
 # What a scenario's drill needs beyond the simulated chips: sdc corrupts no reading, only the canary's numbers.
-NEEDS: dict[Scenario, tuple[str, ...]] = {"sdc": ("canary",)}
+# hung needs the hang detector on (devices.hang.enabled).
+NEEDS: dict[Scenario, tuple[str, ...]] = {"sdc": ("canary",), "hung": ("hang detector",)}
+HUNG_QUEUED = 3  # programs queued on each chip of the hung scenario
 
 
 class _Model(NamedTuple):
@@ -103,6 +113,9 @@ class SimBackend:
             temperature = min(OVERHEAT_MAX_C, temperature + OVERHEAT_C_PER_S * fault_age)
         power = model.idle_watts + (model.max_watts - model.idle_watts) * utilization + rng.gauss(0, 2.0)
 
+        hung = fault_age is not None and scenario == "hung"
+        if hung:
+            utilization = 0.0
         uncorrected = 0
         if fault_age is not None and scenario == "ecc-errors":
             self._corrected[index] += rng.randint(0, 4)
@@ -119,7 +132,15 @@ class SimBackend:
             ecc_corrected_total=self._corrected[index],
             ecc_uncorrected_total=uncorrected,
             sources={"all readings": f"simulator (scenario {scenario}, seed {self.config.seed})"},
+            **(_workload(index, elapsed - (fault_age or 0.0) if hung else elapsed) if scenario == "hung" else {}),
         )
+
+
+def _workload(index: int, progress: float) -> dict[str, Any]:
+    """The hung scenario's holder and runtime status of a chip whose sequencer got ``progress`` seconds far."""
+    steps = int(progress * 10)
+    status = ChipStatus(positions=((index, 1, 0, 0x400 + steps % 4096, 7, steps // 4096 + 1),), queued=HUNG_QUEUED)
+    return {"processes": (ProcessUse(4100 + index, "python3"),), "runtime_status": status}
 
 
 def history(config: SimConfig, span: float, step: float) -> Iterator[tuple[float, list[DeviceReading]]]:

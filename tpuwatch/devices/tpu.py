@@ -12,7 +12,8 @@ What each chip reports, and where it comes from:
   name under /dev (``accel0``) or /dev/vfio (``12``), and its PCI slot on generations whose chips span
   functions (ai-on-gke/tpu-device-plugin ``pkg/tpu/manager.go``);
 - HBM used/total, duty cycle, HBM bandwidth, TensorCore idle time, HLO queue
-  and execution time, megascale latencies: libtpu's runtime metric service,
+  and execution time, megascale latencies, and the runtime status (sequencers,
+  queued programs, error messages of the cores): libtpu's runtime metric service,
   only while a workload runs; without it the HBM capacity is the published
   figure for the chip.  Which chips an address describes: those held open by
   the process listening on its port, else (that process not found) the
@@ -35,6 +36,7 @@ from tpuwatch.devices.libtpu import AddressAnswer, RuntimeClient
 from tpuwatch.devices.pci import TpuChip, discover_tpus, read_driver_state, read_hwmon
 from tpuwatch.devices.procnet import port_owners
 from tpuwatch.devices.runtime import US, Distribution, Folded, fold, merge, summary
+from tpuwatch.devices.tpustatus import fold_status
 from tpuwatch.hw.procfs import scan_holders
 from tpuwatch.samples import Sample, sample
 
@@ -107,10 +109,13 @@ class TpuBackend:
         runtime = self.runtime.fetch()
         generation = chips[0].generation if chips else None
         folded = {}
+        per_device = generation.devices_per_chip if generation and not generation.duty_cycle_per_chip else 1
         for answer in runtime:
-            if answer.has_data:
+            if answer.has_data or answer.cores:
                 folded[answer.address] = fold(answer.entries, generation.devices_per_chip if generation else 1,
                                               generation.duty_cycle_per_chip if generation else False)
+                for slot, status in fold_status(answer.cores or [], per_device).items():
+                    folded[answer.address].fields.setdefault(slot, {})["runtime_status"] = status
                 for metric, problem in folded[answer.address].problems:
                     self.runtime.log_problem(answer.address, metric, problem)
         owners = self._scan_owners(chips, unresolved=any(_port(a) not in self._port_pids for a in folded))

@@ -41,6 +41,7 @@ DEFAULT_CONDITIONS: list[NodeConditionConfig] = [
         ("CanaryWrongResult", "CanaryWrongResult"), ("CanaryFleetOutlier", "CanaryFleetOutlier"))),
     NodeConditionConfig("AcceleratorMemoryProblem", _sources(
         ("AcceleratorMemoryExhaustionSoon", "MemoryExhaustionSoon"))),
+    NodeConditionConfig("AcceleratorProgressProblem", _sources(("AcceleratorHung", "CoreHung"))),
 ]
 
 
