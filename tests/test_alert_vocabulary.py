@@ -31,6 +31,10 @@ NONE = "—"
 OWN = {"alertname", "severity"}  # every alert's; beside them the daemon adds host, Prometheus instance and job
 # Cases beyond test_alerting_rules' DEFAULT_CASES, for labels those leave out: (before, after, alert, severity).
 EXTRA_CASES = [
+    ([], [("tpuwatch_maintenance_scheduled", 1, {"cloud": "ec2", "kind": "reboot", "event": "system-reboot",
+                                                 "event_id": "instance-event-0d59937288b749b32",
+                                                 "window": "2027-01-21 09:00-09:17 UTC", "start": "1800522043"})],
+     "MaintenanceScheduled", "warning"),
     ([], [("tpuwatch_memory_leak_suspected", 1, {"memory": "process", "device": "", "pid": "4242"})],
      "AcceleratorMemoryLeak", "warning"),
     ([], [("tpuwatch_memory_exhaustion_eta_seconds", 3600, {"memory": "process", "device": "", "pid": "4242"})],
