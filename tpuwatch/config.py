@@ -326,6 +326,8 @@ class KubernetesConfig:
                 raise ConfigError(f"{path}.conditions[{i}].type", f"duplicate condition {name!r}")
         if self.remediation and not self.node_conditions:
             raise ConfigError(f"{path}.remediation", "needs node_conditions: true")
+        if self.maintenance_condition and not self.node_conditions:
+            raise ConfigError(f"{path}.maintenance_condition", "needs node_conditions: true")
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,10 @@ Compute Engine (https://cloud.google.com/compute/docs/metadata/getting-live-migr
 ``instance/maintenance-event`` is ``NONE``, ``MIGRATE_ON_HOST_MAINTENANCE`` or ``TERMINATE_ON_HOST_MAINTENANCE``;
 ``instance/upcoming-maintenance?alt=json`` is an UpcomingMaintenance object (google.cloud.compute_v1.types:
 ``type``, ``can_reschedule``, ``window_start_time``, ``window_end_time``, ``latest_window_start_time``,
-``maintenance_status``, RFC 3339 times; the Cloud TPU VM docs spell them in camelCase) or, with nothing
-scheduled, ``{ }`` or a 503.  EC2 (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/
+``maintenance_status``, RFC 3339 times; the Cloud TPU VM docs spell them in camelCase,
+https://cloud.google.com/tpu/docs/view-maintenance-notifications, with ``maintenanceType`` beside ``type``) or,
+with nothing scheduled, ``{ }``, a 503, or (the TPU docs) ``{"error": "no notifications have been received yet,
+try again later"}``.  EC2 (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/
 monitoring-instances-status-check_sched.html): ``meta-data/events/maintenance/scheduled`` is a JSON list of
 ``{NotBefore, Code, Description, EventId, NotAfter, State}`` with times like ``21 Jan 2019 09:00:43 GMT``; a
 finished event stays listed for a while with its description starting ``[Completed]`` (API_InstanceStatusEvent)
@@ -66,12 +68,7 @@ class Maintenance:
 
     def sentence(self, now: float) -> str:
         """``terminate on host maintenance, window 2026-12-06 03:00-07:00 UTC, in 13h 20m``."""
-        parts = [_WORDS.get(self.kind, self.kind)]
-        if self.start is not None:
-            parts += [f"window {self.window()}", from_now(self.start, now)]
-        if self.status.upper() == "ONGOING":
-            parts.append("ongoing")
-        return ", ".join(parts)
+        return describe(self.labels(), now) + (", ongoing" if self.status.upper() == "ONGOING" else "")
 
     def labels(self) -> dict[str, str]:
         """The labels of its ``tpuwatch_maintenance_scheduled`` series (empty values are left out)."""
@@ -85,6 +82,19 @@ class Maintenance:
                 "latest_start": self.latest_start, "status": self.status or None,
                 "can_reschedule": self.can_reschedule, "event_id": self.event_id or None,
                 "description": self.description or None, "window": self.window() or None}
+
+
+def describe(labels: dict[str, str], now: float) -> str:
+    """A notice in words from its ``tpuwatch_maintenance_scheduled`` labels (kind, window, start)."""
+    kind = labels.get("kind", "")
+    parts = [_WORDS.get(kind, kind or "maintenance")]
+    if labels.get("window"):
+        parts.append(f"window {labels['window']}")
+    try:
+        parts.append(from_now(float(labels["start"]), now))
+    except (KeyError, ValueError):
+        pass
+    return ", ".join(parts)
 
 
 def _text(value: Any, limit: int = 200) -> str:
@@ -138,12 +148,12 @@ def parse_gce_upcoming(status: int, body: bytes) -> Maintenance | None:
     data = _decode(body)
     if not isinstance(data, dict):
         raise Garbage(f"expected an object, got {type(data).__name__}")
-    if not data:
-        return None
-    kind = _text(_field(data, "type") or "SCHEDULED", 40)
     start_text = _field(data, "window_start_time")
+    if not data or (start_text is None and "error" in data):  # the TPU docs' {"error": "no notifications ..."}
+        return None
     if start_text is None:
         raise Garbage("an upcoming maintenance without window_start_time")
+    kind = _text(_field(data, "type") or _field(data, "maintenance_type") or "SCHEDULED", 40)
     end_text, latest_text = _field(data, "window_end_time"), _field(data, "latest_window_start_time")
     reschedule = _field(data, "can_reschedule")
     return Maintenance("gce", "scheduled", kind, rfc3339(start_text),
