@@ -35,7 +35,7 @@ class Answer:
 
 
 class Link:
-    """Requests to one base URL (``http://host[:port]/prefix``), one at a time, abortable from another thread."""
+    """Requests to one base URL (``http://host[:port]/prefix``) from any thread, all abortable from another."""
 
     def __init__(self, base: str) -> None:
         parts = urlsplit(base if "://" in base else f"http://{base}")
@@ -45,7 +45,7 @@ class Link:
         self.prefix = parts.path.rstrip("/")
         self.base = f"http://{parts.netloc}{self.prefix}"
         self._lock = threading.Lock()
-        self._conn: http.client.HTTPConnection | None = None
+        self._conns: set[http.client.HTTPConnection] = set()
         self._aborted = False
 
     def request(self, method: str, path: str, headers: dict[str, str], timeout: float,
@@ -56,8 +56,12 @@ class Link:
         with self._lock:
             if self._aborted:
                 raise Failed("unreachable", "stopped")
-            self._conn = conn
+            self._conns.add(conn)
         try:
+            conn.connect()
+            with self._lock:
+                if self._aborted:  # stopped while connecting: abort() saw no socket to shut down
+                    raise Failed("unreachable", "stopped")
             conn.request(method, self.prefix + path, headers=headers)
             self._left(conn, deadline)
             response = conn.getresponse()
@@ -78,7 +82,7 @@ class Link:
             raise Failed("unreachable", f"{type(exc).__name__}: {str(exc)[:120]}") from None
         finally:
             with self._lock:
-                self._conn = None
+                self._conns.discard(conn)
             conn.close()
 
     @staticmethod
@@ -90,12 +94,13 @@ class Link:
             conn.sock.settimeout(left)
 
     def abort(self) -> None:
-        """End the request in flight (it fails at once) and refuse new ones."""
+        """End the requests in flight (they fail at once) and refuse new ones."""
         with self._lock:
             self._aborted = True
-            conn = self._conn
-        if conn is not None and conn.sock is not None:
+            conns = list(self._conns)
+        for conn in conns:
             try:
-                conn.sock.shutdown(socket.SHUT_RDWR)
+                if conn.sock is not None:
+                    conn.sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass

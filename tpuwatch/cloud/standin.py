@@ -41,7 +41,7 @@ class MetadataStandIn:
         self.delay = 0.0
         self.garbage: set[str] = set()
         self.tokens: dict[str, float] = {}  # token -> expiry (monotonic)
-        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.requests: list[tuple[str, str, dict[str, str]]] = []  # method, path with query, headers
         self.closed = False
         self.changed = threading.Condition()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
@@ -110,11 +110,14 @@ def _handler(standin: MetadataStandIn) -> type[BaseHTTPRequestHandler]:
             for name, value in {"Content-Length": str(len(body)), **(headers or {})}.items():
                 self.send_header(name, value)
             self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up (its deadline, or stop())
+                self.close_connection = True
 
         def _begin(self) -> tuple[str, dict[str, list[str]]]:
             parts = urlsplit(self.path)
-            standin.requests.append((self.command, parts.path, {k.lower(): v for k, v in self.headers.items()}))
+            standin.requests.append((self.command, self.path, {k.lower(): v for k, v in self.headers.items()}))
             if standin.delay:
                 time.sleep(standin.delay)
             return parts.path, parse_qs(parts.query)
