@@ -24,7 +24,10 @@ from tpuwatch.cloud.events import (
     parse_gce_upcoming,
 )
 from tpuwatch.cloud.standin import UNAVAILABLE, MetadataStandIn
-from tpuwatch.config import MaintenanceConfig
+from tpuwatch.config import KubernetesConfig, MaintenanceConfig
+from tpuwatch.kubernetes.conditions import MAINTENANCE_CONDITION, condition_table
+from tpuwatch.kubernetes.remediation import Ladders, Trigger
+from tpuwatch.schema import ConfigError, build
 from tpuwatch.units import from_now
 
 from conftest import free_port, wait_until
@@ -274,3 +277,26 @@ def test_ec2_events_through_imdsv2_with_a_token_renewed_on_401(standin: Metadata
         assert not any(collector.watch.errors.values())
     finally:
         collector.close()
+
+
+# --- the ladder waits for the window ---------------------------------------------------------------------------
+
+def test_a_cordon_before_the_window_waits_until_the_window_is_that_close() -> None:
+    kubernetes = build(KubernetesConfig, {"node_conditions": True, "remediation": [
+        {"trigger": "MaintenanceScheduled", "actions": [{"type": "cordon", "before_window": "2h"}]}]}, "kubernetes")
+    ladders = Ladders(kubernetes, "node-0")
+    announced = Trigger("MaintenanceScheduled", True, "MaintenanceScheduled", starts_at=START)
+    assert ladders.plan({"MaintenanceScheduled": announced}, START - 6 * 3600).steps == []
+    assert ladders.plan({"MaintenanceScheduled": announced}, START - 2 * 3600 - 1).steps == []
+    (step,) = ladders.plan({"MaintenanceScheduled": announced}, START - 2 * 3600).steps
+    assert step.action.type == "cordon"
+    imminent = Trigger("MaintenanceScheduled", True, "MaintenanceScheduled")  # no window known: at once
+    assert Ladders(kubernetes, "node-0").plan({"MaintenanceScheduled": imminent}, START).steps
+
+
+def test_the_maintenance_condition_is_off_by_default_and_added_when_asked() -> None:
+    assert "HostMaintenanceScheduled" not in [c.type for c in condition_table(KubernetesConfig())]
+    table = condition_table(KubernetesConfig(node_conditions=True, maintenance_condition=True))
+    assert table[-1] == MAINTENANCE_CONDITION and [s.alert for s in table[-1].sources] == ["MaintenanceScheduled"]
+    with pytest.raises(ConfigError, match="kubernetes.maintenance_condition: needs node_conditions: true"):
+        build(KubernetesConfig, {"maintenance_condition": True}, "kubernetes")

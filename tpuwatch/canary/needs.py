@@ -58,7 +58,10 @@ def canary_unavailable(config: Config, timeout: float = PROBE_TIMEOUT_S) -> str 
 
 
 # Each need a scenario may declare, and its probe: why that part cannot run with a config, or None.
-PROBES: dict[str, Callable[[Config], str | None]] = {"canary": canary_unavailable}
+PROBES: dict[str, Callable[[Config], str | None]] = {
+    "canary": canary_unavailable,
+    "maintenance source": lambda config: "maintenance.cloud is off" if config.maintenance.cloud == "off" else None,
+}
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,13 @@ class MaintenanceDrill:
 
 
 def build(config: Config) -> tuple[MaintenanceCollector | None, str]:
-    """The maintenance source ``config`` asks for, and one sentence on what was chosen."""
+    """The maintenance source ``config`` asks for, and one sentence on what was chosen (logged)."""
+    collector, note = _choose(config)
+    log.info("%s", note)
+    return collector, note
+
+
+def _choose(config: Config) -> tuple[MaintenanceCollector | None, str]:
     settings = config.maintenance
     first_wait = config.collector_deadline * FIRST_ANSWER_SHARE
     sim = config.devices.sim
@@ -133,7 +139,6 @@ def build(config: Config) -> tuple[MaintenanceCollector | None, str]:
     try:
         watch: Watch = GceWatch(settings) if cloud == "gce" else Ec2Watch(settings)
     except ValueError as exc:  # an environment variable naming no usable address
-        log.warning("maintenance: off: %s", exc)
         return None, f"maintenance: off ({exc})"
     where = watch.link.base
     what = ("watching maintenance-event and upcoming-maintenance" if cloud == "gce"
