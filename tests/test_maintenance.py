@@ -69,7 +69,7 @@ def test_upcoming_maintenance_in_both_spellings(body: bytes) -> None:
     assert notice.window() == "2026-12-06 03:00-07:00 UTC"
 
 
-@pytest.mark.parametrize("status,body", [(200, b"{ }"), (200, b"{}"), UNAVAILABLE,
+@pytest.mark.parametrize("status,body", [(200, b"{ }"), (200, b"{}"), UNAVAILABLE, (404, b"Not Found"),
                                          (200, b'{ "error": "no notifications have been received yet, '
                                                    b'try again later" }')])
 def test_every_form_of_nothing_scheduled(status: int, body: bytes) -> None:

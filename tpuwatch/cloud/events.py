@@ -141,7 +141,7 @@ def _field(data: dict[str, Any], snake: str) -> Any:
 
 def parse_gce_upcoming(status: int, body: bytes) -> Maintenance | None:
     """``instance/upcoming-maintenance?alt=json``: a notice, None when nothing is scheduled (``{ }`` or 503)."""
-    if status == 503:
+    if status in (404, 503):  # 404: a VM the key is not offered to ("a specific set of VMs", Google's docs)
         return None
     if status != 200:
         raise Garbage(f"HTTP {status}")

@@ -71,7 +71,7 @@ class GceWatch(Watch):
                 raise HttpError(f"HTTP {answer.status}")
             self._set(key, [n for n in [parse_gce_event(answer.body)] if n is not None])
         else:
-            if answer.status not in (200, 503):
+            if answer.status not in (200, 404, 503):
                 raise HttpError(f"HTTP {answer.status}")
             self._set(key, [n for n in [parse_gce_upcoming(answer.status, answer.body)] if n is not None])
         self._etags[key] = answer.headers.get("etag") if answer.status == 200 else None
