@@ -33,6 +33,10 @@ OWN = {"alertname", "severity"}  # every alert's; beside them the daemon adds ho
 EXTRA_CASES = [
     ([], [("tpuwatch_kernel_events_total", 1, {"rule": "nvidia_xid", "severity": "critical", "device": "0",
                                                "gpu_instance": "5"})], "KernelHardwareErrorCritical", "critical"),
+    ([], [("tpuwatch_maintenance_scheduled", 1, {"cloud": "ec2", "kind": "reboot", "event": "system-reboot",
+                                                 "event_id": "instance-event-0d59937288b749b32",
+                                                 "window": "2027-01-21 09:00-09:17 UTC", "start": "1800522043"})],
+     "MaintenanceScheduled", "warning"),
     ([], [("tpuwatch_memory_leak_suspected", 1, {"memory": "process", "device": "", "pid": "4242"})],
      "AcceleratorMemoryLeak", "warning"),
     ([], [("tpuwatch_memory_exhaustion_eta_seconds", 3600, {"memory": "process", "device": "", "pid": "4242"})],

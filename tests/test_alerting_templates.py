@@ -24,7 +24,10 @@ EXAMPLES = {"device": "0", "pci": "0000:00:04.0", "pid": "4101", "command": "pyt
             "reason": "jax is not installed", "action": "node_reboot", "state": "completed", "status": "timeout",
             "health": "unhealthy", "clique_id": "7", "cluster_uuid": "0123456789abcdef0123456789abcdef",
             "field": "nvmlDeviceGetPowerUsage", "gpu_instance": "3", "core": "1",
-            "message": "TensorCore 1 halted"}
+            "message": "TensorCore 1 halted",
+            "cloud": "gce", "event": "TERMINATE_ON_HOST_MAINTENANCE",
+            "event_id": "instance-event-0d59937288b749b32", "window": "2026-12-06 03:00-07:00 UTC",
+            "start": "1796526000"}
 # What a tidy text never holds: blanks doubled or at an end, empty or padded brackets, a blank before
 # punctuation, a separator at an end, a preposition left without its object, template syntax.
 FLAWS = re.compile(r"  |^\s|\s$|\(\s*\)|\(\s|\s[),.;:]|^[,;:]|[,;:]$|\b(?:on|of|in|at|from)\s*(?:[,.;:)]|$)"
@@ -64,7 +67,8 @@ def test_texts_written_without_optional_parts_are_tidied(template: str, labels: 
 
 @pytest.mark.parametrize("text,message", [
     ("{{ humanize $value }}", "unknown template field '{{ humanize $value }}' (known: {{ $labels.NAME }}"),
-    ("{{ $value | humanizeDuration }}", "unknown filter 'humanizeDuration' (known: number, percent, duration, bytes)"),
+    ("{{ $value | humanizeDuration }}",
+     "unknown filter 'humanizeDuration' (known: number, percent, duration, bytes, fromnow)"),
     ("on [[ chip {{ $chip }}", "'[[' without its ']]'"),
     ("on ]] chip", "']]' without its '[['"),
     ("{{ $labels.device", "unknown template field '{{'"),

@@ -4,8 +4,9 @@ alerts/ loaded, Debian's Alertmanager forwarding to a recording webhook, and tpu
 One stack for the module (starting it costs seconds): tpuwatch "a" with `--simulate ecc-errors`, a followed
 kernel log file and three receivers (a webhook, the Alertmanager, a webhook that rejects everything);
 tpuwatch "b" with `--simulate sdc` and the canary on, so chip 1 computes wrong numbers; tpuwatch "c" with
-`--simulate hbm-leak` on chip 2, notifying the webhook; tpuwatch "d" with `--simulate hung` on chip 1, the hang
-time shortened to 1s.
+`--simulate hbm-leak` on chip 2, notifying the webhook, and reading a stand-in Compute Engine metadata server
+(GCE_METADATA_HOST) that announces a maintenance window; tpuwatch "d" with `--simulate hung` on chip 1, the
+hang time shortened to 1s.
 
 Prometheus loads alerts/ time-compressed: every `for` longer than 0 becomes 1s, so that a leak alert held
 for 15m arrives within seconds.  promtool's unit tests (test_fleet.py) check the real `for` durations.
@@ -24,6 +25,9 @@ import pytest
 import requests
 import yaml
 from test_fleet import dashboard_queries
+from test_maintenance import UPCOMING
+
+from tpuwatch.cloud.standin import MetadataStandIn
 
 from conftest import SIM_FAST, DaemonProcess, free_port, require_tool, stop_process, wait_until
 from http_receiver import Receiver
@@ -68,6 +72,7 @@ class Fleet:
     b: DaemonProcess
     c: DaemonProcess
     d: DaemonProcess
+    metadata: MetadataStandIn
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """Prometheus's instant-query result for ``expr`` (fails on an error answer)."""
@@ -96,6 +101,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     hooks = [Receiver("record"), Receiver("record"), Receiver("reject")]
     am_hook, direct_hook, rejecting_hook = hooks
     started: list[DaemonProcess | Service] = []
+    metadata = MetadataStandIn()
+    metadata.set_gce("upcoming-maintenance", 200, UPCOMING)
     try:
         am_port, prometheus_port = free_port(), free_port()
         alertmanager = f"http://127.0.0.1:{am_port}"
@@ -124,8 +131,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         started.append(b)
         c = DaemonProcess(_workdir(tmp, "c"), {
             **SIM_FAST, "alerting": alerting, "devices": {"sim": {"count": 4, "fault_device": 2}},
+            "maintenance": {"cloud": "gce"},
             "notify": [{"name": "oncall", "type": "webhook", "url": direct_hook.url()}]},
-            args=["--simulate", "hbm-leak"])
+            args=["--simulate", "hbm-leak"], env={"GCE_METADATA_HOST": metadata.host})
         started.append(c)
         d = DaemonProcess(_workdir(tmp, "d"), {
             **SIM_FAST, "devices": {"sim": {"count": 2, "fault_device": 1, "fault_after": "1s"},
@@ -150,12 +158,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                    what="the kernel log collector to open the file")
         with open(kernel_log, "a") as log:
             log.write(XID_LINE)
-        yield Fleet(prometheus, am_hook, direct_hook, rejecting_hook, a, b, c, d)
+        yield Fleet(prometheus, am_hook, direct_hook, rejecting_hook, a, b, c, d, metadata)
     finally:
         for part in reversed(started):
             part.stop()
         for hook in hooks:
             hook.close()
+        metadata.close()
 
 
 def _time_compressed_rules(directory: Path) -> list[str]:
@@ -282,6 +291,16 @@ def test_tpuwatch_alerts_arrive_straight_and_through_its_alertmanager_receiver(f
     same = ("alertname", "severity", "device", "pci")
     assert [routed["labels"][k] for k in same] == [scraped["labels"][k] for k in same] == [
         "AcceleratorEccUncorrectable", "critical", "0", "0000:10:00.0"]
+
+
+def test_a_maintenance_notice_pages_through_prometheus_and_alertmanager(fleet: Fleet) -> None:
+    alert = wait_until(lambda: firing(fleet.am_hook, "MaintenanceScheduled", instance=f"127.0.0.1:{fleet.c.port}"),
+                       timeout=30, what="the maintenance notice through Prometheus and Alertmanager")
+    assert {k: alert["labels"][k] for k in ("severity", "cloud", "kind", "window")} == {
+        "severity": "warning", "cloud": "gce", "kind": "migrate", "window": "2026-12-06 03:00-07:00 UTC"}
+    fleet.metadata.set_gce("upcoming-maintenance", 200, b"{ }")
+    wait_until(lambda: any(a["status"] == "resolved" and a["labels"]["alertname"] == "MaintenanceScheduled"
+                           for a in alerts_at(fleet.am_hook)), timeout=30, what="the withdrawn notice resolved")
 
 
 def test_every_dashboard_query_returns_data(fleet: Fleet) -> None:

@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, set[str]]] = [
      {"config", "store", "statedir", "webconfig", "notifiers"}),
     ("pod attribution: cgroups and the kubelet's PodResources API", {"pods"}),
     ("the pipeline's frame: the collector protocol, the guard, the sampler", {"collectors", "sampler"}),
-    ("sources", {"devices", "kernel_log", "canary"}),
+    ("sources", {"devices", "kernel_log", "canary", "cloud"}),
     ("analysis", {"analysis"}),
     ("alerting", {"alerting"}),
     ("actions", {"kubernetes"}),

@@ -135,7 +135,7 @@ def test_device_lost_is_reported_down_by_the_device_collector() -> None:
     assert device_problems(collector.last_readings) == ["device 0 (v5e, pci 0000:10:00.0) is down or lost"]
 
 
-@pytest.mark.parametrize("scenario", ["healthy", "sdc"])
+@pytest.mark.parametrize("scenario", ["healthy", "sdc", "maintenance"])
 def test_scenarios_without_metric_faults_stay_quiet(scenario: str) -> None:
     _, history = run(scenario, 900)
     assert not any(device_problems(readings) for readings in history)

@@ -90,7 +90,7 @@ class Parts:
 
 def _sources_key(config: Config) -> tuple[Any, ...]:
     return (config.devices, config.paths, config.host, config.collector_deadline, config.kernel_log,
-            config.state_dir)
+            config.state_dir, config.maintenance)
 
 
 def _trend_key(config: Config) -> tuple[Any, ...]:

@@ -164,6 +164,17 @@ _SPECS = [
     MetricSpec("tpuwatch_previous_boot_crash", "gauge",
                "1 when the boot before this one ended in a crash, by kind (panic, oops, mce, hardware_error) and "
                "where it was found (pstore, journal).", ("kind", "source")),
+    # --- cloud maintenance (docs/maintenance.md) ---
+    MetricSpec("tpuwatch_maintenance_scheduled", "gauge",
+               "1 while the cloud announces maintenance for this VM: kind (migrate, terminate, reboot, stop, "
+               "retirement, maintenance, scheduled), the window in words and its start (Unix seconds) where known.",
+               ("cloud", "kind", "event", "event_id", "window", "start")),
+    MetricSpec("tpuwatch_maintenance_start_timestamp_seconds", "gauge",
+               "Start of the announced maintenance window (absent when the cloud gives none).",
+               ("cloud", "kind", "event_id")),
+    MetricSpec("tpuwatch_maintenance_errors_total", "counter",
+               "Failed requests to the cloud's metadata server by result (timeout, unreachable, too_large, "
+               "http_error, garbage).", ("cloud", "result")),
     # --- canary ---
     MetricSpec("tpuwatch_canary_healthy", "gauge",
                "1 if the chip's last canary run passed, 0 if it computed wrong numbers or errored.", ("device",)),

@@ -34,8 +34,8 @@ from tpuwatch.schema import (
 DEFAULT_PATH = Path("/etc/tpuwatch/config.yaml")
 DEFAULT_PORT = 9847
 
-SCENARIOS = ("healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost", "hung")
-Scenario = Literal["healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost", "hung"]
+SCENARIOS = ("healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost", "hung", "maintenance")
+Scenario = Literal["healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost", "hung", "maintenance"]
 SimChip = Literal["v4", "v5e", "v5p", "v6e", "h100", "h200"]
 AbsolutePath = Annotated[str, FilePath()]
 # Rule file patterns are expanded with the user's home: ~/alerts/*.yaml.
@@ -216,6 +216,17 @@ class AlertingConfig:
                               "must be an http://, https:// or file:/// URL without blanks (or null)")
 
 
+@dataclass(frozen=True)
+class MaintenanceConfig:
+    """The cloud's maintenance notices for this VM, from its metadata server (docs/maintenance.md)."""
+
+    cloud: Literal["auto", "gce", "ec2", "off"] = "auto"
+    watch_timeout: Annotated[float, Duration(minimum=1.0, maximum=3600.0)] = 60.0
+    poll_interval: Annotated[float, Duration(minimum=1.0, maximum=86400.0)] = 300.0
+    request_timeout: Annotated[float, Duration(minimum=0.1, maximum=60.0)] = 5.0
+    retry_max: Annotated[float, Duration(minimum=1.0, maximum=3600.0)] = 300.0
+
+
 # --- kubernetes (docs/kubernetes.md) ---------------------------------------------------------
 
 _CAMEL_CASE = r"[A-Z][A-Za-z0-9]{0,127}"
@@ -280,6 +291,7 @@ class RemediationActionConfig:
     timeout: Annotated[float, Duration(minimum=0.1, maximum=3600.0)] = 60.0
     effect: Literal["NoSchedule", "NoExecute"] = "NoSchedule"
     manual_release: bool = False
+    before_window: Annotated[float, Duration(maximum=30 * 86400.0)] | None = None
 
     def validate(self, path: str) -> None:
         if (self.type == "exec") != bool(self.command):
@@ -308,6 +320,7 @@ class KubernetesConfig:
     node_name: str | None = None
     kubeconfig: str | None = None
     conditions: list[NodeConditionConfig] = field(default_factory=list)
+    maintenance_condition: bool = False
     clear_after: Annotated[float, Duration(maximum=7 * 86400.0)] = 300.0
     heartbeat: Annotated[float, Duration(minimum=10.0, maximum=3600.0)] = 300.0
     remediation: list[RemediationConfig] = field(default_factory=list)
@@ -332,6 +345,8 @@ class KubernetesConfig:
                 raise ConfigError(f"{path}.conditions[{i}].type", f"duplicate condition {name!r}")
         if self.remediation and not self.node_conditions:
             raise ConfigError(f"{path}.remediation", "needs node_conditions: true")
+        if self.maintenance_condition and not self.node_conditions:
+            raise ConfigError(f"{path}.maintenance_condition", "needs node_conditions: true")
 
 
 @dataclass(frozen=True)
@@ -354,6 +369,7 @@ class Config:
     alerting: AlertingConfig = field(default_factory=AlertingConfig)
     notify: list[ReceiverConfig] = field(default_factory=list)  # tpuwatch/notifiers: the types and their checks
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
+    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
 
     @property
     def collector_deadline(self) -> float:

@@ -174,6 +174,11 @@ def health_report(parts: Parts, state: StateDir, reload_ok: bool, started_at: fl
         events = kernel_log.recent_events()
         checks["kernel_log"] = {"status": "critical_events" if event_problems(events) else "ok",
                                 "recent_events": [e.to_json() for e in events]}
+    maintenance = parts.sources.maintenance
+    if maintenance is not None:
+        notices = maintenance.notices()
+        checks["maintenance"] = {"status": "scheduled" if notices else "none",
+                                 "notices": [{**n.to_json(), "text": n.sentence(now)} for n in notices]}
     checks["state"] = state_check(parts, state, now)
     drills = blocked_drills(parts.store.current())
     if drills:

@@ -21,6 +21,8 @@ import psutil
 
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.canary.needs import jax_missing_here
+from tpuwatch.cloud.collector import MaintenanceCollector
+from tpuwatch.cloud.collector import build as build_maintenance
 from tpuwatch.collectors import Collector
 from tpuwatch.collectors.host import HostCollector
 from tpuwatch.config import Config
@@ -114,11 +116,16 @@ def _previous_boot(config: Config, built: dict[str, Collector], persist: bool) -
         " and the journal" if settings.source in ("auto", "journal") else "")
 
 
+def _maintenance(config: Config, built: dict[str, Collector], persist: bool) -> tuple[Collector | None, str]:
+    return build_maintenance(config)
+
+
 SOURCES: dict[str, Factory] = {
     "host": _host,
     "devices": _devices,
     "kernel_log": _kernel_log,
     "previous_boot": _previous_boot,
+    "maintenance": _maintenance,
 }
 
 
@@ -146,6 +153,12 @@ class Sources:
         """The previous boot's crash check, if on."""
         found = self.collectors.get("previous_boot")
         return found if isinstance(found, PreviousBootCollector) else None
+
+    @property
+    def maintenance(self) -> MaintenanceCollector | None:
+        """The cloud's maintenance notices, if a cloud was found (or forced)."""
+        found = self.collectors.get("maintenance")
+        return found if isinstance(found, MaintenanceCollector) else None
 
     def device_readings(self) -> list[DeviceReading]:
         """The device backend's latest readings (none without a backend)."""

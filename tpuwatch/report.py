@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 from tpuwatch.canary.needs import blocked_drill
+from tpuwatch.cloud.collector import problems as maintenance_problems
 from tpuwatch.config import Config
 from tpuwatch.devices.base import sources_line
 from tpuwatch.health import (
@@ -41,6 +43,7 @@ def check_once(config: Config) -> dict[str, Any]:
     if drill is not None:
         problems.append(drill.sentence())
     current = store.current()
+    notices = sources.maintenance.notices() if sources.maintenance is not None else []
     host = {s.name.removeprefix("tpuwatch_host_"): s.value for s in current if s.name.startswith("tpuwatch_host_")}
     holders = [{**dict(s.labels), "resident_memory_bytes": s.value} for s in current
                if s.name == "tpuwatch_holder_process_resident_memory_bytes"]
@@ -57,8 +60,10 @@ def check_once(config: Config) -> dict[str, Any]:
             for g in sampler.guards
         ],
         "kernel_events": [e.to_json() for e in [*crashed, *events]],
+        "maintenance": [n.to_json() for n in notices],
         "problems": problems,
         "warnings": ([f"{e.message.splitlines()[0]}: {' | '.join(e.message.splitlines()[1:3])}" for e in crashed]
+                     + maintenance_problems(notices, time.time())
                      + collector_warnings(sampler.guards) + state_dir_warnings(config.state_dir)),
     }
 

@@ -7,6 +7,7 @@ space.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -99,3 +100,13 @@ def clock(timestamp: float | None) -> str:
 def growth(bytes_per_second: float | None) -> str:
     """A memory growth rate as MiB per hour: "+120 MiB/h"."""
     return "-" if bytes_per_second is None else f"{bytes_per_second * 3600 / MIB:+.0f} MiB/h"
+
+
+def from_now(when: float, now: float) -> str:
+    """``in 13h 20m``, ``in 4m``, ``in under a minute``; ``started 2h 5m ago`` once past."""
+    seconds = when - now
+    minutes = math.floor(abs(seconds) / 60)
+    days, rest = divmod(minutes, 1440)
+    hours, mins = divmod(rest, 60)
+    words = " ".join(f"{n}{u}" for n, u in ((days, "d"), (hours, "h"), (mins, "m")) if n) or "under a minute"
+    return f"in {words}" if seconds >= 0 else f"started {words} ago"

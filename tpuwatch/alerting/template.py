@@ -1,6 +1,7 @@
 """Annotation templates: fields filled from an alert, and optional parts that vanish when a field in them is empty.
 
-Fields are ``{{ $labels.NAME }}``, ``{{ $value }}`` (optionally ``| number|percent|duration|bytes``), and two
+Fields are ``{{ $labels.NAME }}``, ``{{ $value }}`` (optionally ``| number|percent|duration|bytes|fromnow``; a
+label with a filter is read as a number, ``{{ $labels.start | fromnow }}`` reads ``in 13h 20m``), and two
 that name where an alert is from whatever labels it has: ``{{ $chip }}``, ``chip 3 (0000:13:00.0)`` (``chip 3``
 without a ``pci`` label, nothing without a ``device``), and ``{{ $process }}``, ``process 4101 (python3) in pod
 ml/trainer-0`` (as much as its ``pid``, ``command``, ``namespace`` and ``pod`` labels say; nothing without a pid).
@@ -14,9 +15,12 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeAlias
+
+from tpuwatch.units import from_now
 
 
 def human_duration(seconds: float) -> str:
@@ -38,6 +42,7 @@ FILTERS: dict[str, Callable[[float], str]] = {
     "percent": lambda v: f"{v * 100:.1f}%",
     "duration": human_duration,
     "bytes": lambda v: f"{v / 2**30:.2f} GiB",
+    "fromnow": lambda v: from_now(v, time.time()),  # a Unix time: "in 13h 20m", "started 5m ago"
 }
 KNOWN_FIELDS = "{{ $labels.NAME }}, {{ $value }}, {{ $chip }}, {{ $process }}"
 _TOKEN_RE = re.compile(r"\[\[|\]\]|\{\{.*?\}\}|\{\{")
@@ -58,10 +63,17 @@ class TemplateError(ValueError):
 class _Field:
     kind: str  # label, value, chip or process
     argument: str  # the label's name, or the value's filter
+    filter: str | None = None  # a label's filter: its value read as a number
 
     def fill(self, labels: Mapping[str, str], value: float) -> str:
         if self.kind == "label":
-            return labels.get(self.argument, "")
+            text = labels.get(self.argument, "")
+            if self.filter is None or not text:
+                return text
+            try:
+                return FILTERS[self.filter](float(text))
+            except ValueError:
+                return ""
         if self.kind == "value":
             return FILTERS[self.argument](value)
         return _PLACES[self.kind].render(labels, value)
@@ -109,7 +121,7 @@ def _parse_field(token: str) -> _Field:
     if filter_ not in FILTERS:
         raise TemplateError(f"unknown filter {filter_!r} (known: {', '.join(FILTERS)})")
     if match.group("label"):
-        return _Field("label", match.group("label"))
+        return _Field("label", match.group("label"), match.group("filter"))
     return _Field(match.group("name"), filter_)
 
 

@@ -61,6 +61,7 @@ def canary_unavailable(config: Config, timeout: float = PROBE_TIMEOUT_S) -> str 
 PROBES: dict[str, Callable[[Config], str | None]] = {
     "canary": canary_unavailable,
     "hang detector": lambda config: None if config.devices.hang.enabled else "devices.hang.enabled is false",
+    "maintenance source": lambda config: "maintenance.cloud is off" if config.maintenance.cloud == "off" else None,
 }
 
 

@@ -45,9 +45,11 @@ LEAK_LEAD_S = 3600.0  # the leak began this long before fault_after
 OVERHEAT_C_PER_S = 0.5
 OVERHEAT_MAX_C = 96.0
 UNCORRECTED_AFTER_S = (0.0, 120.0)  # after the fault starts, one uncorrectable error at each
-# What a scenario's drill needs beyond the simulated chips: sdc corrupts no reading, only the canary's numbers.
-# hung needs the hang detector on (devices.hang.enabled).
-NEEDS: dict[Scenario, tuple[str, ...]] = {"sdc": ("canary",), "hung": ("hang detector",)}
+# What a scenario's drill needs beyond the simulated chips: sdc corrupts no reading, only the canary's numbers;
+# hung needs the hang detector on (devices.hang.enabled); maintenance's notice comes from a stand-in metadata
+# server that the maintenance source reads (tpuwatch.cloud.collector.MaintenanceDrill), the chips stay healthy.
+NEEDS: dict[Scenario, tuple[str, ...]] = {"sdc": ("canary",), "hung": ("hang detector",),
+                                          "maintenance": ("maintenance source",)}
 HUNG_QUEUED = 3  # programs queued on each chip of the hung scenario
 
 

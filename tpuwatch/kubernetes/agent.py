@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -191,8 +192,10 @@ class KubernetesAgent:
 
     def triggers(self) -> dict[str, Trigger]:
         """Every condition, and every firing alert that a ladder names, as a remediation trigger."""
+        starts = {str(a.get("fingerprint")): _start(a) for a in self._alerts}
         out = {s.type: Trigger(s.type, s.status, s.reason, s.message, s.devices,
-                               tuple(sorted({f.pci for f in self._faults if f.condition == s.type and f.pci})))
+                               tuple(sorted({f.pci for f in self._faults if f.condition == s.type and f.pci})),
+                               _earliest(starts.get(f.fingerprint) for f in self._faults if f.condition == s.type))
                for s in self.book.states.values()}
         for alert in self._alerts:
             labels = alert.get("labels") or {}
@@ -204,7 +207,8 @@ class KubernetesAgent:
             previous = out.get(name, Trigger(name, True, name))
             device = str(labels.get("device", ""))
             devices = previous.devices + ((device,) if device and device not in previous.devices else ())
-            out[name] = Trigger(name, True, name, str((alert.get("annotations") or {}).get("summary", "")), devices)
+            out[name] = Trigger(name, True, name, str((alert.get("annotations") or {}).get("summary", "")), devices,
+                                starts_at=_earliest([previous.starts_at, _start(alert)]))
         return out
 
     def _remediate(self, now: float) -> None:
@@ -341,3 +345,15 @@ class KubernetesAgent:
         out.append(sample("tpuwatch_kubernetes_state_save_failures_total", self.save_failures))
         return out
 
+
+def _start(alert: dict[str, Any]) -> float | None:
+    """The window start an alert announces (its ``start`` label, Unix seconds: MaintenanceScheduled's), if any."""
+    try:
+        return float((alert.get("labels") or {})["start"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _earliest(starts: Iterable[float | None]) -> float | None:
+    known = [s for s in starts if s is not None]
+    return min(known) if known else None

@@ -45,9 +45,19 @@ DEFAULT_CONDITIONS: list[NodeConditionConfig] = [
 ]
 
 
+# The cloud's maintenance notice as a condition (kubernetes.maintenance_condition): off by default, as a notice
+# is not a fault and a True condition is what remediation ladders and schedulers act on.
+MAINTENANCE_CONDITION = NodeConditionConfig("HostMaintenanceScheduled", _sources(
+    ("MaintenanceScheduled", "MaintenanceScheduled")))
+
+
 def condition_table(config: KubernetesConfig) -> list[NodeConditionConfig]:
-    """The conditions ``config`` asks for: its own list, or the default table."""
-    return config.conditions or DEFAULT_CONDITIONS
+    """The conditions ``config`` asks for: its own list, or the default table; with ``maintenance_condition``,
+    HostMaintenanceScheduled too (unless the list names it already)."""
+    table = config.conditions or DEFAULT_CONDITIONS
+    if config.maintenance_condition and all(c.type != MAINTENANCE_CONDITION.type for c in table):
+        table = [*table, MAINTENANCE_CONDITION]
+    return table
 
 
 def healthy_reason(condition: str) -> str:

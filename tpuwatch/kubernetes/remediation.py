@@ -4,7 +4,8 @@ Each ladder belongs to a trigger: a node condition (``AcceleratorHardwareProblem
 *episode* is one stretch of the trigger being present; ``repeats`` counts the episodes within
 ``repeat_window``, the current one included, so a ladder escalates (reset on the first two, a drain request
 from the third, as gpud does per Xid).  An action runs once per episode, after ``debounce``, no sooner than
-``min_interval`` after its previous run and at most ``daily_cap`` times in 24 hours.  ``taint``, ``cordon``
+``min_interval`` after its previous run and at most ``daily_cap`` times in 24 hours; one with ``before_window``
+waits until the window its trigger announces (a maintenance notice's start) is that close.  ``taint``, ``cordon``
 and ``drain-request`` are marks on the Node that stay while the episode lasts (and after it, until an
 operator's ``tpuwatch set-healthy``, with ``manual_release``); ``exec`` and ``webhook`` run once.
 Everything decided is recorded: taken, dry run, held back by the blast-radius limit, rate-limited, capped,
@@ -40,6 +41,7 @@ class Trigger:
     message: str = ""
     devices: tuple[str, ...] = ()
     pcis: tuple[str, ...] = ()
+    starts_at: float | None = None  # the start of the window it announces (a maintenance notice's ``start``)
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,9 @@ class Ladders:
                 if not action.min_repeats <= repeats <= (action.max_repeats or math.inf):
                     continue
                 if now - since < action.debounce:
+                    continue
+                if action.before_window is not None and trigger.starts_at is not None \
+                        and trigger.starts_at - now > action.before_window:
                     continue
                 key, dry_run = f"{name}#{index}", action.dry_run or self.global_dry_run
                 if self.applied.get(key) == since:  # done this episode

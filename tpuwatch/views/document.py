@@ -17,6 +17,7 @@ from tpuwatch import __version__
 from tpuwatch.analysis.leak import LeakView
 from tpuwatch.canary.judge import CanaryResult, DeviceOutcome
 from tpuwatch.canary.needs import blocked_drills
+from tpuwatch.cloud.events import describe
 from tpuwatch.devices.base import DeviceReading
 from tpuwatch.samples import Sample
 from tpuwatch.views.series import decimate
@@ -63,7 +64,7 @@ def build_status(sources: StatusSources, now: float, host: str) -> dict[str, Any
         "counts": {"chips": len(chips), **{level: counts[level] for level in ("ok", "warning", "critical")}},
         "drills": drills,
         "chips": chips,
-        "host_resources": _host(current, sources.leak(_HOST_MEMORY, now)),
+        "host_resources": _host(current, sources.leak(_HOST_MEMORY, now), now),
         "alerts": alerts[:MAX_ALERTS],
         "alerts_total": len(alerts),
         "kernel_events": [e.to_json() for e in reversed(events[-MAX_KERNEL_EVENTS:])],
@@ -134,7 +135,7 @@ def _leak(view: LeakView, now: float) -> dict[str, Any]:
             "floor": list(view.floor), "forecast": forecast}
 
 
-def _host(current: list[Sample], leak: LeakView | None) -> dict[str, Any]:
+def _host(current: list[Sample], leak: LeakView | None, now: float) -> dict[str, Any]:
     values = {s.name.removeprefix("tpuwatch_host_"): s.value for s in current if s.name.startswith("tpuwatch_host_")}
     files: dict[str, list[str]] = {}
     for s in current:
@@ -144,11 +145,13 @@ def _host(current: list[Sample], leak: LeakView | None) -> dict[str, Any]:
     holders = [{"pid": dict(s.labels).get("pid"), "command": dict(s.labels).get("command"),
                 "resident_memory_bytes": s.value, "device_files": sorted(files.get(dict(s.labels).get("pid", ""), []))}
                for s in current if s.name == "tpuwatch_holder_process_resident_memory_bytes"]
+    maintenance = [{**dict(s.labels), "text": describe(dict(s.labels), now)} for s in current
+                   if s.name == "tpuwatch_maintenance_scheduled"]
     return {"memory_total_bytes": values.get("memory_total_bytes"),
             "memory_available_bytes": values.get("memory_available_bytes"),
             "cpu_utilization_ratio": values.get("cpu_utilization_ratio"),
             "memory_leak_suspected": leak.state.firing if leak is not None else None,
-            "holders": holders}
+            "holders": holders, "maintenance": maintenance}
 
 
 def _monitor(health: tuple[bool, dict[str, Any]] | None, current: list[Sample]) -> dict[str, Any]:
