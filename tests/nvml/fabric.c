@@ -68,22 +68,15 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t device, nvmlGpuFabricInfoV
     nvmlReturn_t r = fabric_of(&c, &f);
     if (r != NVML_SUCCESS)
         END(r);
-    if (version == nvmlGpuFabricInfo_v2) {
-        nvmlGpuFabricInfo_v2_t *v2 = (nvmlGpuFabricInfo_v2_t *)gpuFabricInfo;
-        memcpy(v2->clusterUuid, f.uuid, sizeof f.uuid);
-        v2->status = f.status;
-        v2->cliqueId = (unsigned)f.clique;
-        v2->state = (nvmlGpuFabricState_t)f.state;
-        v2->healthMask = (unsigned)f.mask;
-    } else {
-        nvmlGpuFabricInfo_v3_t *v3 = (nvmlGpuFabricInfo_v3_t *)gpuFabricInfo;
-        memcpy(v3->clusterUuid, f.uuid, sizeof f.uuid);
-        v3->status = f.status;
-        v3->cliqueId = (unsigned)f.clique;
-        v3->state = (nvmlGpuFabricState_t)f.state;
-        v3->healthMask = (unsigned)f.mask;
-        v3->healthSummary = (unsigned char)f.summary;
-    }
+    /* nvml.h: v3 is v2 with healthSummary appended, so v2's fields are written through the v2 layout. */
+    nvmlGpuFabricInfo_v2_t *v2 = (nvmlGpuFabricInfo_v2_t *)gpuFabricInfo;
+    memcpy(v2->clusterUuid, f.uuid, sizeof f.uuid);
+    v2->status = f.status;
+    v2->cliqueId = (unsigned)f.clique;
+    v2->state = (nvmlGpuFabricState_t)f.state;
+    v2->healthMask = (unsigned)f.mask;
+    if (version != nvmlGpuFabricInfo_v2)
+        ((nvmlGpuFabricInfo_v3_t *)gpuFabricInfo)->healthSummary = (unsigned char)f.summary;
     END(NVML_SUCCESS);
 }
 

@@ -262,13 +262,7 @@ nvmlReturn_t element(const struct ctx *c, int node, const char *key, int index, 
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t copy_string(const struct ctx *c, int node, const char *key, char *out, unsigned int length) {
-    int member = jget(&c->doc, node, key);
-    if (member < 0)
-        return NVML_ERROR_NOT_SUPPORTED;
-    const char *s = jstr(&c->doc, member);
-    if (s == NULL)
-        return NVML_ERROR_UNKNOWN;
+nvmlReturn_t copy_text(const char *s, char *out, unsigned int length) {
     if (out == NULL)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (strlen(s) + 1 > length)
@@ -277,13 +271,12 @@ nvmlReturn_t copy_string(const struct ctx *c, int node, const char *key, char *o
     return NVML_SUCCESS;
 }
 
-nvmlReturn_t copy_text(const char *s, char *out, unsigned int length) {
-    if (out == NULL)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (strlen(s) + 1 > length)
-        return NVML_ERROR_INSUFFICIENT_SIZE;
-    memcpy(out, s, strlen(s) + 1);
-    return NVML_SUCCESS;
+nvmlReturn_t copy_string(const struct ctx *c, int node, const char *key, char *out, unsigned int length) {
+    int member = jget(&c->doc, node, key);
+    if (member < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    const char *s = jstr(&c->doc, member);
+    return s == NULL ? NVML_ERROR_UNKNOWN : copy_text(s, out, length);
 }
 
 /* ---- system ---- */
