@@ -43,12 +43,14 @@ def _event(line: str, lookup: dict[str, str] | None = None):  # type: ignore[no-
 
 @pytest.mark.parametrize("xid,bucket,severity", CATALOGUE, ids=[str(c[0]) for c in CATALOGUE])
 def test_each_xid_from_140_is_classed_by_its_resolution(xid: int, bucket: str, severity: str) -> None:
+    # Composed: the common Xid prefix (see tests/testdata/kernel_log) with each code; the text after it varies.
     event = _event(f"NVRM: Xid (PCI:0000:3b:00): {xid}, pid=1234, name=python3, Ch 00000010")
     assert (event.rule, event.xid, event.severity) == ("nvidia_xid", xid, severity), bucket
 
 
 @pytest.mark.parametrize("line,severity", [
-    # Lines of gpud's nvlink_logs_test.go shape: the driver prints the decode sheet's Fatal / Nonfatal.
+    # Composed in the shape of gpud's nvlink_logs_test.go lines (the driver prints the decode sheet's Fatal /
+    # Nonfatal); the last line is composed without a severity word.
     ("NVRM: Xid (PCI:0000:04:00): 149, NETIR_LINK_EVT Fatal XC0 i0 Link 08 (0x004505c6 0x00000000 0x00000000)",
      "critical"),
     ("NVRM: Xid (PCI:0008:01:00): 145, pid=11436, name=cache_mgr_main, RLW_SRC_TRACK Nonfatal XC1 i0 Link 03 "
@@ -61,6 +63,8 @@ def test_nvlink5_xids_follow_the_decoded_severity(line: str, severity: str) -> N
     assert _event(line).severity == severity
 
 
+# The first two lines are gpud's (components/accelerator/nvidia/xid kmsg_test.go shape, as it quotes drivers);
+# the rest are composed: other transitions, an action newer than tpuwatch, and older drivers' wording.
 XID154 = ("NVRM: Xid (PCI:0009:01:00): 154, GPU recovery action changed from 0x0 (None) to 0x2 (Node Reboot "
           "Required)")
 
