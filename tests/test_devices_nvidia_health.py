@@ -209,6 +209,14 @@ def test_process_lists_fall_back_through_the_versioned_symbols(nvml: FakeNvml, t
     assert first.read_errors == {}
 
 
+def test_a_gpu_lost_on_the_oldest_process_list_is_reported_lost(nvml: FakeNvml) -> None:
+    nvml.update(missing_symbols=["nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"])
+    nvml.change(0, errors={"nvmlDeviceGetComputeRunningProcesses": "GPU_IS_LOST"})
+    first, second, *_ = NvidiaBackend(config()).read()
+    assert (first.up, first.problem) == (False, "GPU is lost (nvmlDeviceGetComputeRunningProcesses: GPU is lost)")
+    assert second.up
+
+
 def test_mig_instances_carry_their_memory_and_processes(nvml: FakeNvml) -> None:
     instances: list[dict[str, Any] | None] = [
         {"gpu_instance_id": 3, "compute_instance_id": 0, "uuid": "MIG-a", "memory_used": 1 << 30,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tpuwatch.cloud import ec2, gce
+from tpuwatch.cloud import ec2, events, gce
 from tpuwatch.cloud.collector import MaintenanceCollector, read_dmi
 from tpuwatch.cloud.events import (
     Garbage,
@@ -117,6 +117,7 @@ def test_a_notice_in_words() -> None:
         "live migration on host maintenance"
     assert from_now(START, START - 30) == "in under a minute"
     assert from_now(START, START + 2 * 86400 + 300) == "started 2d 5m ago"
+    assert from_now(float("inf"), START) == from_now(float("nan"), START) == "-"
 
 
 # --- which cloud, where -------------------------------------------------------------------------------------
@@ -219,6 +220,26 @@ def test_garbage_is_counted_logged_once_and_survived(standin: MetadataStandIn,
         standin.garbage.clear()
         wait_until(lambda: _scheduled(collector), timeout=10, what="recovery once the answers are sane")
         assert collector.degraded is None
+    finally:
+        collector.close()
+
+
+def test_an_unforeseen_error_in_a_watch_is_counted_and_the_watch_goes_on(standin: MetadataStandIn,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    failures = iter([OverflowError("timestamp out of range"), KeyError("window")])
+
+    def parse(status: int, body: bytes) -> events.Maintenance | None:
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return events.parse_gce_upcoming(status, body)
+
+    monkeypatch.setattr(gce, "parse_gce_upcoming", parse)
+    standin.set_gce("upcoming-maintenance", 200, UPCOMING)
+    collector = _collector(gce.GceWatch(FAST, standin.host))
+    try:
+        wait_until(lambda: _scheduled(collector), timeout=20, what="the notice after two unforeseen errors")
+        assert collector.watch.errors["garbage"] == 2 and collector.degraded is None
     finally:
         collector.close()
 

@@ -105,6 +105,8 @@ def growth(bytes_per_second: float | None) -> str:
 def from_now(when: float, now: float) -> str:
     """``in 13h 20m``, ``in 4m``, ``in under a minute``; ``started 2h 5m ago`` once past."""
     seconds = when - now
+    if not math.isfinite(seconds):
+        return "-"
     minutes = math.floor(abs(seconds) / 60)
     days, rest = divmod(minutes, 1440)
     hours, mins = divmod(rest, 60)

@@ -21,6 +21,7 @@ import hashlib
 import secrets
 import threading
 import time
+from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -28,6 +29,7 @@ from urllib.parse import parse_qs, urlsplit
 GCE_PREFIX = "/computeMetadata/v1/instance/"
 NOTHING_SCHEDULED = (200, b"{ }")
 UNAVAILABLE = (503, b"Error: upcoming maintenance: no maintenance scheduled for this instance\n")
+REQUESTS_KEPT = 1000
 
 
 class MetadataStandIn:
@@ -41,7 +43,8 @@ class MetadataStandIn:
         self.delay = 0.0
         self.garbage: set[str] = set()
         self.tokens: dict[str, float] = {}  # token -> expiry (monotonic)
-        self.requests: list[tuple[str, str, dict[str, str]]] = []  # method, path with query, headers
+        # method, path with query, headers: the last REQUESTS_KEPT (the drill's stand-in runs as long as the daemon)
+        self.requests: deque[tuple[str, str, dict[str, str]]] = deque(maxlen=REQUESTS_KEPT)
         self.closed = False
         self.changed = threading.Condition()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))

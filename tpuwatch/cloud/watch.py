@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from tpuwatch.cloud.events import Garbage, Maintenance
+from tpuwatch.cloud.events import Maintenance
 from tpuwatch.cloud.http import Failed, Link
 from tpuwatch.config import MaintenanceConfig
 
@@ -94,11 +94,11 @@ class Watch:
             began = time.monotonic()
             try:
                 wait = round_()
-            except (Failed, Garbage, HttpError) as exc:
+            except Exception as exc:  # noqa: BLE001 - anything an answer provokes is counted; the watch goes on
                 if self._stop.is_set():
                     return
-                result = exc.result if isinstance(exc, Failed) else "garbage" if isinstance(exc, Garbage) \
-                    else "http_error"
+                result = exc.result if isinstance(exc, Failed) else "http_error" if isinstance(exc, HttpError) \
+                    else "garbage"
                 self._failed(key, result, str(exc))
                 wait, backoff = backoff, min(backoff * 2, self.settings.retry_max)
             else:

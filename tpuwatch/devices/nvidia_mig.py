@@ -21,7 +21,7 @@ import ctypes
 from typing import Any
 
 from tpuwatch.devices.base import GpuInstance, ProcessUse
-from tpuwatch.devices.nvidia_calls import GpuCalls, error_text
+from tpuwatch.devices.nvidia_calls import GpuCalls, GpuLost, error_text
 
 MAX_INSTANCES = 7
 NO_INSTANCE = 0xFFFFFFFF
@@ -76,7 +76,7 @@ def _unversioned(calls: GpuCalls, handle: Any, function: str) -> list[ProcessInf
     if code == nvml.NVML_SUCCESS:
         return []
     if code == nvml.NVML_ERROR_GPU_IS_LOST:
-        calls.call(function, handle)  # raises GpuLost in the usual words
+        raise GpuLost(f"{function}: {error_text(nvml, code)}")
     if code != calls.not_supported:
         calls.failed(function, function, error_text(nvml, code))
     return None
