@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 from tpuwatch.cloud.events import MAX_ANSWER
 
+CONNECT_TIMEOUT_S = 5.0  # a metadata server is on the link: one that does not accept in 5 s is unreachable
+
 
 class Failed(Exception):
     """No usable HTTP answer: ``result`` is ``timeout``, ``unreachable`` or ``too_large``; the message says why."""
@@ -52,7 +54,7 @@ class Link:
                 limit: int = MAX_ANSWER) -> Answer:
         """One exchange, done within ``timeout`` seconds; Failed if it is not."""
         deadline = time.monotonic() + timeout
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=min(timeout, CONNECT_TIMEOUT_S))
         with self._lock:
             if self._aborted:
                 raise Failed("unreachable", "stopped")
@@ -62,6 +64,7 @@ class Link:
             with self._lock:
                 if self._aborted:  # stopped while connecting: abort() saw no socket to shut down
                     raise Failed("unreachable", "stopped")
+            self._left(conn, deadline)
             conn.request(method, self.prefix + path, headers=headers)
             self._left(conn, deadline)
             response = conn.getresponse()

@@ -65,8 +65,9 @@ class Watch:
         """Stop the threads: the request in flight is aborted, so this returns at once."""
         self._stop.set()
         self.link.abort()
+        deadline = time.monotonic() + timeout
         for thread in self._threads:
-            thread.join(timeout)
+            thread.join(max(0.0, deadline - time.monotonic()))
         self._threads = []
 
     def notices(self) -> list[Maintenance]:
