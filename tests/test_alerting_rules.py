@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -148,7 +149,26 @@ def test_windows_longer_than_the_store_history_keep_few_points() -> None:
         tracker.observe(samples, {"tpuwatch_canary_runs_total": Track("tpuwatch", 6 * 3600, 6 * 3600)}, T0 + t)
     key = samples[0][:2]
     assert tracker.increase(key, 6 * 3600, T0 + 7 * 3600 - 10) == 6
-    assert len(tracker._series[key].points) <= 70
+    assert len(tracker._series[key].times) <= 70
+
+
+def test_a_counter_full_of_points_holds_about_a_kilobyte() -> None:
+    """The points of 1,000 counters that change every cycle, after 7 hours of a 6-hour window (65 points
+    each): packed, about 1 KiB per counter; tuples of floats took over 7 KiB."""
+    track = {"tpuwatch_kernel_events_total": Track("tpuwatch", 6 * 3600, 6 * 3600)}
+    tracker = Tracker()
+    step = 6 * 3600 / 64
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for k in range(int(7 * 3600 / step)):
+            tracker.observe([sample("tpuwatch_kernel_events_total", k, rule=str(n)) for n in range(1000)],
+                            track, T0 + k * step)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert max(len(s.times) for s in tracker._series.values()) == 65
+    assert held < 2.5 * 1024 * 1000, held
 
 
 def test_aggregate_and_unchanged() -> None:

@@ -6,7 +6,8 @@ out) is still evaluated from what was last known (see :meth:`Tracker.held`).
 For counters it also keeps a running total of increases (a drop is a counter
 reset: the new value counts as the increase) and a downsampled log of that
 total, at most 64 points per longest window, so a window may be longer than
-the store's history.
+the store's history.  The points are packed (two arrays of doubles, 16 bytes
+a point), so a counter's memory is bounded at about 1 KiB.
 
 What a counter's value at first sight means depends on who keeps it:
 
@@ -26,6 +27,7 @@ over a window carries across restarts.
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -48,14 +50,15 @@ class Track:
     retention: float
 
 
-@dataclass
+@dataclass(slots=True)
 class _Series:
     kind: Kind
     last: float
     seen_at: float
     total: float = 0.0
     changed_at: float = 0.0
-    points: list[tuple[float, float]] = field(default_factory=list)
+    times: array[float] = field(default_factory=lambda: array("d"))  # the points: (time, total), oldest first
+    totals: array[float] = field(default_factory=lambda: array("d"))
     born: float = 0.0
     born_at: float | None = None
     boot: str = ""
@@ -103,11 +106,11 @@ class Tracker:
                 self._resume(series, s.value, now)
             else:
                 self._update(series, s.value, now)
-            before = (series.last, len(series.points))
+            before = (series.last, len(series.times))
             series.seen_at, series.last = now, s.value
             if series.kind != "gauge":
                 self._prune(series, track.window, now)
-                if before != (series.last, len(series.points)) or now - series.saved_at >= SAVE_EVERY_S:
+                if before != (series.last, len(series.times)) or now - series.saved_at >= SAVE_EVERY_S:
                     self._dirty.add(key)
         for key, series in list(self._series.items()):
             track = tracks.get(key[0])
@@ -124,10 +127,12 @@ class Tracker:
             self._forgotten.add(key)
 
     def _new(self, kind: Kind, value: float, now: float) -> _Series:
-        series = _Series(kind, value, now, changed_at=now, points=[(now, 0.0)], boot=self.boot)
+        series = _Series(kind, value, now, changed_at=now, times=array("d", [now]), totals=array("d", [0.0]),
+                         boot=self.boot)
         if kind == "tpuwatch" and value:
             series.total = value
-            series.points.append((now, value))
+            series.times.append(now)
+            series.totals.append(value)
         elif kind == "external":
             series.born, series.born_at = value, now
         return series
@@ -156,11 +161,16 @@ class Tracker:
 
     @staticmethod
     def _prune(series: _Series, window: float, now: float) -> None:
-        if now - series.points[-1][0] >= window / POINTS_PER_WINDOW:
-            series.points.append((now, series.total))
+        times, totals = series.times, series.totals
+        if now - times[-1] >= window / POINTS_PER_WINDOW:
+            times.append(now)
+            totals.append(series.total)
         start = now - window
-        while len(series.points) > 2 and series.points[1][0] <= start:
-            series.points.pop(0)
+        old = 0
+        while len(times) - old > 2 and times[old + 1] <= start:
+            old += 1
+        if old:
+            del times[:old], totals[:old]
 
     # --- what rules ask -----------------------------------------------------------
 
@@ -178,8 +188,8 @@ class Tracker:
         if series is None:
             return None
         start = now - window
-        baseline = series.points[0][1]
-        for t, total in series.points:
+        baseline = series.totals[0]
+        for t, total in zip(series.times, series.totals):
             if t > start:
                 break
             baseline = total
@@ -209,7 +219,7 @@ class Tracker:
     def _row(key: SeriesKey, s: _Series) -> Row:
         s.saved_at = s.seen_at
         return Row(key[0], json.dumps(key[1]), s.boot, s.last, s.seen_at, s.total, s.changed_at,
-                   json.dumps(s.points), s.born, s.born_at)
+                   json.dumps(list(zip(s.times, s.totals))), s.born, s.born_at)
 
     def restore(self, rows: Iterable[Row], tracks: dict[str, Track]) -> None:
         """Counter state saved by an earlier process; rows of metrics no rule counts now are ignored."""
@@ -223,6 +233,6 @@ class Tracker:
             except (ValueError, TypeError):
                 continue
             self._series[(row.name, labels)] = _Series(
-                track.kind, row.last, row.seen_at, row.total, row.changed_at, points, row.born, row.born_at,
-                row.boot, restored=True)
+                track.kind, row.last, row.seen_at, row.total, row.changed_at, array("d", (t for t, _ in points)),
+                array("d", (v for _, v in points)), row.born, row.born_at, row.boot, restored=True)
             self.loaded = True
