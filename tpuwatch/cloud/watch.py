@@ -38,7 +38,6 @@ class Watch:
         self.settings, self.link = settings, link
         self.errors: Counter[str] = Counter(dict.fromkeys(RESULTS, 0))
         self.answered = threading.Event()  # every key answered once (or failed once)
-        self.last_error: str | None = None
         self._notices: dict[str, list[Maintenance]] = {}
         self._failing: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -113,7 +112,6 @@ class Watch:
             self.errors[result] += 1
             first = key not in self._failing
             self._failing[key] = f"{result}: {why}"[:300]
-            self.last_error = self._failing[key]
         if first:
             log.warning("maintenance: %s metadata %s failed (%s: %s); kept trying, backing off up to %gs",
                         self.cloud, key, result, why, self.settings.retry_max)

@@ -174,9 +174,12 @@ class DeviceBackend(Protocol):
     def read(self) -> list[DeviceReading]: ...
 
 
-_GAUGES = (
+_MEMORY_GAUGES = (  # also what a MIG instance reports
     ("memory_used_bytes", "tpuwatch_device_memory_used_bytes"),
     ("memory_total_bytes", "tpuwatch_device_memory_total_bytes"),
+)
+_GAUGES = (
+    *_MEMORY_GAUGES,
     ("utilization_ratio", "tpuwatch_device_utilization_ratio"),
     ("temperature_celsius", "tpuwatch_device_temperature_celsius"),
     ("power_watts", "tpuwatch_device_power_watts"),
@@ -264,7 +267,7 @@ def reading_samples(reading: DeviceReading, backend: str) -> list[Sample]:
         out.append(sample("tpuwatch_device_fabric_info", 1, device=device, state=f.state, status=slug(f.status),
                           health=f.health or "", clique_id=str(f.clique_id), cluster_uuid=f.cluster_uuid))
     for instance in reading.instances or ():
-        for attribute, metric in _GAUGES[:2]:
+        for attribute, metric in _MEMORY_GAUGES:
             value = getattr(instance, attribute)
             if value is not None:
                 out.append(sample(metric, value, device=device, gpu_instance=str(instance.gpu_instance)))
