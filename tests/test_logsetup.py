@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tpuwatch import logsetup
+
 SCRIPT = """
 import logging, sys
 if sys.argv[1] == "no-systemd":
@@ -73,3 +75,41 @@ def test_every_record_is_redacted_message_arguments_exception_and_stack(tmp_path
 def test_journal_stream_gets_syslog_priorities(tmp_path: Path) -> None:
     assert run_logging(tmp_path, journal=True).splitlines() == ["<3>tpuwatch.test: chip 3 lost",
                                                                  "<6>tpuwatch.test: all good"]
+
+
+SKIPPED_RUNS = """
+import sys, threading, time
+from tpuwatch import config, logsetup
+from tpuwatch.daemon import Daemon
+logsetup.configure("info")
+text = f"devices: {{backend: sim}}\\nstate_dir: {sys.argv[1]}\\nlisten: 127.0.0.1:1"  # never served
+daemon = Daemon(config.parse(text), None)
+busy = threading.Event()
+daemon._scheduler.add_job(busy.wait, "interval", seconds=0.01, id="sample", max_instances=1)
+daemon._scheduler.start()
+deadline = time.monotonic() + 60
+while daemon.scheduler_events["max_instances"] < 50 and time.monotonic() < deadline:
+    time.sleep(0.01)
+busy.set()
+daemon._scheduler.shutdown()
+print(daemon.scheduler_events["max_instances"])
+"""
+
+
+def test_a_run_skipped_at_every_tick_is_counted_each_time_and_logged_once(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", SKIPPED_RUNS, str(tmp_path / "state")], capture_output=True,
+                          text=True, timeout=120, check=True)
+    assert int(done.stdout) >= 50
+    skipped = [line for line in done.stderr.splitlines() if "max instances" in line or "apscheduler" in line]
+    assert len(skipped) == 1, done.stderr
+    assert "job sample max instances; tpuwatch_scheduler_events_total counts them" in skipped[0]
+
+
+def test_a_repeating_problem_is_logged_first_then_every_period_with_its_count() -> None:
+    sparse = logsetup.Sparse(every=600.0, limit=2)
+    assert sparse("missed", 0.0) == 1
+    assert [sparse("missed", t) for t in (1.0, 300.0, 599.0)] == [None, None, None]
+    assert sparse("missed", 600.0) == 4  # three quiet ones and this one
+    assert sparse("missed", 601.0) is None
+    assert sparse("skipped", 2.0) == 1  # each key on its own
+    assert sparse("third", 3.0) is None  # past the limit, a new key is not logged

@@ -42,6 +42,7 @@ from tpuwatch.web import Endpoint, Route
 
 log = logging.getLogger(__name__)
 
+JOB_EVENT_LOG_EVERY_S = 600.0  # a repeating missed, skipped or failed run is logged at most this often
 _SCHEDULER_EVENTS = {EVENT_JOB_ERROR: "error", EVENT_JOB_MISSED: "missed", EVENT_JOB_MAX_INSTANCES: "max_instances"}
 
 
@@ -73,6 +74,7 @@ class Daemon:
         self.flags = flags  # what the command line changes (--simulate, --listen...): applied to every reload
         self.started_at = time.time()
         self.scheduler_events: Counter[str] = Counter()
+        self._job_events_logged = logsetup.Sparse(JOB_EVENT_LOG_EVERY_S)
         self.reload_ok = True
         self.reload_success_at = self.started_at
         self.parts: Parts = assemble(config, None, self._lifecycle_samples)
@@ -272,10 +274,15 @@ class Daemon:
     def _on_job_event(self, event: JobExecutionEvent) -> None:
         name = _SCHEDULER_EVENTS.get(event.code, "other")
         self.scheduler_events[name] += 1
+        count = self._job_events_logged((event.job_id, name), time.monotonic())
+        if count is None:
+            return
+        times = "" if count == 1 else f" ({count} times in the last {JOB_EVENT_LOG_EVERY_S / 60:g} min)"
         if event.code == EVENT_JOB_ERROR:
-            log.error("job %s failed: %s", event.job_id, event.exception)
+            log.error("job %s failed: %s%s", event.job_id, event.exception, times)
         else:
-            log.warning("job %s %s", event.job_id, name.replace("_", " "))
+            log.warning("job %s %s%s; tpuwatch_scheduler_events_total counts them", event.job_id,
+                        name.replace("_", " "), times)
 
     def _on_stop_signal(self, signum: int, frame: object) -> None:
         self._stop.set()

@@ -154,7 +154,10 @@ def configure(level: str) -> None:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
     _guard(root)
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    # APScheduler's warnings (a run missed, a run skipped while the last one runs) and its job tracebacks repeat,
+    # at every run, what the daemon counts and logs itself once per kind and then at most every few minutes.
+    logging.getLogger("apscheduler.scheduler").setLevel(logging.ERROR)
+    logging.getLogger("apscheduler.executors").setLevel(logging.CRITICAL)
 
 
 class Once:
@@ -173,3 +176,28 @@ class Once:
             return False
         self._seen.add(key)
         return True
+
+
+class Sparse:
+    """A repeating problem logged the first time and then at most every ``every`` seconds per key, with how
+    often it happened since: ``sparse(key, now)`` is None to stay quiet, else the count the line reports.
+
+    At most ``limit`` keys are remembered; past that, new keys are not logged.
+    """
+
+    def __init__(self, every: float, limit: int = 256) -> None:
+        self.every, self.limit = every, limit
+        self._keys: dict[Any, list[float]] = {}  # key -> [when last logged, times since]
+
+    def __call__(self, key: Any, now: float) -> int | None:
+        entry = self._keys.get(key)
+        if entry is None:
+            if len(self._keys) >= self.limit:
+                return None
+            self._keys[key] = [now, 0]
+            return 1
+        entry[1] += 1
+        if now - entry[0] < self.every:
+            return None
+        count, entry[0], entry[1] = int(entry[1]), now, 0
+        return count
