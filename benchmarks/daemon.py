@@ -72,7 +72,7 @@ MIB = 1024.0
 # What Prometheus 2.x sends, so each server picks the encoding it would use in production.
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
                      "text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
-TARGETS = {"rss_ratio": 2.0, "scrape_ratio": 1.0, "cycle_ms": 5.0}
+TARGETS = {"scrape_ratio": 1.0, "cycle_ms": 5.0}  # RSS: footprint.py and soak.py judge it in MiB
 
 
 class BenchmarkError(RuntimeError):
@@ -562,7 +562,7 @@ def figure_rows(plan: Plan, results: Results) -> list[str]:
     mark = nearest_sample(results, plan.mark)[0]
     return [
         f"| 1 | Resident memory after {duration(plan.soak)} soak (MiB) | {tw / MIB:.1f} | {ne / MIB:.1f} "
-        f"| {ratio(tw, ne)} | <= {TARGETS['rss_ratio']:.1f}x | {verdict(tw <= TARGETS['rss_ratio'] * ne)} |",
+        f"| {ratio(tw, ne)} | context (footprint.py: <= 40 MiB) | |",
         f"| 2 | CPU per /metrics scrape (ms) | {scrape_tw:.3f} | {scrape_ne:.3f} | {ratio(scrape_tw, scrape_ne)} "
         f"| <= {TARGETS['scrape_ratio']:.1f}x | {verdict(scrape_tw <= TARGETS['scrape_ratio'] * scrape_ne)} |",
         f"| 3 | CPU per sampling cycle, {SIM_CHIPS} sim chips + host (ms) | {results.cycle_ms:.3f} "
