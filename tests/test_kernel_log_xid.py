@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tpuwatch.devices import DeviceReading
-from tpuwatch.hw.recovery import action_name, action_words, is_disruptive, xid154_action
+from tpuwatch.hw.recovery import WORDS, action_name, action_words, is_disruptive, xid154_action
 from tpuwatch.kernel_log.attribution import device_lookup
 from tpuwatch.kernel_log.collector import KernelLogCollector, event_problems
 from tpuwatch.kernel_log.filesource import FileSource
@@ -101,6 +101,18 @@ def test_the_xid_154_event_carries_the_action_and_is_critical() -> None:
                      "Required) to 0x0 (None)")
     assert (cleared.severity, cleared.fields["recovery_action"]) == ("info", "none")
     assert "recovery_action" not in _event("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus.").fields
+
+
+@pytest.mark.parametrize("words", sorted(WORDS))
+@pytest.mark.parametrize("with_code", [True, False], ids=["code", "words-only"])
+def test_the_rule_file_classes_every_action_the_driver_words_as_the_code_does(words: str, with_code: bool) -> None:
+    """The action's words live in three places (recovery.WORDS, the rule's regex, its severity_by): they agree."""
+    code = WORDS[words]
+    line = (f"NVRM: Xid (PCI:0000:02:00): 154, GPU recovery action changed from 0x0 (None) to 0x{code:x} ({words})"
+            if with_code else f"NVRM: Xid (PCI:0000:02:00): 154, {words}")
+    event = _event(line)
+    expected = "critical" if is_disruptive(code) else "info" if code == 0 else "warning"
+    assert (event.severity, event.fields["recovery_action"]) == (expected, action_name(code))
 
 
 def test_an_xid_naming_a_mig_instance_names_it_in_the_event() -> None:

@@ -26,10 +26,10 @@ DISRUPTIVE = frozenset({1, 2, 4, 6, 7})
 # The driver's own words in an Xid 154 line without the hex code (older drivers print only the action).
 # "PF FLR" and "OS Reboot" (610 drivers) are read as the bus reset and the system reboot they name
 # (unverified: no public line pairs them with their code).
-_WORDS = {"None": 0, "GPU Reset Required": 1, "Node Reboot Required": 2, "Drain P2P": 3, "Drain and Reset": 4,
+WORDS = {"None": 0, "GPU Reset Required": 1, "Node Reboot Required": 2, "Drain P2P": 3, "Drain and Reset": 4,
           "Drain and Reset Required": 4, "Recover IMEX Domain": 5, "PF FLR": 6, "OS Reboot": 7}
 _CHANGED = re.compile(r"\brecovery action changed from 0x[0-9a-fA-F]{1,8}\b.*?\bto 0x(?P<code>[0-9a-fA-F]{1,8})\b")
-_ENDING = re.compile(r"\b(?P<words>" + "|".join(sorted(map(re.escape, _WORDS), key=len, reverse=True))
+_ENDING = re.compile(r"\b(?P<words>" + "|".join(sorted(map(re.escape, WORDS), key=len, reverse=True))
                      + r")\)?\.?\s*$")
 
 
@@ -54,4 +54,4 @@ def xid154_action(message: str) -> int | None:
     if found is not None:
         return int(found.group("code"), 16)
     ending = _ENDING.search(message)
-    return _WORDS[ending.group("words")] if ending is not None else None
+    return WORDS[ending.group("words")] if ending is not None else None
