@@ -7,7 +7,7 @@ For counters it also keeps a running total of increases (a drop is a counter
 reset: the new value counts as the increase) and a downsampled log of that
 total, at most 64 points per longest window, so a window may be longer than
 the store's history.  The points are packed (two arrays of doubles, 16 bytes
-a point), so a counter's memory is bounded at about 1 KiB.
+a point), so a counter holds at most about 1 KiB of points.
 
 What a counter's value at first sight means depends on who keeps it:
 

@@ -27,7 +27,7 @@ DISRUPTIVE = frozenset({1, 2, 4, 6, 7})
 # "PF FLR" and "OS Reboot" (610 drivers) are read as the bus reset and the system reboot they name
 # (unverified: no public line pairs them with their code).
 WORDS = {"None": 0, "GPU Reset Required": 1, "Node Reboot Required": 2, "Drain P2P": 3, "Drain and Reset": 4,
-          "Drain and Reset Required": 4, "Recover IMEX Domain": 5, "PF FLR": 6, "OS Reboot": 7}
+         "Drain and Reset Required": 4, "Recover IMEX Domain": 5, "PF FLR": 6, "OS Reboot": 7}
 _CHANGED = re.compile(r"\brecovery action changed from 0x[0-9a-fA-F]{1,8}\b.*?\bto 0x(?P<code>[0-9a-fA-F]{1,8})\b")
 _ENDING = re.compile(r"\b(?P<words>" + "|".join(sorted(map(re.escape, WORDS), key=len, reverse=True))
                      + r")\)?\.?\s*$")
