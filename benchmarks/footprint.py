@@ -74,6 +74,7 @@ TARGET_MIB = {8: 40.0, 64: 48.0}
 IMPORTS = ["ssl", "yaml", "psutil", "sqlite3", "apscheduler.schedulers.background", "prometheus_client",
            "tpuwatch.config", "tpuwatch.registry", "tpuwatch.alerting.service", "tpuwatch.assembly",
            "tpuwatch.web", "tpuwatch.daemon"]
+LIBRARIES = IMPORTS[:IMPORTS.index("prometheus_client") + 1]
 _IMPORT_PROBE = """
 import json, sys
 def rss():
@@ -98,6 +99,7 @@ class Footprint:
     series: dict[int, int] = field(default_factory=dict)
     mappings: list[tuple[str, int]] = field(default_factory=list)
     imports: list[tuple[str, int, int]] = field(default_factory=list)
+    last: dict[str, int] = field(default_factory=dict)
 
 
 def daemon_config(port: int, state_dir: Path, chips: int) -> str:
@@ -134,11 +136,20 @@ def smaps(pid: int, top: int = 8) -> list[tuple[str, int]]:
     return sorted(sizes.items(), key=lambda kv: -kv[1])[:top]
 
 
-def import_steps() -> list[tuple[str, int, int]]:
+def import_steps(modules: list[str] = IMPORTS) -> list[tuple[str, int, int]]:
     """(module, VmRSS KiB after importing it, modules loaded) in a fresh interpreter, step by step."""
-    out = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, *IMPORTS], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, *modules], capture_output=True, text=True,
                          check=True, cwd=REPO_ROOT, env=checkout_env({"PATH": "/usr/bin:/bin"}))
     return [tuple(step) for step in json.loads(out.stdout)]  # type: ignore[misc]
+
+
+def imported_last() -> dict[str, int]:
+    """KiB each library adds when imported after all the others: what leaving it out alone would save."""
+    costs = {}
+    for library in LIBRARIES:
+        steps = import_steps([*(other for other in LIBRARIES if other != library), library])
+        costs[library] = steps[-1][1] - steps[-2][1]
+    return costs
 
 
 def measure(node_exporter: str, workdir: Path, soak: float, scrapes: int, results: Footprint) -> None:
@@ -222,6 +233,10 @@ def render(results: Footprint, facts: dict[str, str], args: argparse.Namespace, 
                   f"{(running - imported) / 1024:.1f}. The libraries alone come to "
                   f"{libraries / results.rss_kib['node_exporter']:.2f}x node_exporter; APScheduler's step is the "
                   "largest (it loads importlib.metadata for its version, asyncio, multiprocessing and tzlocal).",
+              "", "Imported after all the other libraries instead (what leaving that one library out would save; "
+                  "a module the others load anyway, as ssl, adds nothing):", "",
+              "| Library | Adds when imported last (MiB) |", "|---|---:|",
+              *[f"| `{name}` | {kib / 1024:+.1f} |" for name, kib in results.last.items()],
               "", *machine_and_command(facts, started, command)]
     return "\n".join(lines)
 
@@ -245,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
             progress(f"{args.cycles} whole-pipeline cycles with {chips} chips, in this process")
             results.cycle_ms[chips], results.series[chips] = cycle_cpu_ms(chips, args.cycles, workdir)
         results.imports = import_steps()
+        results.last = imported_last()
         measure(node_exporter, workdir, args.soak, args.scrapes, results)
     command = "python benchmarks/footprint.py" + "".join(f" {a}" for a in (argv or sys.argv[1:]))
     section = render(results, machine_facts(node_exporter), args, started, command)
