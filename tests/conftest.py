@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -46,6 +47,16 @@ def free_port() -> int:
         if port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
+
+
+def waited_seconds(problem: str | None, prefix: str) -> float:
+    """The seconds a ``PREFIX: no answer within N.Ns`` problem says its call was waited for.
+
+    That is what was left of the read's one deadline when the call began, so under load it may be a little less
+    than the timeout configured; any other text fails the test."""
+    found = re.fullmatch(rf"{re.escape(prefix)}: no answer within (\d+\.\d)s", problem or "")
+    assert found is not None, problem
+    return float(found.group(1))
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:

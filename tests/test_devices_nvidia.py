@@ -28,7 +28,7 @@ from tpuwatch.devices.seen import SeenThisBoot
 from tpuwatch.health import collector_problems, device_problems
 from tpuwatch.pods import PodLookup
 
-from conftest import DaemonProcess, run_cli, wait_until
+from conftest import DaemonProcess, run_cli, wait_until, waited_seconds
 from fakenvml import FakeNvml
 
 # Entry points an older driver's library lacks (the clocks "event reason" calls, nvmlDeviceGetMemoryInfo_v2): the
@@ -151,7 +151,7 @@ def test_a_call_that_never_returns_marks_only_that_gpu_unresponsive(nvml: FakeNv
     readings = backend.read()
     assert time.monotonic() - started < 2.0
     assert [r.up for r in readings] == [True, True, False, False]
-    assert readings[3].problem == "unresponsive: NVML nvmlDeviceGetPowerUsage: no answer within 1.0s"
+    assert 0.5 <= waited_seconds(readings[3].problem, "unresponsive: NVML nvmlDeviceGetPowerUsage") <= 1.0
     assert readings[3].pci == "0000:5d:00.0", "what was read before the hang names the GPU"
     threads = threading.active_count()
     again = backend.read()
@@ -176,7 +176,7 @@ def test_a_slow_gpu_is_read_within_the_deadline_and_reported_unresponsive_past_i
     started = time.monotonic()
     readings = NvidiaBackend(config(timeout=1.0)).read()
     assert time.monotonic() - started < 3.0
-    assert readings[1].problem == "unresponsive: NVML nvmlDeviceGetTemperature: no answer within 1.0s"
+    assert 0.5 <= waited_seconds(readings[1].problem, "unresponsive: NVML nvmlDeviceGetTemperature") <= 1.0
     assert [r.up for r in readings] == [True, False, False, True]
 
 
