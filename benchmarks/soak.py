@@ -18,9 +18,11 @@ appended to ``soak-samples.jsonl`` in the work directory, kept on failure).
 Each daemon is judged from its *fill time* on: the time its bounded histories
 that hold one point per cycle or per minute take to fill (the series store's
 rings, ``store.points_per_series`` x interval; the leak detector's sliding
-windows, an hour).  Structures that fill more slowly (the leak detector's
-per-minute floors, the alert tracker's counter points) are accounted for in
-docs/memory.md and measured on a simulated clock by ``benchmarks/days.py``.
+windows, an hour).  The histories that hold points for longer (the leak
+detector's per-minute floors, the alert tracker's counter points) are
+allocated whole at their first point, like the store's rings, so nothing
+grows after that time; docs/memory.md accounts for each structure and
+``benchmarks/days.py`` measures them on a simulated clock.
 Target: from the fill time on, the daemon's RSS slope is within
 node_exporter's noise band (``abs(slope) + 2 standard errors`` of
 node_exporter's own slope over the same window), and the plateau (the median

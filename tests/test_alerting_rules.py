@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import tracemalloc
 from pathlib import Path
@@ -12,7 +13,7 @@ from tpuwatch.alerting import runbooks
 from tpuwatch.alerting.rules import CompiledRule, default_rules_text, load_rules, parse_rules, tracks
 from tpuwatch.alerting.state import AlertBook, fingerprint
 from tpuwatch.alerting.template import render
-from tpuwatch.alerting.tracker import Track, Tracker
+from tpuwatch.alerting.tracker import Row, Track, Tracker
 from tpuwatch.catalog import CATALOG
 from tpuwatch.notifiers.webhook import label_set_string
 from tpuwatch.samples import Sample, sample
@@ -152,9 +153,10 @@ def test_windows_longer_than_the_store_history_keep_few_points() -> None:
     assert len(tracker._series[key].times) <= 70
 
 
-def test_a_counter_full_of_points_holds_about_a_kilobyte() -> None:
-    """The points of 1,000 counters that change every cycle, after 7 hours of a 6-hour window (65 points
-    each): packed, about 1 KiB per counter; tuples of floats took over 7 KiB."""
+def test_a_counter_holds_its_points_from_its_first_sight_and_no_more_later() -> None:
+    """1,000 counters that change every cycle: their points are allocated whole at first sight (packed, under
+    2.5 KiB a counter; tuples of floats took over 7 KiB): the next 6 hours of a 6-hour window (65 points each)
+    add nothing to them."""
     track = {"tpuwatch_kernel_events_total": Track("tpuwatch", 6 * 3600, 6 * 3600)}
     tracker = Tracker()
     step = 6 * 3600 / 64
@@ -164,11 +166,29 @@ def test_a_counter_full_of_points_holds_about_a_kilobyte() -> None:
         for k in range(int(7 * 3600 / step)):
             tracker.observe([sample("tpuwatch_kernel_events_total", k, rule=str(n)) for n in range(1000)],
                             track, T0 + k * step)
+            if k == 10:  # after the first hour, when every value the test feeds is a new float
+                first = tracemalloc.get_traced_memory()[0]
         held = tracemalloc.get_traced_memory()[0] - before
+        later = tracemalloc.get_traced_memory()[0] - first
     finally:
         tracemalloc.stop()
     assert max(len(s.times) for s in tracker._series.values()) == 65
     assert held < 2.5 * 1024 * 1000, held
+    assert later < 64 * 1024, later
+
+
+def test_a_saved_log_denser_than_the_window_is_thinned_and_keeps_its_oldest_baseline() -> None:
+    """Points saved under a shorter window (one a minute) read by a rule whose window is now 6 h: 360 points
+    fit no counter's history, so they are thinned to the window's spacing rather than cut at the oldest."""
+    points = [(T0 + 60.0 * k, float(k)) for k in range(361)]
+    row = Row("tpuwatch_kernel_events_total", '[["rule", "x"]]', "", 360.0, points[-1][0], 360.0, points[-1][0],
+              json.dumps(points), 0.0, None)
+    track = {"tpuwatch_kernel_events_total": Track("tpuwatch", 6 * 3600, 6 * 3600)}
+    tracker = Tracker()
+    tracker.restore([row], track)
+    key = ("tpuwatch_kernel_events_total", (("rule", "x"),))
+    assert len(tracker._series[key].times) <= 65
+    assert tracker.increase(key, 6 * 3600, T0 + 6 * 3600 + 30) == 360.0
 
 
 def test_aggregate_and_unchanged() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tracemalloc
 
 from tpuwatch.samples import sample
-from tpuwatch.store import PLOTTED, Ring, SeriesStore
+from tpuwatch.store import PLOTTED, History, Ring, SeriesStore
 
 
 def test_ring_keeps_the_newest_points_in_order() -> None:
@@ -22,6 +22,34 @@ def test_a_partly_filled_ring_returns_only_what_was_added() -> None:
     ring.append(1.0, 10.0)
     ring.append(2.0, 20.0)
     assert ring.points() == [(1.0, 10.0), (2.0, 20.0)]
+
+
+def test_a_history_keeps_the_newest_values_and_drops_the_oldest_on_request() -> None:
+    history = History(4, [1.0, 2.0])
+    history.extend([3.0, 4.0, 5.0])  # full: the oldest goes
+    assert list(history) == [2.0, 3.0, 4.0, 5.0] and history[-1] == 5.0 and history[1:3].tolist() == [3.0, 4.0]
+    history.drop(3)
+    assert list(history) == [5.0]
+    history.extend([6.0, 7.0])  # moved to the front to make room
+    assert list(history) == [5.0, 6.0, 7.0] and len(history) == 3
+    history.drop(10)
+    assert len(history) == 0 and list(History(2, range(5))) == [3.0, 4.0]
+
+
+def test_a_history_costs_the_same_from_its_first_value_to_its_millionth() -> None:
+    history = History(600)
+    tracemalloc.start()
+    try:
+        history.append(0.0)
+        first = tracemalloc.get_traced_memory()[0]
+        for k in range(1, 100_000):
+            history.append(float(k))
+            if k % 500 == 0:
+                history.drop(len(history) - 100)
+        assert tracemalloc.get_traced_memory()[0] - first < 512
+    finally:
+        tracemalloc.stop()
+    assert list(history)[-1] == 99_999.0
 
 
 def test_current_replaces_an_owners_readings() -> None:

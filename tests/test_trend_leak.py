@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
@@ -187,6 +188,23 @@ def test_history_is_bounded_whatever_the_uptime() -> None:
         assert keep <= len(history) < 2 * keep
     for window in (*detector._lows, detector._highs):
         assert len(window._buckets) <= window.window / 60 and len(window._sorted) <= 2 * len(window._buckets)
+
+
+def test_a_detector_holds_after_two_hours_all_it_holds_after_three_days() -> None:
+    """The floor histories are allocated whole at the first floor and the sliding windows fill in an hour, so a
+    flat series costs no more at day 3 than at hour 2 (growing arrays added 6 x 8 bytes a minute for 11 h)."""
+    detector = LeakDetector()
+    times = np.arange(0.0, 3 * 86400.0, 10.0).tolist()
+    tracemalloc.start()
+    try:
+        for t in times:
+            detector.update(t, 5 * GIB, CAPACITY)
+            if t == 2 * 3600:
+                after_two_hours = tracemalloc.get_traced_memory()[0]
+        grown = tracemalloc.get_traced_memory()[0] - after_two_hours
+    finally:
+        tracemalloc.stop()
+    assert grown < 2048, grown
 
 
 def test_theil_sen_ignores_outliers_and_mann_kendall_needs_a_trend() -> None:

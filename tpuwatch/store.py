@@ -5,7 +5,8 @@ from __future__ import annotations
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from tpuwatch.samples import Labels, Sample, sample
 
@@ -47,6 +48,61 @@ class Ring:
 
     def __len__(self) -> int:
         return self._count
+
+
+class History:
+    """The newest values appended, at most ``capacity`` of them, as packed doubles, oldest first.
+
+    The buffer is allocated whole at the first append, so a history costs the
+    same memory from its first value to its millionth.  ``drop`` only moves
+    the start; the kept values are moved to the front when an append finds the
+    buffer's end, and when it is full the oldest value goes.  Read it by index
+    or slice (a ``memoryview`` of the values, valid until the next change).
+    """
+
+    __slots__ = ("_capacity", "_data", "_start", "_end")
+
+    def __init__(self, capacity: int, values: Iterable[float] = ()) -> None:
+        if capacity < 1:
+            raise ValueError("a history holds at least one value")
+        self._capacity = capacity
+        self._data = array("d")
+        self._start = self._end = 0
+        self.extend(values)
+
+    def append(self, value: float) -> None:
+        """Add the newest value."""
+        if not self._data:
+            self._data = array("d", bytes(8 * self._capacity))
+        if self._end == self._capacity:
+            self._start = max(self._start, 1)
+            kept = self._end - self._start
+            self._data[:kept] = self._data[self._start:self._end]
+            self._start, self._end = 0, kept
+        self._data[self._end] = value
+        self._end += 1
+
+    def extend(self, values: Iterable[float]) -> None:
+        """Append each value; of more than ``capacity`` only the newest are kept."""
+        for value in list(values)[-self._capacity:]:
+            self.append(value)
+
+    def drop(self, count: int) -> None:
+        """Forget the ``count`` oldest values."""
+        self._start = min(self._end, self._start + max(0, count))
+
+    def values(self) -> memoryview:
+        """The values, oldest first, without copying them."""
+        return memoryview(self._data)[self._start:self._end]
+
+    def __getitem__(self, index: int | slice) -> Any:
+        return self.values()[index]
+
+    def __len__(self) -> int:
+        return self._end - self._start
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self.values())
 
 
 class SeriesStore:

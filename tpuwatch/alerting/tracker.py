@@ -6,8 +6,9 @@ out) is still evaluated from what was last known (see :meth:`Tracker.held`).
 For counters it also keeps a running total of increases (a drop is a counter
 reset: the new value counts as the increase) and a downsampled log of that
 total, at most 64 points per longest window, so a window may be longer than
-the store's history.  The points are packed (two arrays of doubles, 16 bytes
-a point), so a counter holds at most about 1 KiB of points.
+the store's history.  The points are packed (two histories of doubles, 16
+bytes a point) and allocated whole at the counter's first sight: about 1.3 KiB
+a counter from then on.
 
 What a counter's value at first sight means depends on who keeps it:
 
@@ -27,15 +28,15 @@ over a window carries across restarts.
 from __future__ import annotations
 
 import json
-from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
 from tpuwatch.samples import Sample
-from tpuwatch.store import SeriesKey
+from tpuwatch.store import History, SeriesKey
 
 POINTS_PER_WINDOW = 64
+CAPACITY = POINTS_PER_WINDOW + 16  # a window holds at most 65 points; the rest spares moving them at every append
 SAVE_EVERY_S = 60.0  # an unchanged counter's row is rewritten this often (its last sighting)
 MAX_SERIES = 100_000
 Kind = Literal["gauge", "tpuwatch", "external"]
@@ -57,8 +58,8 @@ class _Series:
     seen_at: float
     total: float = 0.0
     changed_at: float = 0.0
-    times: array[float] = field(default_factory=lambda: array("d"))  # the points: (time, total), oldest first
-    totals: array[float] = field(default_factory=lambda: array("d"))
+    times: History = field(default_factory=lambda: History(CAPACITY))  # the points: (time, total), oldest first
+    totals: History = field(default_factory=lambda: History(CAPACITY))
     born: float = 0.0
     born_at: float | None = None
     boot: str = ""
@@ -127,8 +128,8 @@ class Tracker:
             self._forgotten.add(key)
 
     def _new(self, kind: Kind, value: float, now: float) -> _Series:
-        series = _Series(kind, value, now, changed_at=now, times=array("d", [now]), totals=array("d", [0.0]),
-                         boot=self.boot)
+        series = _Series(kind, value, now, changed_at=now, times=History(CAPACITY, [now]),
+                         totals=History(CAPACITY, [0.0]), boot=self.boot)
         if kind == "tpuwatch" and value:
             series.total = value
             series.times.append(now)
@@ -169,8 +170,8 @@ class Tracker:
         old = 0
         while len(times) - old > 2 and times[old + 1] <= start:
             old += 1
-        if old:
-            del times[:old], totals[:old]
+        times.drop(old)
+        totals.drop(old)
 
     # --- what rules ask -----------------------------------------------------------
 
@@ -232,7 +233,18 @@ class Tracker:
                 points = [(float(t), float(v)) for t, v in json.loads(row.points)] or [(row.seen_at, row.total)]
             except (ValueError, TypeError):
                 continue
+            points = _thin(points, track.window / POINTS_PER_WINDOW)
             self._series[(row.name, labels)] = _Series(
-                track.kind, row.last, row.seen_at, row.total, row.changed_at, array("d", (t for t, _ in points)),
-                array("d", (v for _, v in points)), row.born, row.born_at, row.boot, restored=True)
+                track.kind, row.last, row.seen_at, row.total, row.changed_at, History(CAPACITY, (t for t, _ in points)),
+                History(CAPACITY, (v for _, v in points)), row.born, row.born_at, row.boot, restored=True)
             self.loaded = True
+
+
+def _thin(points: list[tuple[float, float]], spacing: float) -> list[tuple[float, float]]:
+    """The points as the tracker would have logged them ``spacing`` apart (a saved log may be denser: a window
+    since made longer), so that the newest ones fit its history."""
+    kept = points[:1]
+    for point in points[1:]:
+        if point[0] - kept[-1][0] >= spacing:
+            kept.append(point)
+    return kept

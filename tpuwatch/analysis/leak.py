@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpuwatch import statefile
 from tpuwatch.analysis.robust import mann_kendall_p, median, theil_sen
+from tpuwatch.store import History
 
 if TYPE_CHECKING:
     import numpy as np
@@ -194,11 +195,11 @@ class LeakDetector:
         self._capacity: float | None = None
         self._lows = [_SlidingValues(window) for window in self.params.floor_windows]
         self._highs = _SlidingValues(self.params.high_window)  # negated, so that its low is the high
-        # Floors per minute over the longest scale plus the lookback: compact arrays, trimmed to that length once
-        # they hold an hour more, so that analyses read them without copying them whole.
+        # Floors per minute over the longest scale plus the lookback, allocated whole at the first floor and trimmed
+        # to that length once they hold an hour more, so that analyses read them without copying them whole.
         self._keep = int((max(self.params.scales) + self.params.lookback) / self.params.bucket) + 1
-        self._floors = [array("d") for _ in self.params.floor_windows]
-        self._floor_times = array("d")
+        self._floors = [History(self._keep + TRIM_SLACK) for _ in self.params.floor_windows]
+        self._floor_times = History(self._keep + TRIM_SLACK)
         self._next_analysis = -math.inf
         self._recent: deque[bool] = deque(maxlen=self.params.persistence_of)
         self._quiet = 0
@@ -243,7 +244,7 @@ class LeakDetector:
             self._floor_times.append(end)
             if len(self._floor_times) >= self._keep + TRIM_SLACK:
                 for history in (*self._floors, self._floor_times):
-                    del history[:-self._keep]
+                    history.drop(len(history) - self._keep)
             if end >= self._next_analysis:
                 self._next_analysis = end + p.analyze_every - p.bucket / 2
                 self._judge(timestamp, self._growth())
@@ -264,17 +265,15 @@ class LeakDetector:
                 return growth
         return None
 
-    def _window(self, count: int, floors: array[float]) -> tuple[np.ndarray, np.ndarray]:
+    def _window(self, count: int, floors: History) -> tuple[np.ndarray, np.ndarray]:
+        """The last ``count`` floors' times and values, every stride-th one back from the newest."""
         import numpy as np
 
         stride = max(1, math.ceil(count / self.params.points_per_scale))
-        start = len(floors) - count
-        index = range(len(floors) - 1, start - 1, -stride)
-        times = np.fromiter((self._floor_times[k] for k in reversed(index)), float)
-        values = np.fromiter((floors[k] for k in reversed(index)), float)
-        return times, values
+        first = len(floors) - 1 - (count - 1) // stride * stride
+        return np.array(self._floor_times[first::stride]), np.array(floors[first::stride])
 
-    def _growth_at(self, count: int, floors: array[float], max_jump: float) -> Growth | None:
+    def _growth_at(self, count: int, floors: History, max_jump: float) -> Growth | None:
         p = self.params
         length = count // p.segments
         end = len(floors)
@@ -375,8 +374,8 @@ class LeakDetector:
             window.restore(buckets)
         detector._highs.restore(snapshot["highs"])
         for floors, packed in zip(detector._floors, snapshot["floors"], strict=True):
-            floors.frombytes(base64.b64decode(packed))
-        detector._floor_times.frombytes(base64.b64decode(snapshot["floor_times"]))
+            floors.extend(_unpack(packed))
+        detector._floor_times.extend(_unpack(snapshot["floor_times"]))
         if any(len(floors) != len(detector._floor_times) for floors in detector._floors):
             raise ValueError("floor histories of different lengths")
         detector._next_analysis = float(snapshot["next_analysis"])
@@ -392,9 +391,9 @@ class LeakDetector:
 
     def view(self, since: float) -> LeakView:
         """The floor since ``since`` (at most the kept history), the high, the capacity and the state; read-only."""
-        times = self._floor_times
+        times = self._floor_times.values()
         start = bisect_left(times, since)
-        floors = self._floors[0]
+        floors = self._floors[0].values()
         return LeakView(tuple(zip(times[start:], floors[start:])), self.params.floor_windows[0],
                         None if math.isnan(self._high) else self._high, self._capacity, self.state)
 
@@ -412,5 +411,11 @@ def _layout(params: LeakParams) -> list[Any]:
     return [params.bucket, list(params.floor_windows), params.floor_outliers, params.high_window]
 
 
-def _pack(values: array[float]) -> str:
+def _pack(values: memoryview) -> str:
     return base64.b64encode(values.tobytes()).decode("ascii")
+
+
+def _unpack(packed: str) -> array[float]:
+    values = array("d")
+    values.frombytes(base64.b64decode(packed))
+    return values
