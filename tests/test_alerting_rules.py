@@ -177,6 +177,22 @@ def test_a_counter_holds_its_points_from_its_first_sight_and_no_more_later() -> 
     assert later < 64 * 1024, later
 
 
+def test_a_gauge_keeps_no_points() -> None:
+    track = {"tpuwatch_device_temperature_celsius": Track("gauge", 0.0, 600.0)}
+    tracker = Tracker()
+    cycles = [[sample("tpuwatch_device_temperature_celsius", 40 + k, device=str(n)) for n in range(1000)]
+              for k in range(3)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for k, samples in enumerate(cycles):
+            tracker.observe(samples, track, T0 + 10 * k)
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 800 * 1000, held  # two counters' histories of points would take 1.4 KB more each
+
+
 def test_a_saved_log_denser_than_the_window_is_thinned_and_keeps_its_oldest_baseline() -> None:
     """Points saved under a shorter window (one a minute) read by a rule whose window is now 6 h: 360 points
     fit no counter's history, so they are thinned to the window's spacing rather than cut at the oldest."""

@@ -128,8 +128,9 @@ class Tracker:
             self._forgotten.add(key)
 
     def _new(self, kind: Kind, value: float, now: float) -> _Series:
-        series = _Series(kind, value, now, changed_at=now, times=History(CAPACITY, [now]),
-                         totals=History(CAPACITY, [0.0]), boot=self.boot)
+        capacity = 1 if kind == "gauge" else CAPACITY  # a gauge keeps no points
+        series = _Series(kind, value, now, changed_at=now, times=History(capacity, [now]),
+                         totals=History(capacity, [0.0]), boot=self.boot)
         if kind == "tpuwatch" and value:
             series.total = value
             series.times.append(now)
