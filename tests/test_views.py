@@ -4,7 +4,9 @@ detector's floor and forecast, canary history, bounds; and StatusPage's routes, 
 
 from __future__ import annotations
 
+import gc
 import gzip
+import inspect
 import json
 import logging
 from collections.abc import Callable
@@ -224,6 +226,34 @@ def test_the_page_is_built_once_per_cycle_whatever_the_requests(healthy: SimHost
     script = routes["/status.js"].answer(_get("/status.js"))
     assert script.content_type.startswith("text/javascript") and b"replaceWith" in script.body
     assert dict(script.headers)["X-Content-Type-Options"] == "nosniff"
+
+
+def _bytes_held(root: object) -> int:
+    """The bytes objects reachable from ``root``, in bytes (each counted once)."""
+    seen, stack, total = {id(root)}, [root], 0
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, bytes):
+            total += len(obj)
+            continue
+        for ref in gc.get_referents(obj):
+            if id(ref) not in seen and not isinstance(ref, type) and not inspect.ismodule(ref):
+                seen.add(id(ref))
+                stack.append(ref)
+    return total
+
+
+def test_a_cycle_s_rendition_holds_its_bodies_compressed_only(healthy: SimHost) -> None:
+    """Between cycles the page holds its bodies gzip compressed, a few times smaller than plain; a client without
+    gzip gets the same bytes decompressed."""
+    page = StatusPage(healthy.sources(), cycle=lambda: 1.0, host="host-a")
+    routes = page.routes()
+    before = _bytes_held(page)  # the static files
+    zipped = routes["/"].answer(_get("/", **{"accept-encoding": "gzip"}))
+    held = _bytes_held(page) - before
+    assert gzip.decompress(zipped.body) == routes["/"].answer(_get("/")).body
+    plain = sum(len(routes[path].answer(_get(path)).body) for path in ("/", "/api/status", "/api/series"))
+    assert 0 < held < plain / 2, (held, plain)  # plain and gzip bodies together held more than the plain ones
 
 
 def test_a_failing_source_keeps_the_last_good_page_and_logs_once(healthy: SimHost,

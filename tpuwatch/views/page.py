@@ -64,14 +64,12 @@ _BODIES: dict[str, tuple[Callable[[dict[str, Any]], bytes], str]] = {
 
 
 class _Rendition:
-    """One cycle's bodies, plain and gzip, each route's made at once from the document, which is then dropped."""
+    """One cycle's bodies, each route's made at once from the document (which is then dropped) and kept gzip
+    compressed only: browsers take them so, and the rare client that does not gets them decompressed."""
 
     def __init__(self, key: float | None, document: dict[str, Any]) -> None:
         self.key = key
-        self.bodies: dict[tuple[str, bool], bytes] = {}
-        for path, (make, _) in _BODIES.items():
-            plain = self.bodies[(path, False)] = make(document)
-            self.bodies[(path, True)] = gzip.compress(plain, GZIP_LEVEL)
+        self.gzipped = {path: gzip.compress(make(document), GZIP_LEVEL) for path, (make, _) in _BODIES.items()}
 
 
 class StatusPage:
@@ -124,7 +122,7 @@ class StatusPage:
         path = request.path
         if path in _STATIC:
             return Response(200, self._static[path], _STATIC[path][1], HEADERS)
-        compressed = accepts_gzip(request.headers.get("accept-encoding", ""))
-        body = self._current().bodies[(path, compressed)]
-        encoding = (("Content-Encoding", "gzip"),) if compressed else ()
-        return Response(200, body, _BODIES[path][1], HEADERS + encoding)
+        body = self._current().gzipped[path]
+        if accepts_gzip(request.headers.get("accept-encoding", "")):
+            return Response(200, body, _BODIES[path][1], (*HEADERS, ("Content-Encoding", "gzip")))
+        return Response(200, gzip.decompress(body), _BODIES[path][1], HEADERS)
