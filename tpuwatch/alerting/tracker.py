@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from tpuwatch.samples import Sample
@@ -56,10 +56,10 @@ class _Series:
     kind: Kind
     last: float
     seen_at: float
+    times: History  # the points: (time, total), oldest first
+    totals: History
     total: float = 0.0
     changed_at: float = 0.0
-    times: History = field(default_factory=lambda: History(CAPACITY))  # the points: (time, total), oldest first
-    totals: History = field(default_factory=lambda: History(CAPACITY))
     born: float = 0.0
     born_at: float | None = None
     boot: str = ""
@@ -129,8 +129,8 @@ class Tracker:
 
     def _new(self, kind: Kind, value: float, now: float) -> _Series:
         capacity = 1 if kind == "gauge" else CAPACITY  # a gauge keeps no points
-        series = _Series(kind, value, now, changed_at=now, times=History(capacity, [now]),
-                         totals=History(capacity, [0.0]), boot=self.boot)
+        series = _Series(kind, value, now, History(capacity, [now]), History(capacity, [0.0]), changed_at=now,
+                         boot=self.boot)
         if kind == "tpuwatch" and value:
             series.total = value
             series.times.append(now)
@@ -236,8 +236,9 @@ class Tracker:
                 continue
             points = _thin(points, track.window / POINTS_PER_WINDOW)
             self._series[(row.name, labels)] = _Series(
-                track.kind, row.last, row.seen_at, row.total, row.changed_at, History(CAPACITY, (t for t, _ in points)),
-                History(CAPACITY, (v for _, v in points)), row.born, row.born_at, row.boot, restored=True)
+                track.kind, row.last, row.seen_at, History(CAPACITY, (t for t, _ in points)),
+                History(CAPACITY, (v for _, v in points)), row.total, row.changed_at, row.born, row.born_at, row.boot,
+                restored=True)
             self.loaded = True
 
 
