@@ -27,7 +27,7 @@ EXAMPLES = {"device": "0", "pci": "0000:00:04.0", "pid": "4101", "command": "pyt
             "message": "TensorCore 1 halted",
             "cloud": "gce", "event": "TERMINATE_ON_HOST_MAINTENANCE",
             "event_id": "instance-event-0d59937288b749b32", "window": "2026-12-06 03:00-07:00 UTC",
-            "start": "1796526000"}
+            "start": "1796526000", "path": "job"}
 # What a tidy text never holds: blanks doubled or at an end, empty or padded brackets, a blank before
 # punctuation, a separator at an end, a preposition left without its object, template syntax.
 FLAWS = re.compile(r"  |^\s|\s$|\(\s*\)|\(\s|\s[),.;:]|^[,;:]|[,;:]$|\b(?:on|of|in|at|from)\s*(?:[,.;:)]|$)"

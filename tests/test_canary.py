@@ -357,7 +357,7 @@ def test_run_counters_of_known_chips_exist_at_zero_before_the_first_run() -> Non
 
     def fails_on_chip_1() -> float:
         return {(s.name, s.labels): s.value for s in collector.collect()}[
-            ("tpuwatch_canary_device_runs_total", (("device", "1"), ("result", "fail")))]
+            ("tpuwatch_canary_device_runs_total", (("device", "1"), ("path", "scheduled"), ("result", "fail")))]
 
     assert fails_on_chip_1() == 0  # so that increase() sees the first failure
     _recorded(collector, "nan-1")
@@ -371,9 +371,9 @@ def test_collector_samples_follow_the_last_measured_outcome() -> None:
     _recorded(collector, "crash-1", "worker crashed with SIGSEGV")
     samples = {(s.name, s.labels): s.value for s in collector.collect()}
     assert all(name in CATALOG for name, _ in samples)
-    assert samples[("tpuwatch_canary_runs_total", (("result", "pass"),))] == 1
-    assert samples[("tpuwatch_canary_runs_total", (("result", "fail"),))] == 1
-    assert samples[("tpuwatch_canary_runs_total", (("result", "error"),))] == 1
+    assert samples[("tpuwatch_canary_runs_total", (("path", "scheduled"), ("result", "pass")))] == 1
+    assert samples[("tpuwatch_canary_runs_total", (("path", "scheduled"), ("result", "fail")))] == 1
+    assert samples[("tpuwatch_canary_runs_total", (("path", "scheduled"), ("result", "error")))] == 1
     chip_runs = {(dict(labels)["device"], dict(labels)["result"]): v for (name, labels), v in samples.items()
                  if name == "tpuwatch_canary_device_runs_total"}
     assert {key: v for key, v in chip_runs.items() if key[0] == "1"} == {
@@ -384,11 +384,11 @@ def test_collector_samples_follow_the_last_measured_outcome() -> None:
     # 0 and 1 were measured last by the crash run (pass, error); 2 and 3 were skipped there: nan-1 holds.
     assert healthy == {"0": 1.0, "1": 0.0, "2": 1.0, "3": 1.0}
     info = [dict(labels) for name, labels in samples if name == "tpuwatch_canary_info"]
-    assert {"device": "2", "fingerprint": CLEAN_FP, "stack": STACK, "chip": "cpu"} in info
+    assert {"device": "2", "fingerprint": CLEAN_FP, "stack": STACK, "chip": "cpu", "path": "scheduled"} in info
     assert not any(i["device"] == "1" for i in info)  # the crashed chip has no fingerprint
-    last_success = {dict(labels)["device"] for name, labels in samples
+    last_success = {(dict(labels)["device"], dict(labels)["path"]) for name, labels in samples
                     if name == "tpuwatch_canary_last_success_timestamp_seconds"}
-    assert last_success == {"0", "1", "2", "3"}  # chip 1 keeps the time of its last pass
+    assert last_success == {(d, "scheduled") for d in "0123"}  # chip 1 keeps the time of its last pass
 
 
 def test_a_drill_no_check_caught_is_counted_as_undetected_once_one_happened() -> None:

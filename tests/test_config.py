@@ -207,7 +207,7 @@ def test_config_check_cli_exit_codes(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "tpuwatch: config error: devices.sim.scenario: must be one of healthy, hbm-leak, ecc-errors, overheat, "
-        "sdc, device-lost, hung, maintenance; got 'meltdown'"]
+        "sdc, device-lost, hung, maintenance, probe-sdc; got 'meltdown'"]
     missing = run_cli("config", "check", "--config", str(tmp_path / "nope.yaml"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert missing.stderr == f"tpuwatch: config error: {tmp_path}/nope.yaml: cannot read: No such file or directory\n"

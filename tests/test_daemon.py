@@ -239,7 +239,7 @@ def test_simulated_sdc_fails_the_canary_on_its_chip_only(start_daemon: Callable[
                            "devices": {"sim": {"count": 4, "fault_device": 1}}}, args=["--simulate", "sdc"])
     daemon.wait_ready()
     healthy = wait_until(lambda: {d: metric(daemon, f'tpuwatch_canary_healthy{{device="{d}"}}') for d in "0123"}
-                         if metric(daemon, 'tpuwatch_canary_runs_total{result="fail"}') else None,
+                         if metric(daemon, 'tpuwatch_canary_runs_total{path="scheduled",result="fail"}') else None,
                          timeout=60, what="the first canary run")
     assert healthy == {"0": 1.0, "1": 0.0, "2": 1.0, "3": 1.0}
     assert "drill" not in requests.get(f"{daemon.url}/healthz", timeout=5).json()["checks"]  # it ran: not blocked

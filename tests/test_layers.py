@@ -28,13 +28,14 @@ ROOT = "tpuwatch"  # the package's own __init__.py
 # Bottom first.  A part may import the parts of its own layer and of the layers below; a new part gets a line.
 LAYERS: list[tuple[str, set[str]]] = [
     ("the bottom: hardware and host facts, readings, how quantities read, the backends by name",
-     {ROOT, "hw", "samples", "units", "backends"}),
+     {ROOT, "hw", "samples", "units", "backends", "probewire"}),
     ("plumbing", {"schema", "yamlfile", "statefile", "catalog", "logsetup", "sdnotify", "httpd", "malloc"}),
     ("config, the store, the state directory, the web config, the receiver types",
      {"config", "store", "statedir", "webconfig", "notifiers"}),
     ("pod attribution: cgroups and the kubelet's PodResources API", {"pods"}),
     ("the pipeline's frame: the collector protocol, the guard, the sampler", {"collectors", "sampler"}),
-    ("sources", {"devices", "kernel_log", "canary", "cloud"}),
+    ("sources", {"devices", "kernel_log", "canary", "cloud", "jobreports"}),
+    ("libraries for other programs: the in-job probe (jax)", {"probe"}),
     ("analysis", {"analysis"}),
     ("alerting", {"alerting"}),
     ("actions", {"kubernetes"}),
@@ -44,8 +45,10 @@ LAYERS: list[tuple[str, set[str]]] = [
 ]
 RANK = {part: rank for rank, (_, parts) in enumerate(LAYERS) for part in parts}
 # Modules that must run with the standard library alone (and the bottom layer): the canary worker imports
-# canary/holds.py before jax, in whatever interpreter canary.python names.
-STDLIB_ONLY = ["hw/*.py", "canary/holds.py"]
+# canary/holds.py before jax, in whatever interpreter canary.python names; the in-job probe talks to the daemon
+# with the standard library alone.
+STDLIB_ONLY = ["hw/*.py", "canary/holds.py", "probewire.py", "probe/channel.py", "probe/chips.py"]
+STDLIB_TOO = ("tpuwatch.hw", "tpuwatch.probewire")  # the tpuwatch modules that are standard library only
 _MODULE_NAME = re.compile(r"tpuwatch(\.[A-Za-z_][A-Za-z0-9_]*)+")
 
 Edge = tuple[str, str, int]  # (imported module, file, line)
@@ -186,7 +189,7 @@ def test_the_bottom_layer_needs_the_standard_library_alone(pattern: str) -> None
     allowed = set(sys.stdlib_module_names) | {"__future__"}
     wrong = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}" for path in files
              for module, line in imports(path)
-             if not (module.split(".")[0] in allowed or module == "tpuwatch.hw" or module.startswith("tpuwatch.hw."))]
+             if not (module.split(".")[0] in allowed or module in STDLIB_TOO or module.startswith("tpuwatch.hw."))]
     assert not wrong, "; ".join(wrong)
 
 

@@ -9,7 +9,7 @@ caller switches to the new parts and then ``retire()``s what was replaced.
 
 The pipeline the sampler runs, in order within each cycle:
 
-    sources (host, devices, kernel log, canary results) -> store
+    sources (host, devices, kernel log, canary results, probe reports) -> store
     analysis (trend detectors; tpuwatch's own metrics)   -> store
     alerting (rules over the store; delivery runs in its own threads)
     actions (the Kubernetes node agent, fed the alert state)
@@ -35,6 +35,7 @@ from tpuwatch.canary.needs import drill_samples
 from tpuwatch.config import Config
 from tpuwatch.devices import sim
 from tpuwatch.devices.base import DeviceReading, reading_samples
+from tpuwatch.jobreports import collector as job_reports
 from tpuwatch.registry import ACTIONS, Action, Sources, build_canary, build_sources
 from tpuwatch.sampler import Sampler, Stage
 from tpuwatch.samples import Sample, sample
@@ -79,6 +80,7 @@ class Parts:
     trend_state: TrendStateFile | None
     sources: Sources
     canary: CanaryCollector | None
+    job_reports: job_reports.JobReports | None  # in-job probes' reports, judged into the canary's book
     alerting: Alerting
     actions: dict[str, Action]  # those enabled, by name (ACTIONS)
     sampler: Sampler
@@ -149,8 +151,8 @@ def _same(previous: Parts | None, config: Config, key: Callable[[Config], Any]) 
 
 
 def _pipeline(config: Config, store: SeriesStore, trend: TrendAnalyzer, trend_state: TrendStateFile | None,
-              sources: Sources, canary: CanaryCollector | None, alerting: Alerting,
-              actions: dict[str, Action], daemon_samples: SampleSource) -> Sampler:
+              sources: Sources, canary: CanaryCollector | None, reports: job_reports.JobReports | None,
+              alerting: Alerting, actions: dict[str, Action], daemon_samples: SampleSource) -> Sampler:
     """The stages of one cycle (module docstring), each part behind its guard."""
     own = SelfMetrics([store.samples, daemon_samples, drill_samples(config),
                        *([trend_state.samples] if trend_state else []),
@@ -167,7 +169,7 @@ def _pipeline(config: Config, store: SeriesStore, trend: TrendAnalyzer, trend_st
             action.feed(alerts, pci)
         return []
 
-    stages: list[list[Any]] = [[*sources, *([canary] if canary is not None else [])],
+    stages: list[list[Any]] = [[*sources, *(part for part in (canary, reports) if part is not None)],
                                [own, Stage("trend", lambda: trend.observe(store.current(), time.time()))],
                                [Stage("alerting", evaluate)]]
     if actions:
@@ -207,17 +209,37 @@ def assemble(config: Config, previous: Parts | None, daemon_samples: SampleSourc
         if kept_sources is None:
             sources.close()
         raise
+    reports = _job_reports(config, previous, canary, sources)
     sampler = None
     if previous is not None and previous.config.collector_deadline == config.collector_deadline and all(
             new is old for new, old in ((store, previous.store), (trend, previous.trend),
-                                        (sources, previous.sources), (canary, previous.canary))) \
+                                        (sources, previous.sources), (canary, previous.canary),
+                                        (reports, previous.job_reports))) \
             and actions == previous.actions:
         sampler = previous.sampler
     if sampler is None:
-        sampler = _pipeline(config, store, trend, trend_state, sources, canary, alerting, actions, daemon_samples)
+        sampler = _pipeline(config, store, trend, trend_state, sources, canary, reports, alerting, actions,
+                            daemon_samples)
         if previous is not None:  # the last cycle ended when it did, whatever a reload rebuilt since
             sampler.last_cycle_end = previous.sampler.last_cycle_end
-    return Parts(config, web, store, trend, trend_state, sources, canary, alerting, actions, sampler)
+    return Parts(config, web, store, trend, trend_state, sources, canary, reports, alerting, actions, sampler)
+
+
+def _job_reports(config: Config, previous: Parts | None, canary: CanaryCollector | None,
+                 sources: Sources) -> job_reports.JobReports | None:
+    """The probe socket: the previous one, re-pointed at this assembly's book and chips, while its settings hold;
+    else the previous one closed (its socket path may be the new one's) and a new one.  Built last, when
+    nothing can fail any more."""
+    old = previous.job_reports if previous is not None else None
+    key = (config.probe, config.paths, config.state_dir)
+    if old is not None and previous is not None and canary is not None and config.probe.enabled and \
+            (previous.config.probe, previous.config.paths, previous.config.state_dir) == key:
+        old.book, old.inventory = canary, sources.device_readings
+        return old
+    if old is not None:
+        old.close()
+    host = sources.collectors.get("host")
+    return job_reports.build(config, canary, sources.device_readings, getattr(host, "pods", None))
 
 
 def retire(old: Parts, new: Parts) -> None:

@@ -177,21 +177,31 @@ _SPECS = [
                "http_error, garbage).", ("cloud", "result")),
     # --- canary ---
     MetricSpec("tpuwatch_canary_healthy", "gauge",
-               "1 if the chip's last canary run passed, 0 if it computed wrong numbers or errored.", ("device",)),
+               "1 if the chip's last canary run (either path) passed, 0 if it computed wrong numbers or errored.",
+               ("device",)),
     MetricSpec("tpuwatch_canary_runs_total", "counter",
-               "Canary runs by result (pass, fail, skipped, error; undetected: a fire drill nothing caught).",
-               ("result",)),
+               "Canary runs by result (pass, fail, skipped, error; undetected: a fire drill nothing caught) and path "
+               "(scheduled: the daemon's worker on idle chips; job: a probe inside a running job).",
+               ("result", "path")),
     MetricSpec("tpuwatch_canary_device_runs_total", "counter",
-               "Canary verdicts per chip by result (pass, fail, skipped, error).", ("device", "result")),
+               "Canary verdicts per chip by result and path; the job path names the reporting process.",
+               ("device", "result", "path"), optional_labels=("pid", "command", "namespace", "pod")),
     MetricSpec("tpuwatch_canary_duration_seconds", "gauge", "Device time of one canary inference on the chip.",
                ("device",)),
     MetricSpec("tpuwatch_canary_max_abs_error", "gauge",
                "Largest absolute difference of the chip's canary output from the float64 reference.", ("device",)),
     MetricSpec("tpuwatch_canary_info", "gauge",
-               "The chip's last canary output fingerprint, software stack and chip kind; value is always 1.",
-               ("device", "fingerprint", "stack", "chip")),
+               "The chip's last canary output fingerprint, software stack, chip kind and the path that measured it; "
+               "value is always 1.", ("device", "fingerprint", "stack", "chip", "path")),
     MetricSpec("tpuwatch_canary_last_success_timestamp_seconds", "gauge",
-               "Unix time of the chip's last passing canary run.", ("device",)),
+               "Unix time the chip was last proven right, per path (scheduled, job).", ("device", "path")),
+    # --- in-job probe reports (tpuwatch/jobreports) ---
+    MetricSpec("tpuwatch_probe_socket_up", "gauge",
+               "1 while the daemon listens for in-job probe reports on probe.socket, 0 if it cannot."),
+    MetricSpec("tpuwatch_probe_reports_total", "counter", "Probe reports accepted, judged and recorded."),
+    MetricSpec("tpuwatch_probe_reports_rejected_total", "counter",
+               "Probe reports refused, by reason (busy, rate_limited, timeout, oversized, malformed, not_holder, "
+               "unknown_chip).", ("reason",)),
     # --- trend analysis ---
     MetricSpec("tpuwatch_memory_leak_suspected", "gauge",
                "1 if the memory series (hbm per device, host, process per pid, process_hbm per device and pid) "

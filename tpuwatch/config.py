@@ -16,6 +16,7 @@ import yaml
 from tpuwatch import yamlfile
 from tpuwatch.backends import BACKENDS
 from tpuwatch.notifiers import ReceiverConfig
+from tpuwatch.probewire import DEFAULT_SOCKET, MAX_REPORT_BYTES
 from tpuwatch.schema import (
     Check,
     ConfigError,
@@ -34,8 +35,10 @@ from tpuwatch.schema import (
 DEFAULT_PATH = Path("/etc/tpuwatch/config.yaml")
 DEFAULT_PORT = 9847
 
-SCENARIOS = ("healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost", "hung", "maintenance")
-Scenario = Literal["healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost", "hung", "maintenance"]
+SCENARIOS = ("healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost", "hung", "maintenance",
+             "probe-sdc")
+Scenario = Literal["healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost", "hung", "maintenance",
+                   "probe-sdc"]
 SimChip = Literal["v4", "v5e", "v5p", "v6e", "h100", "h200"]
 AbsolutePath = Annotated[str, FilePath()]
 # Rule file patterns are expanded with the user's home: ~/alerts/*.yaml.
@@ -61,6 +64,9 @@ class SimConfig:
     seed: int = 0
     fault_device: Annotated[int, Range(0, 63)] = 0
     fault_after: Annotated[float, Duration()] = 30.0
+    # Where the simulated chips' device files are (accel0, accel1, ...): a process holding one holds that chip,
+    # as the probe-sdc drill's simulated job does.  None: the simulated chips have no device files.
+    device_dir: AbsolutePath | None = None
 
     def validate(self, path: str) -> None:
         if self.fault_device >= self.count:
@@ -227,6 +233,20 @@ class MaintenanceConfig:
     retry_max: Annotated[float, Duration(minimum=1.0, maximum=3600.0)] = 300.0
 
 
+@dataclass(frozen=True)
+class ProbeConfig:
+    """The socket in-job probes (tpuwatch.probe) report to, and what one process may send (docs/probe.md)."""
+
+    enabled: bool = True
+    socket: AbsolutePath = DEFAULT_SOCKET
+    max_report_bytes: Annotated[int, Range(1024, MAX_REPORT_BYTES)] = MAX_REPORT_BYTES
+    reports_per_minute: Annotated[int, Range(1, 600)] = 12  # per process; as many may come at once
+    max_connections: Annotated[int, Range(1, 1024)] = 32
+    read_timeout: Annotated[float, Duration(minimum=0.1, maximum=60.0)] = 2.0
+    # Reports of other processes this recent are the chips' peers (their fingerprints count in the majority).
+    peer_window: Annotated[float, Duration(minimum=1.0)] = 900.0
+
+
 # --- kubernetes (docs/kubernetes.md) ---------------------------------------------------------
 
 _CAMEL_CASE = r"[A-Z][A-Za-z0-9]{0,127}"
@@ -370,6 +390,7 @@ class Config:
     notify: list[ReceiverConfig] = field(default_factory=list)  # tpuwatch/notifiers: the types and their checks
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
     maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
 
     @property
     def collector_deadline(self) -> float:
@@ -430,8 +451,11 @@ DRILL_HANG_AFTER_S = 30.0  # --simulate hung: the hang time, when devices.hang.a
 
 def simulated(config: Config, scenario: Scenario) -> Config:
     """``config`` with the simulated backend forced on, running ``scenario``; the ``hung`` drill judges a chip
-    hung after at most DRILL_HANG_AFTER_S, so that it fires while one waits."""
+    hung after at most DRILL_HANG_AFTER_S, so that it fires while one waits; the ``probe-sdc`` drill's chips get
+    device files under state_dir (for its simulated job to hold) unless devices.sim.device_dir names a place."""
     sim = dataclasses.replace(config.devices.sim, scenario=scenario)
+    if scenario == "probe-sdc" and sim.device_dir is None:
+        sim = dataclasses.replace(sim, device_dir=os.path.join(config.state_dir, "probe-drill", "dev"))
     hang = config.devices.hang
     if scenario == "hung":
         hang = dataclasses.replace(hang, after=min(hang.after, DRILL_HANG_AFTER_S))

@@ -136,6 +136,8 @@ class Daemon:
             action.stop()
         if (kernel_log := self.parts.sources.kernel_log) is not None:
             kernel_log.close()  # its follower stops and saves its position
+        if self.parts.job_reports is not None:
+            self.parts.job_reports.close()
         self.endpoint.close()
         self.state.close()
         log.info("tpuwatch stopped")
@@ -212,10 +214,10 @@ class Daemon:
     def _schedule_canary(self) -> None:
         existing = self._scheduler.get_job("canary")
         canary = self.parts.canary
-        if canary is None or self.parts.sources.devices is None:
+        if canary is None or canary.runnable is not None or self.parts.sources.devices is None:
             if existing:
                 existing.remove()
-            if canary is not None:
+            if canary is not None and canary.runnable is None:
                 log.info("canary not scheduled: no accelerator (`tpuwatch canary` runs it by hand on the CPU)")
             return
         every = self.config.canary.every

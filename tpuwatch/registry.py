@@ -193,14 +193,19 @@ def build_sources(config: Config, persist: bool = True) -> Sources:
 
 
 def build_canary(config: Config, devices: DeviceCollector | None) -> CanaryCollector | None:
-    """The daemon's canary, or None when it is off or jax is missing (said once at WARNING)."""
+    """The daemon's canary book, or None when neither the canary nor probe reports are on.
+
+    Its scheduled runs need jax where the worker runs: without it, ``runnable`` says why (once at WARNING), and
+    the book keeps only what in-job probes report."""
+    if not config.canary.enabled and not config.probe.enabled:
+        return None
+    canary = CanaryCollector(config, lambda: [r.device for r in devices.last_readings] if devices is not None else [])
     if not config.canary.enabled:
-        return None
-    missing = jax_missing_here() if config.canary.python is None else None
-    if missing is not None:
+        canary.runnable = "canary.enabled is false"
+    elif (missing := jax_missing_here() if config.canary.python is None else None) is not None:
         log.warning("canary off: %s", missing)
-        return None
-    return CanaryCollector(config, lambda: [r.device for r in devices.last_readings] if devices is not None else [])
+        canary.runnable = missing
+    return canary
 
 
 class Action(Protocol):

@@ -1,8 +1,11 @@
 """The canary in the daemon: ``run_once()`` on the canary schedule, ``collect()`` on the sampling one.
 
 ``run_once()`` blocks for the whole worker subprocess (up to ``canary.timeout``),
-so schedule it as its own job, never inside the sampler.  ``collect()`` only
-turns what the runs found into samples and never waits for a run.
+so schedule it as its own job, never inside the sampler.  ``record()`` keeps a
+judged run from either path: the scheduled worker's (``run_once``) or a job's
+probe report (tpuwatch.jobreports), so each chip has one verdict, its latest.
+``collect()`` only turns what the runs found into samples and never waits for
+a run.
 """
 
 from __future__ import annotations
@@ -21,22 +24,28 @@ from tpuwatch.samples import Sample, sample
 log = logging.getLogger(__name__)
 
 KEPT_RESULTS = 100
+KEPT_JOBS = 4  # per chip, the processes whose verdict counters are kept (the most recent reporters)
 
 RESULTS = ("pass", "fail", "skipped", "error")
+PATHS = ("scheduled", "job")
+
+# The job-path counters of a chip carry its process: (pid, command, namespace, pod), "" where unknown.
+JobLabels = tuple[str, str, str, str]
+_JOB_LABELS = ("pid", "command", "namespace", "pod")
 
 
 @dataclass(frozen=True)
 class _ChipState:
-    """A chip's latest measured outcome (skipped runs leave it unchanged)."""
+    """A chip's latest measured outcome from either path (skipped runs leave it unchanged)."""
 
     outcome: DeviceOutcome
     stack: str
     chip: str
-    last_success: float | None
+    path: str
 
 
 class CanaryCollector:
-    """Runs the canary when asked and exports what the runs found."""
+    """Runs the canary when asked, keeps what either path found (``record``) and exports it."""
 
     name = "canary"
 
@@ -47,9 +56,12 @@ class CanaryCollector:
         self.known_devices = known_devices  # replaced when the device backend is rebuilt on reload
         self._lock = threading.Lock()
         self._results: deque[CanaryResult] = deque(maxlen=KEPT_RESULTS)  # for the status page's history
-        self._runs: Counter[str] = Counter()
-        self._chip_runs: dict[str, Counter[str]] = {}
+        self._runs: Counter[tuple[str, str]] = Counter()  # (result, path)
+        self._chip_runs: dict[str, Counter[str]] = {}  # the scheduled path's verdicts per chip
+        self._job_runs: dict[str, dict[JobLabels, Counter[str]]] = {}  # the job path's, per chip and process
         self._chips: dict[str, _ChipState] = {}
+        self._success: dict[tuple[str, str], float] = {}  # (chip, path) -> when it last passed
+        self.runnable: str | None = None  # why the scheduled canary cannot run here (None: it can)
 
     def run_once(self, inject: str | None = None, inject_device: int = 0,
                  env: Mapping[str, str] | None = None) -> CanaryResult:
@@ -66,18 +78,36 @@ class CanaryCollector:
         self.record(result)
         return result
 
-    def record(self, result: CanaryResult) -> None:
-        """Keep what ``result`` found: run counters, each chip's latest outcome, the bounded run history."""
+    def record(self, result: CanaryResult, job: JobLabels | None = None) -> None:
+        """Keep what ``result`` found: run counters, each chip's latest outcome, the bounded run history.
+
+        ``job`` labels the job-path counters with the reporting process."""
         with self._lock:
             self._results.append(result)
-            self._runs[result.status] += 1
+            self._runs[(result.status, result.path)] += 1
             for outcome in result.devices:
-                self._chip_runs.setdefault(outcome.device, Counter())[outcome.status] += 1
+                self._count(outcome, job if result.path == "job" else None)
                 if outcome.status == "skipped":
                     continue
-                before = self._chips.get(outcome.device)
-                success = result.finished_at if outcome.status == "pass" else (before.last_success if before else None)
-                self._chips[outcome.device] = _ChipState(outcome, result.stack or "", result.chip or "", success)
+                if outcome.status == "pass":
+                    self._success[(outcome.device, result.path)] = result.finished_at
+                self._chips[outcome.device] = _ChipState(outcome, result.stack or "", result.chip or "", result.path)
+
+    def _count(self, outcome: DeviceOutcome, job: JobLabels | None) -> None:
+        if job is None:
+            self._chip_runs.setdefault(outcome.device, Counter())[outcome.status] += 1
+            return
+        jobs = self._job_runs.setdefault(outcome.device, {})
+        counts = jobs.pop(job, Counter())
+        counts[outcome.status] += 1
+        jobs[job] = counts  # the most recent reporter last
+        while len(jobs) > KEPT_JOBS:
+            del jobs[next(iter(jobs))]
+
+    def last_success(self) -> dict[tuple[str, str], float]:
+        """When each chip last passed, by path: (chip, path) -> Unix time."""
+        with self._lock:
+            return dict(self._success)
 
     def results(self) -> list[CanaryResult]:
         """The last KEPT_RESULTS runs, oldest first (the status page's canary history)."""
@@ -88,25 +118,32 @@ class CanaryCollector:
         """Run counters and each chip's latest outcome; before the first run only counters at 0, if chips are known."""
         known = set(self.known_devices())
         with self._lock:
-            devices = sorted(known | set(self._chip_runs))
-            if not self._runs and not devices:
+            # The scheduled path's counters exist (at 0) where it can run; the job path's once a job reported.
+            ran = {p for _, p in self._runs}
+            scheduled = "scheduled" in ran or (self.runnable is None and bool(known))
+            devices = sorted(known | set(self._chip_runs)) if scheduled else []
+            paths = ["scheduled"] * scheduled + ["job"] * ("job" in ran)
+            if not paths:
                 return []
-            # A fire drill's "undetected" appears once one happened (only the simulator runs drills in the daemon).
-            seen = sorted(set(self._runs) - set(RESULTS))
-            out = [sample("tpuwatch_canary_runs_total", self._runs[r], result=r) for r in (*RESULTS, *seen)]
+            seen = sorted({r for r, _ in self._runs} - set(RESULTS))  # a fire drill's "undetected", once seen
+            out = [sample("tpuwatch_canary_runs_total", self._runs[(r, p)], result=r, path=p)
+                   for p in paths for r in (*RESULTS, *seen)]
             out += [sample("tpuwatch_canary_device_runs_total", self._chip_runs.get(device, Counter())[r],
-                           device=device, result=r) for device in devices for r in RESULTS]
+                           device=device, result=r, path="scheduled") for device in devices for r in RESULTS]
+            out += [sample("tpuwatch_canary_device_runs_total", counts[r], device=device, result=r, path="job",
+                           **{k: v for k, v in zip(_JOB_LABELS, job) if v})
+                    for device, jobs in sorted(self._job_runs.items()) for job, counts in jobs.items()
+                    for r in RESULTS]
             for device, state in sorted(self._chips.items()):
                 outcome = state.outcome
                 out.append(sample("tpuwatch_canary_healthy", outcome.status == "pass", device=device))
                 if outcome.fingerprint is not None:
                     out.append(sample("tpuwatch_canary_info", 1, device=device, fingerprint=outcome.fingerprint,
-                                      stack=state.stack, chip=state.chip))
+                                      stack=state.stack, chip=state.chip, path=state.path))
                 if outcome.duration_seconds is not None:
                     out.append(sample("tpuwatch_canary_duration_seconds", outcome.duration_seconds, device=device))
                 if outcome.max_abs_error is not None:
                     out.append(sample("tpuwatch_canary_max_abs_error", outcome.max_abs_error, device=device))
-                if state.last_success is not None:
-                    out.append(sample("tpuwatch_canary_last_success_timestamp_seconds", state.last_success,
-                                      device=device))
+            out += [sample("tpuwatch_canary_last_success_timestamp_seconds", at, device=device, path=path)
+                    for (device, path), at in sorted(self._success.items())]
             return out

@@ -72,6 +72,8 @@ class CanaryResult:
     finished_at: float = 0.0
     wall_seconds: float = 0.0
     drill: DrillVerdict | None = None
+    path: str = "scheduled"  # or "job": reported by tpuwatch.probe from inside a running job
+    job: str | None = None  # the job's process on the job path, as "pid 4242 (python3) in pod ns/name"
 
     def to_json(self) -> dict[str, Any]:
         """The ``tpuwatch canary --json`` object."""
@@ -84,10 +86,12 @@ def history_key(stack: str, chip: str, dtype: str) -> str:
 
 
 def judge(lines: list[dict[str, Any]], ended: str | None, history: History,
-          drill: Drill | None = None) -> tuple[CanaryResult, History]:
+          drill: Drill | None = None, peers: tuple[str, ...] = ()) -> tuple[CanaryResult, History]:
     """The verdict of one run and the history to store (``history`` itself for a drill).
 
-    ``ended`` says why the worker stopped early, if it did.
+    ``ended`` says why the worker stopped early, if it did.  ``peers`` are fingerprints of other chips of this
+    host on the same stack, measured apart from this run (other jobs' reports): they count in the majority the
+    run's chips are compared with, but are not judged here.
     """
     start = next((line for line in lines if line["event"] == "start"), None)
     failure = next((line["reason"] for line in lines if line["event"] == "error"), None) or ended
@@ -96,10 +100,10 @@ def judge(lines: list[dict[str, Any]], ended: str | None, history: History,
         return (_with_drill(result, _drill_verdict(drill, result, {}, None, 0, None)) if drill else result), history
     results = {line["device"]: line for line in lines if line["event"] == "result"}
     tolerance = spec.tolerance(start["platform"], start["dtype"], start["scale"]) if start["scale"] else None
-    majority = _majority([r["fingerprint"] for r in results.values()])
+    majority = _majority([r["fingerprint"] for r in results.values()] + list(peers))
     key = history_key(start["stack"], start["chip"], start["dtype"]) if start["stack"] else ""
     previous = history.get(key, {})
-    problems = {device: _problems(line, tolerance, majority, len(results), previous.get(device))
+    problems = {device: _problems(line, tolerance, majority, len(results) + len(peers), previous.get(device))
                 for device, line in results.items()}
     running = [line["device"] for line in lines if line["event"] == "running"]
     died_on = running[-1] if ended and running and running[-1] not in results else None
@@ -120,7 +124,8 @@ def judge(lines: list[dict[str, Any]], ended: str | None, history: History,
                  for d in start.get("devices", []) if d not in seen and died_on is not None]
     result = _overall(outcomes, failure, start, tolerance)
     if drill is not None:
-        verdict = _drill_verdict(drill, result, problems, tolerance, len(results), previous.get(drill.device))
+        verdict = _drill_verdict(drill, result, problems, tolerance, len(results) + len(peers),
+                                 previous.get(drill.device))
         return _with_drill(result, verdict), history
     stored = {**previous, **{o.device: o.fingerprint for o in outcomes if o.status == "pass" and o.fingerprint}}
     return result, (_remember(history, key, stored) if key else history)

@@ -9,7 +9,8 @@ it never touches XLA or the chip, so it is independent of what is checked.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import hashlib
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,18 @@ import numpy as np
 from tpuwatch.canary.spec import HIDDEN, OUT, TOKENS, WIDTH
 
 SEED = 20240605
+# The weight drills (spec.INJECTIONS), shared by the scheduled worker and the in-job probe.
+# bitflip: mantissa bit 7 of 23 of one query weight (a 1.5e-5 relative change, far inside the
+# tolerance).  Flips of bits 0-2 are often absorbed by rounding; bit 7 changes ~660 of 1024 outputs.
+BITFLIP_AT = ("wq", (0, 0), 7)
+SCALE_AT = ("wout", (0, 0), 1.0 + 1e-3)
+NAN_AT = ("wq", (0, 0))
+WEIGHT_DRILLS = ("bitflip", "scale", "nan")
+# XLA flags that cannot change a program's bits: they are left out of the stack a fingerprint is keyed by.
+NEUTRAL_FLAGS = ("--xla_force_host_platform_device_count", "--xla_dump_")
+# Flags for one platform only: another platform's flags are neutral there.
+_PLATFORM_FLAGS = {"cpu": "--xla_cpu_", "gpu": "--xla_gpu_", "cuda": "--xla_gpu_", "rocm": "--xla_gpu_",
+                   "tpu": "--xla_tpu_"}
 
 # Weight shapes, in a fixed order.
 SHAPES: dict[str, tuple[int, ...]] = {
@@ -55,3 +68,43 @@ def reference(params: Params, x: np.ndarray) -> np.ndarray:
     wide = {name: w.astype(np.float64) for name, w in params.items()}
     return forward(np, np.matmul, wide, x.astype(np.float64))
 
+
+
+def device_forward(jax: Any) -> Callable[[Params, Any], Any]:
+    """The forward pass for a chip: jax.numpy in float32, every matmul at explicit HIGHEST precision."""
+    highest = jax.lax.Precision.HIGHEST
+    jnp = jax.numpy
+    return lambda p, v: forward(jnp, lambda a, b: jnp.matmul(a, b, precision=highest), p, v)
+
+
+def injected(params: Params, kind: str | None) -> Params:
+    """``params`` with the weight drill ``kind`` applied to a copy (other kinds change none)."""
+    if kind not in WEIGHT_DRILLS:
+        return params
+    out = {name: w.copy() for name, w in params.items()}
+    if kind == "bitflip":
+        name, index, bit = BITFLIP_AT
+        out[name].view(np.uint32)[index] ^= np.uint32(1 << bit)
+    elif kind == "scale":
+        name, index, factor = SCALE_AT
+        out[name][index] *= np.float32(factor)
+    else:
+        name, index = NAN_AT
+        out[name][index] = np.nan
+    return out
+
+
+def fingerprint(output: np.ndarray) -> str:
+    """Short hex digest of the output's exact bytes."""
+    return hashlib.sha256(np.ascontiguousarray(output).tobytes()).hexdigest()[:16]
+
+
+def stack(versions: str, platform: str, environ: Mapping[str, str]) -> str:
+    """What can change the bits besides the chip: ``versions`` (jax, jaxlib, the runtime or driver) and the XLA
+    and libtpu flags that apply to ``platform``, as a digest (neutral flags and other platforms' left out)."""
+    other = tuple(prefix for name, prefix in _PLATFORM_FLAGS.items() if prefix != _PLATFORM_FLAGS.get(platform))
+    flags = sorted(flag for var in ("XLA_FLAGS", "LIBTPU_INIT_ARGS") for flag in environ.get(var, "").split()
+                   if not flag.startswith(NEUTRAL_FLAGS + other))
+    if not flags:
+        return versions
+    return f"{versions}, flags {hashlib.sha256(' '.join(flags).encode()).hexdigest()[:8]}"

@@ -62,6 +62,7 @@ PROBES: dict[str, Callable[[Config], str | None]] = {
     "canary": canary_unavailable,
     "hang detector": lambda config: None if config.devices.hang.enabled else "devices.hang.enabled is false",
     "maintenance source": lambda config: "maintenance.cloud is off" if config.maintenance.cloud == "off" else None,
+    "probe": lambda config: "probe.enabled is false" if not config.probe.enabled else jax_missing_here(),
 }
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 MODEL_VERSION = "attn-mlp-v1"
 TOKENS, WIDTH, HIDDEN, OUT = 32, 128, 256, 32
 DTYPE = "float32"
-# Fire drills on one chip, run through the worker's own loop (worker.injected, worker.misbehave).
+# Fire drills on one chip, run through the worker's own loop (model.injected, worker.misbehave).
 INJECTIONS = ("bitflip", "scale", "nan", "hang", "crash")
 
 # Dot-product lengths along the longest path from input to output:

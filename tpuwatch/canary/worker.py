@@ -1,7 +1,8 @@
 """The canary's subprocess: ``python -m tpuwatch.canary.worker --state-dir DIR [...]``.
 
-The only tpuwatch module that imports jax.  It finds chips that other
-processes hold before jax starts (and keeps jax away from them), then runs the
+The only module of the daemon's canary that imports jax (``tpuwatch.probe``,
+the in-job check, is the other).  It finds chips that other processes hold
+before jax starts (and keeps jax away from them), then runs the
 reference model on every idle chip and prints one JSON object per line on
 stdout, flushed as it goes, so the runner keeps what finished before a hang or
 a crash:
@@ -22,7 +23,6 @@ inside the same loop as a real run: the operator's fire drill.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import signal
@@ -36,34 +36,11 @@ import numpy as np
 
 from tpuwatch.canary import holds, model, spec
 
-# bitflip: mantissa bit 7 of 23 of one query weight (a 1.5e-5 relative change, far inside the
-# tolerance).  Flips of bits 0-2 are often absorbed by rounding; bit 7 changes ~660 of 1024 outputs.
-BITFLIP_AT = ("wq", (0, 0), 7)
-SCALE_AT = ("wout", (0, 0), 1.0 + 1e-3)
-NAN_AT = ("wq", (0, 0))
-
 
 def emit(event: str, **fields: Any) -> None:
     """Write one protocol line and flush it at once."""
     sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
     sys.stdout.flush()
-
-
-def injected(params: model.Params, kind: str | None) -> model.Params:
-    """``params`` with the weight injection ``kind`` applied to a copy (hang and crash change none)."""
-    if kind not in ("bitflip", "scale", "nan"):
-        return params
-    out = {name: w.copy() for name, w in params.items()}
-    if kind == "bitflip":
-        name, index, bit = BITFLIP_AT
-        out[name].view(np.uint32)[index] ^= np.uint32(1 << bit)
-    elif kind == "scale":
-        name, index, factor = SCALE_AT
-        out[name][index] *= np.float32(factor)
-    else:
-        name, index = NAN_AT
-        out[name][index] = np.nan
-    return out
 
 
 def misbehave(kind: str | None) -> None:
@@ -72,11 +49,6 @@ def misbehave(kind: str | None) -> None:
         subprocess.run([sys.executable, "-c", "import signal; signal.pause()"], check=False)
     elif kind == "crash":
         os.kill(os.getpid(), signal.SIGSEGV)
-
-
-def fingerprint(output: np.ndarray) -> str:
-    """Short hex digest of the output's exact bytes."""
-    return hashlib.sha256(np.ascontiguousarray(output).tobytes()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -132,7 +104,6 @@ def run(args: argparse.Namespace) -> int:
     os.environ.update(env)
     try:
         import jax
-        import jax.numpy as jnp
         import jaxlib
     except ImportError as exc:
         emit("error", reason=f"cannot import jax with {sys.executable}: {exc}")
@@ -149,14 +120,14 @@ def run(args: argparse.Namespace) -> int:
     params, x = model.weights(), model.inputs()
     expected = model.reference(params, x)
     emit("start", platform=devices[0].platform, chip=devices[0].device_kind, devices=[str(c) for c in chips],
-         stack=f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, {devices[0].client.platform_version}",
+         stack=model.stack(f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, {devices[0].client.platform_version}",
+                           devices[0].platform, os.environ),
          dtype=spec.DTYPE, scale=float(np.max(np.abs(expected))))
     if args.inject is not None and args.inject_device not in chips:
         emit("error", reason=f"--inject-device {args.inject_device}: no such device (devices: "
                              f"{', '.join(map(str, chips))})")
         return 3
-    highest = jax.lax.Precision.HIGHEST
-    step = jax.jit(lambda p, v: model.forward(jnp, lambda a, b: jnp.matmul(a, b, precision=highest), p, v))
+    step = jax.jit(model.device_forward(jax))
     for chip, device in zip(chips, devices):
         if chip in skips:
             emit("skipped", device=str(chip), reason=skips[chip])
@@ -164,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         emit("running", device=str(chip))
         kind = args.inject if chip == args.inject_device else None
         misbehave(kind)
-        on_chip = jax.device_put((injected(params, kind), x), device)
+        on_chip = jax.device_put((model.injected(params, kind), x), device)
         started = time.perf_counter()
         step(*on_chip).block_until_ready()
         compiled = time.perf_counter()
@@ -172,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         finished = time.perf_counter()
         finite = bool(np.isfinite(output).all())
         error = float(np.max(np.abs(output.astype(np.float64) - expected))) if finite else None
-        emit("result", device=str(chip), finite=finite, max_abs_error=error, fingerprint=fingerprint(output),
+        emit("result", device=str(chip), finite=finite, max_abs_error=error, fingerprint=model.fingerprint(output),
              duration_seconds=finished - compiled, compile_seconds=compiled - started)
     for chip in sorted(set(skips) - set(chips)):
         emit("skipped", device=str(chip), reason=skips[chip])

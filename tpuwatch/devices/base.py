@@ -126,8 +126,8 @@ class DeviceReading:
     throttle_reasons: dict[str, bool] | None = None
     # Processes holding the chip's device files, as "PID (command)"; None when not looked at.
     owners: tuple[str, ...] | None = None
-    # The chip's device files (relative to paths.dev) and the (resource, device id) pairs a Kubernetes device
-    # plugin names it by, for pod attribution.
+    # The chip's device files (relative to paths.dev; the simulator's are absolute) and the (resource, device id)
+    # pairs a Kubernetes device plugin names it by, for pod attribution.
     device_files: tuple[str, ...] = ()
     plugin_ids: tuple[tuple[str, str], ...] = ()
     # Processes using the chip (NVML's running processes, the TPU's device-file holders); None: not looked at.

@@ -49,7 +49,7 @@ UNCORRECTED_AFTER_S = (0.0, 120.0)  # after the fault starts, one uncorrectable 
 # hung needs the hang detector on (devices.hang.enabled); maintenance's notice comes from a stand-in metadata
 # server that the maintenance source reads (tpuwatch.cloud.collector.MaintenanceDrill), the chips stay healthy.
 NEEDS: dict[Scenario, tuple[str, ...]] = {"sdc": ("canary",), "hung": ("hang detector",),
-                                          "maintenance": ("maintenance source",)}
+                                          "maintenance": ("maintenance source",), "probe-sdc": ("probe",)}
 HUNG_QUEUED = 3  # programs queued on each chip of the hung scenario
 
 
@@ -133,6 +133,7 @@ class SimBackend:
             power_watts=round(max(0.0, power), 1),
             ecc_corrected_total=self._corrected[index],
             ecc_uncorrected_total=uncorrected,
+            device_files=(f"{self.config.device_dir}/accel{index}",) if self.config.device_dir else (),
             sources={"all readings": f"simulator (scenario {scenario}, seed {self.config.seed})"},
             **(_workload(index, elapsed - (fault_age or 0.0) if hung else elapsed) if scenario == "hung" else {}),
         )

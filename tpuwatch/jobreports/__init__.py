@@ -1,0 +1,8 @@
+"""The daemon's side of tpuwatch.probe: the Unix socket in-job probes report to, and their verdicts.
+
+``protocol`` is the message both sides share (standard library only),
+``message`` checks a report, ``chips`` says which chips its sender holds,
+``verdicts`` judges it as the canary's runs are judged, ``server`` serves the
+socket, ``collector`` is the part the daemon runs, ``config`` its config
+section, ``drill`` the probe-sdc scenario's simulated job.
+"""

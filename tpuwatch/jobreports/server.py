@@ -1,0 +1,224 @@
+"""The daemon's Unix socket for probe reports: one thread, every connection bounded in count, size, time and rate.
+
+Each connection carries one report and gets one answer.  The peer's pid and
+uid come from the kernel (``SO_PEERCRED``, as of ``connect()``), never from
+the report.  Before a byte is read, a connection over ``max_connections`` is
+answered ``busy`` and one from a process over its share (a token bucket per
+pid: ``reports_per_minute``, as many at once) ``rate_limited``; a report not
+whole within ``read_timeout`` is ``timeout``, one over ``max_report_bytes``
+``oversized``.  What is read whole goes to ``handle(peer, data)``, which
+answers.  A flood costs an accept and a small write per connection, in this
+thread only: sampling and alerting never wait on it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import selectors
+import socket
+import stat
+import struct
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MAX_TRACKED_PIDS = 4096
+TICK_S = 0.2
+_CRED = struct.Struct("3i")
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Who is on the other end, from the kernel: its pid (0 when not visible in our PID namespace) and uid."""
+
+    pid: int
+    uid: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The server's bounds (ProbeConfig's)."""
+
+    max_connections: int
+    max_report_bytes: int
+    read_timeout: float
+    reports_per_minute: int
+
+
+@dataclass
+class _Conn:
+    sock: socket.socket
+    peer: Peer
+    deadline: float
+    data: bytearray = field(default_factory=bytearray)
+
+
+Handler = Callable[[Peer, bytes], dict[str, Any]]
+Refuse = Callable[[str], None]
+
+
+class _Buckets:
+    """A token bucket per pid, at most MAX_TRACKED_PIDS of them (the least recently seen forgotten)."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float]) -> None:
+        self.rate = per_minute / 60.0
+        self.burst = float(per_minute)
+        self.clock = clock
+        self._buckets: OrderedDict[int, tuple[float, float]] = OrderedDict()
+
+    def take(self, pid: int) -> bool:
+        now = self.clock()
+        tokens, since = self._buckets.pop(pid, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - since) * self.rate)
+        allowed = tokens >= 1.0
+        self._buckets[pid] = (tokens - 1.0 if allowed else tokens, now)
+        while len(self._buckets) > MAX_TRACKED_PIDS:
+            self._buckets.popitem(last=False)
+        return allowed
+
+
+def _answer(sock: socket.socket, answer: dict[str, Any]) -> None:
+    try:
+        sock.send(json.dumps(answer).encode() + b"\n", socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+    except OSError:
+        pass  # the peer left or does not read: nothing owed to it
+
+
+def _refusal(reason: str, detail: str) -> dict[str, Any]:
+    return {"accepted": False, "reason": reason, "detail": detail}
+
+
+def bind(path: str) -> socket.socket:
+    """A listening socket at ``path`` (mode 0666: the daemon checks every peer itself); a stale socket file
+    left by a killed daemon is replaced, a live one is not (OSError EADDRINUSE)."""
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.connect(path)
+                except OSError:
+                    os.unlink(path)  # nobody listens: left by a daemon that died
+                else:
+                    raise OSError(errno.EADDRINUSE, "another process listens there")
+    except FileNotFoundError:
+        pass
+    os.makedirs(os.path.dirname(path) or ".", mode=0o755, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        os.chmod(path, 0o666)
+        sock.listen(64)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class ReportServer:
+    """Serves ``listener`` in its own thread until ``stop()``; refusals go to ``refuse(reason)``."""
+
+    def __init__(self, listener: socket.socket, limits: Limits, handle: Handler, refuse: Refuse,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.listener = listener
+        self.limits = limits
+        self.handle = handle
+        self.refuse = refuse
+        self.clock = clock
+        self._buckets = _Buckets(limits.reports_per_minute, clock)
+        self._conns: dict[int, _Conn] = {}
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tpuwatch-probe-socket", daemon=True)
+
+    def start(self) -> None:
+        """Start serving."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and close every connection and the listener (within about TICK_S)."""
+        self._stopping.set()
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+        for conn in list(self._conns.values()):
+            conn.sock.close()
+        self._conns.clear()
+        self.listener.close()
+
+    def _run(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.listener, selectors.EVENT_READ)
+            while not self._stopping.is_set():
+                try:
+                    ready = selector.select(TICK_S)
+                    for key, _ in ready:
+                        if key.fileobj is self.listener:
+                            self._accept(selector)
+                        else:
+                            self._read(selector, self._conns[key.fd])
+                    self._expire(selector)
+                except Exception:  # noqa: BLE001 - the socket thread must outlive any one connection
+                    log.exception("probe socket: unexpected error, serving on")
+
+    def _accept(self, selector: selectors.BaseSelector) -> None:
+        for _ in range(64):  # a batch per wake-up; the rest wait in the backlog
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and the like: say so, leave them in the backlog
+                log.warning("probe socket: cannot accept: %s", exc.strerror or exc)
+                return
+            pid, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+            peer = Peer(pid, uid)
+            if len(self._conns) >= self.limits.max_connections:
+                self._close(sock, "busy", f"{len(self._conns)} connections open, the limit")
+            elif not self._buckets.take(pid):
+                self._close(sock, "rate_limited", f"pid {pid} sent over {self.limits.reports_per_minute} "
+                                                  "reports a minute")
+            else:
+                sock.setblocking(False)
+                self._conns[sock.fileno()] = _Conn(sock, peer, self.clock() + self.limits.read_timeout)
+                selector.register(sock, selectors.EVENT_READ)
+
+    def _close(self, sock: socket.socket, reason: str, detail: str) -> None:
+        self.refuse(reason)
+        _answer(sock, _refusal(reason, detail))
+        sock.close()
+
+    def _read(self, selector: selectors.BaseSelector, conn: _Conn) -> None:
+        try:
+            chunk = conn.sock.recv(self.limits.max_report_bytes + 1 - len(conn.data))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        conn.data += chunk
+        if len(conn.data) > self.limits.max_report_bytes:
+            self._drop(selector, conn, ("oversized", f"over {self.limits.max_report_bytes} bytes"))
+            return
+        line, newline, _ = conn.data.partition(b"\n")
+        if newline or not chunk:
+            self._drop(selector, conn, None, self.handle(conn.peer, bytes(line)))
+
+    def _expire(self, selector: selectors.BaseSelector) -> None:
+        now = self.clock()
+        for conn in [c for c in self._conns.values() if c.deadline <= now]:
+            self._drop(selector, conn, ("timeout", f"no whole report within {self.limits.read_timeout:g}s"))
+
+    def _drop(self, selector: selectors.BaseSelector, conn: _Conn, refused: tuple[str, str] | None,
+              answer: dict[str, Any] | None = None) -> None:
+        selector.unregister(conn.sock)
+        del self._conns[conn.sock.fileno()]
+        if refused is not None:
+            self._close(conn.sock, *refused)
+        else:
+            _answer(conn.sock, answer or {})
+            conn.sock.close()
