@@ -117,7 +117,8 @@ class DaemonProcess:
         self.config_path = workdir / "config.yaml"
         self.log_path = workdir / "stderr.log"
         self.port = free_port()
-        config = {"listen": f"127.0.0.1:{self.port}", "state_dir": str(workdir / "state"), **config}
+        config = {"listen": f"127.0.0.1:{self.port}", "state_dir": str(workdir / "state"),
+                  "probe": {"socket": str(workdir / "probe.sock")}, **config}
         self.write_config(config)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(

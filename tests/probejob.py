@@ -44,7 +44,8 @@ def fingerprints(result) -> dict[str, str | None]:  # noqa: ANN001
 
 if args.scenario == "plain":
     result = Probe(socket=args.socket, inject=args.inject).check()
-    print(json.dumps({"status": result.status, "fingerprints": fingerprints(result)}))
+    print(json.dumps({"status": result.status, "fingerprints": fingerprints(result), "stack": result.stack,
+                      "drill": result.drill.caught if result.drill else None}))
 elif args.scenario == "unusual":
     jax.config.update("jax_enable_x64", True)
     jax.config.update("jax_default_matmul_precision", "bfloat16")
