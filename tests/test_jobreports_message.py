@@ -118,6 +118,8 @@ def test_a_process_holding_nothing_may_not_report_unless_root() -> None:
         resolve(_named("env", "2"), 1000, 42, [], KNOWN)
     assert refused.value.detail == "pid 42 holds no chip; the report is about chip(s) 2"
     assert resolve(_named("env", "2"), 0, 42, [], KNOWN) == {"2": "2"}
+    with pytest.raises(Refused):  # root the kernel cannot name to us (pid 0: another PID namespace) is not trusted
+        resolve(_named("env", "2"), 0, 0, [], KNOWN)
     with pytest.raises(Refused) as refused:
         resolve(_named("env", "2", "9"), 0, 42, [], KNOWN)
     assert (refused.value.reason, refused.value.detail) == ("unknown_chip", "no chip 9 on this host")

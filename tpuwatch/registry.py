@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from tpuwatch.canary.collector import CanaryCollector
+from tpuwatch.canary.collector import CanaryCollector, proven_path
 from tpuwatch.canary.needs import jax_missing_here
 from tpuwatch.cloud.collector import MaintenanceCollector
 from tpuwatch.cloud.collector import build as build_maintenance
@@ -199,7 +199,8 @@ def build_canary(config: Config, devices: DeviceCollector | None) -> CanaryColle
     the book keeps only what in-job probes report."""
     if not config.canary.enabled and not config.probe.enabled:
         return None
-    canary = CanaryCollector(config, lambda: [r.device for r in devices.last_readings] if devices is not None else [])
+    canary = CanaryCollector(config, lambda: [r.device for r in devices.last_readings] if devices is not None else [],
+                             proven_path(config.state_dir))
     if not config.canary.enabled:
         canary.runnable = "canary.enabled is false"
     elif (missing := jax_missing_here() if config.canary.python is None else None) is not None:

@@ -6,6 +6,7 @@ import dataclasses
 import time
 from typing import Any
 
+from tpuwatch.canary.collector import load_proven, proven_path
 from tpuwatch.canary.needs import blocked_drill
 from tpuwatch.cloud.collector import problems as maintenance_problems
 from tpuwatch.config import Config
@@ -22,7 +23,7 @@ from tpuwatch.kernel_log.collector import event_problems
 from tpuwatch.registry import build_sources
 from tpuwatch.sampler import Sampler
 from tpuwatch.store import SeriesStore
-from tpuwatch.units import reading_texts
+from tpuwatch.units import PATH_WORDS, duration, reading_texts
 
 
 def check_once(config: Config) -> dict[str, Any]:
@@ -47,11 +48,13 @@ def check_once(config: Config) -> dict[str, Any]:
     host = {s.name.removeprefix("tpuwatch_host_"): s.value for s in current if s.name.startswith("tpuwatch_host_")}
     holders = [{**dict(s.labels), "resident_memory_bytes": s.value} for s in current
                if s.name == "tpuwatch_holder_process_resident_memory_bytes"]
+    proven = load_proven(proven_path(config.state_dir))
     return {
         "status": "unhealthy" if problems else "healthy",
         "backend": devices.backend.name if devices else "none",
         "notes": sources.notes,
-        "devices": [dataclasses.asdict(r) for r in readings],
+        "devices": [{**dataclasses.asdict(r), "proven": {p: at for (chip, p), at in sorted(proven.items())
+                                                         if chip == r.device}} for r in readings],
         "host": host,
         "holders": holders,
         "collectors": [
@@ -72,6 +75,18 @@ def _fmt(value: Any, unit: str = "", scale: float = 1.0, digits: int = 1) -> str
     return "-" if value is None else f"{value / scale:.{digits}f}{unit}"
 
 
+def _proven_lines(devices: list[dict[str, Any]], now: float) -> list[str]:
+    """When each chip was last proven right and by which path, as the daemon recorded it."""
+    def last(proven: dict[str, float]) -> str:
+        if not proven:
+            return "never"
+        path, at = max(proven.items(), key=lambda item: item[1])
+        return f"{duration(now - at)} ago by {PATH_WORDS.get(path, path)}"
+
+    return ["canary, last proven right (as the daemon recorded it; `tpuwatch canary` runs it now): "
+            + ", ".join(f"chip {d['device']} {last(d.get('proven') or {})}" for d in devices)]
+
+
 def render_check(result: dict[str, Any]) -> str:
     """The check result as a table per device and a verdict line."""
     lines = [f"backend: {result['backend']}"] + [f"  {note}" for note in result["notes"]]
@@ -89,6 +104,8 @@ def render_check(result: dict[str, Any]) -> str:
         if details:
             lines.append("")
             lines += [f"device {device} read from {line}" for device, line in details]
+        lines.append("")
+        lines += _proven_lines(result["devices"], time.time())
     host = result["host"]
     if "memory_total_bytes" in host:
         lines.append("")

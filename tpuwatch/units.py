@@ -112,3 +112,7 @@ def from_now(when: float, now: float) -> str:
     hours, mins = divmod(rest, 60)
     words = " ".join(f"{n}{u}" for n, u in ((days, "d"), (hours, "h"), (mins, "m")) if n) or "under a minute"
     return f"in {words}" if seconds >= 0 else f"started {words} ago"
+
+
+# How a canary verdict was measured (the ``path`` label), in words.
+PATH_WORDS = {"scheduled": "the scheduled canary", "job": "a job's probe"}

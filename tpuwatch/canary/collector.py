@@ -15,7 +15,9 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
+from tpuwatch import statefile
 from tpuwatch.canary.judge import CanaryResult, DeviceOutcome
 from tpuwatch.canary.runner import STOPPED, run_canary
 from tpuwatch.config import Config
@@ -28,6 +30,24 @@ KEPT_JOBS = 4  # per chip, the processes whose verdict counters are kept (the mo
 
 RESULTS = ("pass", "fail", "skipped", "error")
 PATHS = ("scheduled", "job")
+
+# When each chip was last proven right, by path, kept for restarts and for `tpuwatch check`: state_dir/canary/
+# proven.json, {chip: {path: Unix seconds}}.
+PROVEN_SHAPE = statefile.MapOf(statefile.MapOf(statefile.Int(), max_items=len(PATHS), key_chars=16),
+                               max_items=4096, key_chars=8)
+Proven = dict[tuple[str, str], float]  # (chip, path) -> Unix time
+
+
+def proven_path(state_dir: str) -> Path:
+    """Where the daemon keeps when each chip was last proven right."""
+    return Path(state_dir) / "canary" / "proven.json"
+
+
+def load_proven(path: Path) -> Proven:
+    """What ``path`` holds (nothing when it is missing or unfit)."""
+    found = statefile.load(path, "canary proven-right times", PROVEN_SHAPE) or {}
+    return {(chip, p): float(at) for chip, paths in found.items() for p, at in paths.items() if p in PATHS}
+
 
 # The job-path counters of a chip carry its process: (pid, command, namespace, pod), "" where unknown.
 JobLabels = tuple[str, str, str, str]
@@ -49,10 +69,13 @@ class CanaryCollector:
 
     name = "canary"
 
-    def __init__(self, config: Config, known_devices: Callable[[], Iterable[str]] = tuple) -> None:
+    def __init__(self, config: Config, known_devices: Callable[[], Iterable[str]] = tuple,
+                 proven: Path | None = None) -> None:
         """``known_devices`` names the chips the device backend sees: their run counters exist at 0 from the start,
-        so that Prometheus's ``increase()`` sees a chip's very first failure."""
+        so that Prometheus's ``increase()`` sees a chip's very first failure.  ``proven`` is the file that keeps
+        when each chip was last proven right (proven_path; None: kept in memory only)."""
         self.config = config
+        self._proven = proven
         self.known_devices = known_devices  # replaced when the device backend is rebuilt on reload
         self._lock = threading.Lock()
         self._results: deque[CanaryResult] = deque(maxlen=KEPT_RESULTS)  # for the status page's history
@@ -60,7 +83,7 @@ class CanaryCollector:
         self._chip_runs: dict[str, Counter[str]] = {}  # the scheduled path's verdicts per chip
         self._job_runs: dict[str, dict[JobLabels, Counter[str]]] = {}  # the job path's, per chip and process
         self._chips: dict[str, _ChipState] = {}
-        self._success: dict[tuple[str, str], float] = {}  # (chip, path) -> when it last passed
+        self._success: Proven = load_proven(proven) if proven is not None else {}
         self.runnable: str | None = None  # why the scheduled canary cannot run here (None: it can)
 
     def run_once(self, inject: str | None = None, inject_device: int = 0,
@@ -85,13 +108,20 @@ class CanaryCollector:
         with self._lock:
             self._results.append(result)
             self._runs[(result.status, result.path)] += 1
+            passed = False
             for outcome in result.devices:
                 self._count(outcome, job if result.path == "job" else None)
                 if outcome.status == "skipped":
                     continue
                 if outcome.status == "pass":
                     self._success[(outcome.device, result.path)] = result.finished_at
+                    passed = True
                 self._chips[outcome.device] = _ChipState(outcome, result.stack or "", result.chip or "", result.path)
+            if passed and self._proven is not None:
+                saved: dict[str, dict[str, int]] = {}
+                for (chip, path), at in self._success.items():
+                    saved.setdefault(chip, {})[path] = int(at)
+                statefile.save(self._proven, saved)
 
     def _count(self, outcome: DeviceOutcome, job: JobLabels | None) -> None:
         if job is None:

@@ -1,5 +1,9 @@
 """Which of this host's chips a report is about: only chips the reporting process holds (or any, for root).
 
+Root is trusted only when its process is visible in the daemon's PID namespace
+(a pid of 0 is a process the kernel cannot name to us: another container's,
+say, under a DaemonSet without hostPID).
+
 Pure but for ``held_by``: the inventory (the device backend's readings) says
 which device files each chip has; a process holds a chip when one of its open
 file descriptors points at one of them.  A report names its chips as the job
@@ -46,7 +50,7 @@ def resolve(report: Report, uid: int, pid: int, held: Sequence[str], known: Iter
         return {name: name for name in named}
     if report.named_by == "ordinal" and len(named) == len(held):
         return dict(zip(sorted(named, key=int), held))
-    if uid == 0 and not held:
+    if uid == 0 and pid > 0 and not held:
         unknown = sorted(set(named) - set(known), key=int)
         if unknown:
             raise Refused("unknown_chip", f"no chip {', '.join(unknown)} on this host")

@@ -50,7 +50,13 @@ def build_status(sources: StatusSources, now: float, host: str) -> dict[str, Any
     window = sources.window()
     since = now - window
     buckets = max(MIN_BUCKETS, min(MAX_BUCKETS, BUCKET_BUDGET // max(1, len(readings))))
-    chips = [_chip(r, sources, alerts, events, results, since, now, buckets) for r in readings]
+    proven: dict[str, dict[str, float]] = {}
+    for s in current:
+        if s.name == "tpuwatch_canary_last_success_timestamp_seconds":
+            labels = dict(s.labels)
+            proven.setdefault(labels.get("device", ""), {})[labels.get("path", "")] = s.value
+    chips = [{**_chip(r, sources, alerts, events, results, since, now, buckets), "proven": proven.get(r.device, {})}
+             for r in readings]
     counts = Counter(c["verdict"]["status"] for c in chips)
     drills = [{**dataclasses.asdict(d), "text": d.sentence()} for d in blocked_drills(current)]
     return {
@@ -68,8 +74,9 @@ def build_status(sources: StatusSources, now: float, host: str) -> dict[str, Any
         "alerts": alerts[:MAX_ALERTS],
         "alerts_total": len(alerts),
         "kernel_events": [e.to_json() for e in reversed(events[-MAX_KERNEL_EVENTS:])],
-        "canary_runs": [{"finished_at": r.finished_at, "status": r.status, "reason": r.reason,
-                         "wall_seconds": r.wall_seconds} for r in reversed(results[-MAX_CANARY_RUNS:])],
+        "canary_runs": [{"finished_at": r.finished_at, "path": r.path, "job": r.job, "status": r.status,
+                         "reason": r.reason, "wall_seconds": r.wall_seconds}
+                        for r in reversed(results[-MAX_CANARY_RUNS:])],
         "monitor": _monitor(sources.health(), current),
     }
 
@@ -90,7 +97,8 @@ def _chip(reading: DeviceReading, sources: StatusSources, alerts: list[dict[str,
         "reading": _finite(dataclasses.asdict(reading)),
         "holders": list(reading.owners) if reading.owners is not None else None,
         "leak": _leak(view, now) if view is not None else None,
-        "canary": [{"finished_at": r.finished_at, "status": o.status, "duration_seconds": o.duration_seconds,
+        "canary": [{"finished_at": r.finished_at, "path": r.path, "status": o.status,
+                    "duration_seconds": o.duration_seconds,
                     "max_abs_error": o.max_abs_error, "reason": o.reason, "check": o.check}
                    for r, o in reversed(runs[-MAX_CANARY_RUNS:])],
         "series": {key: decimate(sources.history(name, series_labels), since, now, buckets)

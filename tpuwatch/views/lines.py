@@ -16,7 +16,7 @@ SPARK_WIDTH = 16
 _BLOCKS = "▁▂▃▄▅▆▇█"
 _ASCII = "_.-=+*#@"
 _HEADER = ("DEV", "CHIP", "UP", "HEALTH", "MEM", "MEMORY", "UTIL", "UTILIZATION", "TEMP", "POWER", "ECC CE/UE",
-           "PCI", "HELD BY")
+           "PROVEN RIGHT", "PCI", "HELD BY")
 MAX_REASONS = 3
 MAX_LISTED = 5
 
@@ -84,7 +84,8 @@ def _table(doc: dict[str, Any], unicode: bool) -> list[Row]:
         cells = [chip["device"], chip["chip"], "yes" if chip["up"] else "NO", shown, texts["memory"],
                  sparkline(series.get("memory_used_bytes", []), start, now, unicode), texts["utilization"],
                  sparkline(series.get("utilization_ratio", []), start, now, unicode),
-                 texts["temperature"], texts["power"], texts["ecc"], chip["pci"] or "-",
+                 texts["temperature"], texts["power"], texts["ecc"], proven_text(chip.get("proven") or {}, now),
+                 chip["pci"] or "-",
                  "-" if chip["holders"] is None else ", ".join(chip["holders"]) or "none"]
         reasons = [reason["text"] for reason in verdict["reasons"]]
         table.append((cells, status, reasons[:MAX_REASONS] + ([f"and {len(reasons) - MAX_REASONS} more"]
@@ -99,6 +100,14 @@ def _table(doc: dict[str, Any], unicode: bool) -> list[Row]:
         rows.append([(before, ""), (cells[3].ljust(widths[3]), status), (after.rstrip(), "")])
         rows += [[(f"      └ {reason}", status)] for reason in reasons if status != "ok"]
     return rows
+
+
+def proven_text(proven: dict[str, float], now: float) -> str:
+    """When the chip was last proven right and by which path: "5m ago (job)", "never"."""
+    if not proven:
+        return "never"
+    path, at = max(proven.items(), key=lambda item: item[1])
+    return f"{duration(max(0.0, now - at))} ago ({path})"
 
 
 def _alert(a: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 from tpuwatch.health import TEMPERATURE_LIMIT_C
 from tpuwatch.units import (
     GIB,
+    PATH_WORDS,
     celsius,
     clock,
     duration,
@@ -194,15 +195,17 @@ def _canary(chip: dict[str, Any]) -> str:
     if not runs:
         return '<div class="canary"><h4>Canary</h4><p class="muted">no canary run kept</p></div>'
     tips = [(r["status"], r["duration_seconds"],
-             f"{clock(r['finished_at'])} {r['status']}"
+             f"{clock(r['finished_at'])} {r['status']} ({r['path']})"
              + (f", {latency(r['duration_seconds'])}" if r["duration_seconds"] is not None else "")
              + (f", max error {r['max_abs_error']:.2g}" if r["max_abs_error"] is not None else "")
              + (f": {r['reason']}" if r["reason"] else "")) for r in runs]
     last = runs[-1]
     counts = ", ".join(f"{sum(r['status'] == s for r in runs)} {s}" for s in ("pass", "fail", "error", "skipped")
                        if any(r["status"] == s for r in runs))
-    return (f'<div class="canary"><h4>Canary: last run {_e(last["status"])} at {clock(last["finished_at"])} '
-            f'({counts})</h4>{bars(tips, max(len(runs), 12))}</div>')
+    proven = ", ".join(f"{PATH_WORDS.get(p, p)} at {clock(at)}" for p, at in sorted((chip.get("proven") or {}).items()))
+    return (f'<div class="canary"><h4>Canary: last run {_e(last["status"])} ({_e(PATH_WORDS.get(last["path"], ""))}) '
+            f'at {clock(last["finished_at"])} ({counts})</h4>'
+            f'<p class="proven">last proven right: {_e(proven or "never")}</p>{bars(tips, max(len(runs), 12))}</div>')
 
 
 def _drills(doc: dict[str, Any], needs: str | None = None) -> str:
