@@ -70,6 +70,16 @@ def test_the_sdc_drill_cannot_run_with_the_canary_off() -> None:
     assert blocked.sentence() == "fire drill sdc cannot run: it needs the canary, and canary.enabled is false"
 
 
+def test_the_probe_sdc_drill_cannot_run_without_probe_reports(no_jax: dict[str, str], tmp_path: Path) -> None:
+    blocked = blocked_drill(simulated("probe-sdc", probe={"enabled": False}))
+    assert blocked == BlockedDrill("probe-sdc", "probe", "probe.enabled is false")
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state"), "kernel_log": {"source": "none"}}))
+    text = run_check(config, "--simulate", "probe-sdc", env=no_jax)  # its simulated job needs jax here
+    assert text.returncode == 1
+    assert "  - fire drill probe-sdc cannot run: it needs the probe, and jax is not installed for" in text.stdout
+
+
 def test_drills_that_need_nothing_more_and_real_chips_are_never_blocked() -> None:
     off = {"canary": {"enabled": False}}
     assert [s for s in SCENARIOS if blocked_drill(simulated(s, **off)) is not None] == ["sdc"]

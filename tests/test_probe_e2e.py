@@ -109,3 +109,17 @@ def test_a_process_that_does_not_hold_chip_2_cannot_report_about_it(
     wait_until(lambda: metrics(daemon)['tpuwatch_probe_reports_rejected_total{reason="not_holder"}'] == 1,
                what="the refusal counted on /metrics")
     assert canary_alerts(daemon) == [] and metrics(daemon)["tpuwatch_probe_reports_total"] == 0
+
+
+def test_the_probe_sdc_drill_pages_its_chip_naming_its_simulated_job(
+        start_daemon: Callable[..., DaemonProcess]) -> None:
+    drill = start_daemon({**SIM_FAST, "devices": {"sim": {"count": 4, "fault_device": 3, "fault_after": "0s"}}},
+                         args=["--simulate", "probe-sdc"])
+    drill.wait_ready()
+    wrong = wait_until(lambda: [a for a in canary_alerts(drill) if a["alertname"] == "CanaryWrongResult"],
+                       timeout=90, what="CanaryWrongResult from the simulated job")
+    assert [(a["device"], a["path"]) for a in wrong] == [("3", "job")]
+    job = int(wrong[0]["pid"])
+    assert Path(f"/proc/{job}/cmdline").read_bytes().split(b"\0")[1:3] == [b"-m", b"tpuwatch.probe.drill"]
+    drill.stop()
+    wait_until(lambda: not Path(f"/proc/{job}").exists(), what="the simulated job gone with the daemon")
