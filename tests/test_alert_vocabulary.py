@@ -43,6 +43,9 @@ EXTRA_CASES = [
      "AcceleratorMemoryExhaustionSoon", "critical"),
     ([("tpuwatch_canary_runs_total", 3, {"result": "pass"})], [("tpuwatch_canary_runs_total", 3, {"result": "pass"})],
      "CanaryNotRunning", "warning"),
+    ([], [("tpuwatch_canary_device_runs_total", 1, {"device": "2", "result": "fail", "path": "job", "pid": "4242",
+                                                   "command": "python3", "namespace": "ml", "pod": "trainer-0"})],
+     "CanaryWrongResult", "critical"),
 ]
 # When the cases are evaluated: the after samples at every time but the first (before, when given).
 TIMES = (0.0, 10.0, 400.0, 11_000.0)

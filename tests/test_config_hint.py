@@ -42,14 +42,14 @@ def test_a_misspelling_names_what_it_likely_meant(text: str, message: str) -> No
 
 @pytest.mark.parametrize("text,message", [
     ("colour: red\n", "colour: unknown key (known keys: alerting, canary, collector_timeout, devices, host, "
-                      "interval, kernel_log, kubernetes, listen, log_level, maintenance, notify, paths, state_dir, "
-                      "store, trend, web_config)"),
+                      "interval, kernel_log, kubernetes, listen, log_level, maintenance, notify, paths, probe, "
+                      "state_dir, store, trend, web_config)"),
     ("store: {size: 5}\n", "store.size: unknown key (known keys: max_series, points_per_series)"),
     ("devices: {backend: gpu}\n", "devices.backend: must be one of auto, tpu, nvidia, sim, amd, none; got 'gpu'"),
     ("devices: {backend: 7}\n", "devices.backend: must be one of auto, tpu, nvidia, sim, amd, none; got 7"),
     ("{1: x}\n", "[\"1\"]: unknown key (known keys: alerting, canary, collector_timeout, devices, host, interval, "
-                 "kernel_log, kubernetes, listen, log_level, maintenance, notify, paths, state_dir, store, trend, "
-                 "web_config)"),
+                 "kernel_log, kubernetes, listen, log_level, maintenance, notify, paths, probe, state_dir, store, "
+                 "trend, web_config)"),
 ])
 def test_without_a_close_match_the_known_keys_are_listed(text: str, message: str) -> None:
     assert _error(text) == message
