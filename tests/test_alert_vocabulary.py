@@ -46,6 +46,8 @@ EXTRA_CASES = [
     ([], [("tpuwatch_canary_device_runs_total", 1, {"device": "2", "result": "fail", "path": "job", "pid": "4242",
                                                    "command": "python3", "namespace": "ml", "pod": "trainer-0"})],
      "CanaryWrongResult", "critical"),
+    ([], [("tpuwatch_canary_device_runs_total", 1, {"device": "1", "result": "slow", "path": "scheduled"})],
+     "CanarySlowChip", "warning"),
 ]
 # When the cases are evaluated: the after samples at every time but the first (before, when given).
 TIMES = (0.0, 10.0, 400.0, 11_000.0)

@@ -377,7 +377,8 @@ def test_collector_samples_follow_the_last_measured_outcome() -> None:
     chip_runs = {(dict(labels)["device"], dict(labels)["result"]): v for (name, labels), v in samples.items()
                  if name == "tpuwatch_canary_device_runs_total"}
     assert {key: v for key, v in chip_runs.items() if key[0] == "1"} == {
-        ("1", "pass"): 1, ("1", "fail"): 1, ("1", "skipped"): 0, ("1", "error"): 1}
+        ("1", "pass"): 1, ("1", "fail"): 1, ("1", "suspect"): 0, ("1", "slow"): 0, ("1", "skipped"): 0,
+        ("1", "error"): 1}
     assert chip_runs[("2", "pass")] == 2 and chip_runs[("2", "skipped")] == 1
     healthy = {dict(labels)["device"]: v for name, labels in samples if name == "tpuwatch_canary_healthy"
                for v in [samples[(name, labels)]]}
@@ -399,9 +400,9 @@ def test_a_drill_no_check_caught_is_counted_as_undetected_once_one_happened() ->
         return {dict(s.labels)["result"]: s.value for s in collector.collect()
                 if s.name == "tpuwatch_canary_runs_total"}
 
-    assert set(runs()) == {"pass", "fail", "skipped", "error"}
+    assert set(runs()) == {"pass", "fail", "suspect", "slow", "skipped", "error"}
     collector.record(judge(lines("bitflip-0-1chip"), None, {}, Drill("bitflip", "0"))[0])
-    assert runs() == {"pass": 1, "fail": 0, "skipped": 0, "error": 0, "undetected": 1}
+    assert runs() == {"pass": 1, "fail": 0, "suspect": 0, "slow": 0, "skipped": 0, "error": 0, "undetected": 1}
 
 
 def test_fleet_outlier_rule_passes_its_promtool_unit_tests() -> None:

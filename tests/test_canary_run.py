@@ -20,6 +20,7 @@ import yaml
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="jax not installed")
 
 FOUR_CPUS = "--xla_force_host_platform_device_count=4"
+MODEL_ONLY = {"checks": ["model"]}  # the reference model alone: these tests are about the canary's frame and history
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +31,12 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def canary(tmp_path: Path, state_dir: Path, *args: str, config: dict[str, Any] | None = None,
            env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """`tpuwatch canary` as a subprocess, with XLA giving it four CPU devices."""
+    """`tpuwatch canary` as a subprocess, with XLA giving it four CPU devices (the reference model only, unless
+    ``config`` says otherwise: test_canary_suite.py runs the whole suite)."""
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump({"state_dir": str(state_dir), **(config or {})}))
+    config = config or {}
+    path.write_text(yaml.safe_dump({"state_dir": str(state_dir), **config,
+                                    "canary": {**MODEL_ONLY, **config.get("canary", {})}}))
     return subprocess.run([sys.executable, "-m", "tpuwatch", "canary", "--config", str(path), *args],
                           check=False, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "XLA_FLAGS": FOUR_CPUS, **(env or {})})
@@ -215,7 +219,10 @@ def test_a_missing_interpreter_is_an_error(tmp_path: Path, state_dir: Path) -> N
 @pytest.mark.parametrize("args, message", [
     (("--inject-device", "1"), "tpuwatch canary: --inject-device needs --inject KIND\n"),
     (("--timeout", "soon"), "invalid duration 'soon'"),
-    (("--inject", "melt"), "invalid choice: 'melt'"),
+    (("--inject", "melt"), "unknown fault class 'melt' (one of matmul, transcendental, memory, collective, nan, "
+                           "slow, bitflip, scale, hang, crash)"),
+    (("--inject", "matmul:bits=99"), "matmul: want 1 <= bits <= 22, 0 <= pattern < 2**bits, 0 <= flip <= 30"),
+    (("--inject", "slow:speed=2"), "slow: unknown parameter 'speed' (known: p, seed, factor)"),
     (("--reset-history", "x1"), "'x1' is not a device index or 'all'"),
     (("--reset-history", "--inject", "nan"), "--reset-history runs nothing: no --inject or --timeout with it"),
 ])

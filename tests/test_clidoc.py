@@ -60,7 +60,8 @@ def test_bash_completes_subcommands_options_and_choices(tmp_path: Path) -> None:
     assert _bash_complete(script, "tpuwatch", "can") == ["canary"]
     for name, flags in _flags().items():
         assert set(_bash_complete(script, "tpuwatch", *name.split(), "--")) >= set(flags), name
-    assert _bash_complete(script, "tpuwatch", "canary", "--inject", "") == ["bitflip", "scale", "nan", "hang", "crash"]
+    assert _bash_complete(script, "tpuwatch", "canary", "--inject", "") == [
+        "bitflip", "scale", "nan", "hang", "crash", "matmul", "transcendental", "memory", "collective", "slow"]
     assert _bash_complete(script, "tpuwatch", "config", "") == ["check", "show"]
     assert _bash_complete(script, "tpuwatch", "--json", "run", "--simulate", "ecc") == ["ecc-errors"]
 

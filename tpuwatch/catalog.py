@@ -180,7 +180,8 @@ _SPECS = [
                "1 if the chip's last canary run (either path) passed, 0 if it computed wrong numbers or errored.",
                ("device",)),
     MetricSpec("tpuwatch_canary_runs_total", "counter",
-               "Canary runs by result (pass, fail, skipped, error; undetected: a fire drill nothing caught) and path "
+               "Canary runs by result (pass, fail, suspect: a deviation its re-runs did not confirm, slow, skipped, "
+               "error; undetected: a fire drill nothing caught) and path "
                "(scheduled: the daemon's worker on idle chips; job: a probe inside a running job).",
                ("result", "path")),
     MetricSpec("tpuwatch_canary_device_runs_total", "counter",
@@ -193,6 +194,9 @@ _SPECS = [
     MetricSpec("tpuwatch_canary_info", "gauge",
                "The chip's last canary output fingerprint, software stack, chip kind and the path that measured it; "
                "value is always 1.", ("device", "fingerprint", "stack", "chip", "path")),
+    MetricSpec("tpuwatch_canary_deviating_runs_total", "counter",
+               "Runs that found the chip deviating (fail or suspect), kept across restarts: a repeat offender "
+               "shows.", ("device",)),
     MetricSpec("tpuwatch_canary_last_success_timestamp_seconds", "gauge",
                "Unix time the chip was last proven right, per path (scheduled, job).", ("device", "path")),
     # --- in-job probe reports (tpuwatch/jobreports) ---

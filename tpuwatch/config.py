@@ -159,6 +159,11 @@ class CanaryConfig:
     timeout: Annotated[float, Duration(minimum=1.0, maximum=3600.0)] = 120.0
     python: AbsolutePath | None = None
     lockfile: AbsolutePath = "/tmp/libtpu_lockfile"
+    # The suite's checks (docs/canary.md#the-suite): model, gemm, transcendental, bf16, memory, collective.
+    checks: list[Literal["model", "gemm", "transcendental", "bf16", "memory", "collective"]] = field(
+        default_factory=lambda: ["model", "gemm", "transcendental", "bf16", "memory", "collective"])
+    memory_bytes: Annotated[int, Range(4096, 1 << 40)] = 16 << 20  # kept at rest on each idle chip per run
+    memory_share: Annotated[float, Range(0.0, 0.5)] = 0.05  # at most this share of the chip's free memory
 
 
 @dataclass(frozen=True)

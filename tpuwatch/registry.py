@@ -19,8 +19,9 @@ from typing import Any, Protocol
 
 import psutil
 
-from tpuwatch.canary.collector import CanaryCollector, proven_path
+from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.canary.needs import jax_missing_here
+from tpuwatch.canary.record import record_path
 from tpuwatch.cloud.collector import MaintenanceCollector
 from tpuwatch.cloud.collector import build as build_maintenance
 from tpuwatch.collectors import Collector
@@ -200,7 +201,7 @@ def build_canary(config: Config, devices: DeviceCollector | None) -> CanaryColle
     if not config.canary.enabled and not config.probe.enabled:
         return None
     canary = CanaryCollector(config, lambda: [r.device for r in devices.last_readings] if devices is not None else [],
-                             proven_path(config.state_dir))
+                             record_path(config.state_dir))
     if not config.canary.enabled:
         canary.runnable = "canary.enabled is false"
     elif (missing := jax_missing_here() if config.canary.python is None else None) is not None:

@@ -6,7 +6,7 @@ import dataclasses
 import time
 from typing import Any
 
-from tpuwatch.canary.collector import load_proven, proven_path
+from tpuwatch.canary import record as chip_record
 from tpuwatch.canary.needs import blocked_drill
 from tpuwatch.cloud.collector import problems as maintenance_problems
 from tpuwatch.config import Config
@@ -48,7 +48,7 @@ def check_once(config: Config) -> dict[str, Any]:
     host = {s.name.removeprefix("tpuwatch_host_"): s.value for s in current if s.name.startswith("tpuwatch_host_")}
     holders = [{**dict(s.labels), "resident_memory_bytes": s.value} for s in current
                if s.name == "tpuwatch_holder_process_resident_memory_bytes"]
-    proven = load_proven(proven_path(config.state_dir))
+    proven = chip_record.proven(chip_record.load(chip_record.record_path(config.state_dir)))
     return {
         "status": "unhealthy" if problems else "healthy",
         "backend": devices.backend.name if devices else "none",

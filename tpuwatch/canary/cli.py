@@ -15,6 +15,7 @@ import sys
 from types import FrameType
 from typing import TextIO
 
+from tpuwatch.canary.checks import faults
 from tpuwatch.canary.history import FingerprintHistory, HistoryBusy, Removed, history_path
 from tpuwatch.canary.judge import CanaryResult
 from tpuwatch.canary.runner import Progress, run_canary
@@ -38,6 +39,20 @@ def _seconds(text: str) -> float:
     return value
 
 
+class _Classes(tuple[str, ...]):
+    """The fault classes, as completions list them; every fault ``_fault`` accepted is one of them."""
+
+    def __contains__(self, text: object) -> bool:
+        return isinstance(text, str) and text.partition(":")[0] in tuple(self)
+
+
+def _fault(text: str) -> str:
+    try:
+        return faults.parse(text).text() if ":" in text else faults.parse(text).kind
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _device(text: str) -> str:
     if text != ALL and not (text.isdigit() and len(text) <= 6):
         raise argparse.ArgumentTypeError(f"{text!r} is not a device index or {ALL!r}")
@@ -47,8 +62,9 @@ def _device(text: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``tpuwatch canary``."""
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--inject", metavar="KIND", choices=INJECTIONS,
-                        help=f"fire drill on one chip, never recorded: {', '.join(INJECTIONS)}")
+    parser.add_argument("--inject", metavar="CLASS[:KEY=VALUE,...]", type=_fault, choices=_Classes(INJECTIONS),
+                        help=f"fire drill on one chip, never recorded: {', '.join(INJECTIONS)}, with parameters "
+                             "as docs/canary.md#fire-drills lists (e.g. matmul:bits=8,pattern=0x5a,p=0.5)")
     parser.add_argument("--inject-device", metavar="N", type=int,
                         help="the chip the injection hits (default 0)")
     parser.add_argument("--timeout", metavar="S", type=_seconds,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tpuwatch import statefile
+from tpuwatch.canary import record as chip_record
 from tpuwatch.canary.judge import CanaryResult, DeviceOutcome
 from tpuwatch.canary.runner import STOPPED, run_canary
 from tpuwatch.config import Config
@@ -28,26 +28,8 @@ log = logging.getLogger(__name__)
 KEPT_RESULTS = 100
 KEPT_JOBS = 4  # per chip, the processes whose verdict counters are kept (the most recent reporters)
 
-RESULTS = ("pass", "fail", "skipped", "error")
-PATHS = ("scheduled", "job")
-
-# When each chip was last proven right, by path, kept for restarts and for `tpuwatch check`: state_dir/canary/
-# proven.json, {chip: {path: Unix seconds}}.
-PROVEN_SHAPE = statefile.MapOf(statefile.MapOf(statefile.Int(), max_items=len(PATHS), key_chars=16),
-                               max_items=4096, key_chars=8)
-Proven = dict[tuple[str, str], float]  # (chip, path) -> Unix time
-
-
-def proven_path(state_dir: str) -> Path:
-    """Where the daemon keeps when each chip was last proven right."""
-    return Path(state_dir) / "canary" / "proven.json"
-
-
-def load_proven(path: Path) -> Proven:
-    """What ``path`` holds (nothing when it is missing or unfit)."""
-    found = statefile.load(path, "canary proven-right times", PROVEN_SHAPE) or {}
-    return {(chip, p): float(at) for chip, paths in found.items() for p, at in paths.items() if p in PATHS}
-
+RESULTS = ("pass", "fail", "suspect", "slow", "skipped", "error")
+PATHS = chip_record.PATHS
 
 # The job-path counters of a chip carry its process: (pid, command, namespace, pod), "" where unknown.
 JobLabels = tuple[str, str, str, str]
@@ -73,7 +55,7 @@ class CanaryCollector:
                  proven: Path | None = None) -> None:
         """``known_devices`` names the chips the device backend sees: their run counters exist at 0 from the start,
         so that Prometheus's ``increase()`` sees a chip's very first failure.  ``proven`` is the file that keeps
-        when each chip was last proven right (proven_path; None: kept in memory only)."""
+        each chip's lasting record (canary/record.py; None: kept in memory only)."""
         self.config = config
         self._proven = proven
         self.known_devices = known_devices  # replaced when the device backend is rebuilt on reload
@@ -83,7 +65,7 @@ class CanaryCollector:
         self._chip_runs: dict[str, Counter[str]] = {}  # the scheduled path's verdicts per chip
         self._job_runs: dict[str, dict[JobLabels, Counter[str]]] = {}  # the job path's, per chip and process
         self._chips: dict[str, _ChipState] = {}
-        self._success: Proven = load_proven(proven) if proven is not None else {}
+        self._records = chip_record.load(proven)
         self.runnable: str | None = None  # why the scheduled canary cannot run here (None: it can)
 
     def run_once(self, inject: str | None = None, inject_device: int = 0,
@@ -108,20 +90,15 @@ class CanaryCollector:
         with self._lock:
             self._results.append(result)
             self._runs[(result.status, result.path)] += 1
-            passed = False
             for outcome in result.devices:
                 self._count(outcome, job if result.path == "job" else None)
                 if outcome.status == "skipped":
                     continue
-                if outcome.status == "pass":
-                    self._success[(outcome.device, result.path)] = result.finished_at
-                    passed = True
+                self._records.setdefault(outcome.device, chip_record.ChipRecord()).saw(
+                    outcome.status, result.path, result.finished_at)
                 self._chips[outcome.device] = _ChipState(outcome, result.stack or "", result.chip or "", result.path)
-            if passed and self._proven is not None:
-                saved: dict[str, dict[str, int]] = {}
-                for (chip, path), at in self._success.items():
-                    saved.setdefault(chip, {})[path] = int(at)
-                statefile.save(self._proven, saved)
+            if self._proven is not None and any(o.status != "skipped" for o in result.devices):
+                chip_record.save(self._proven, self._records)
 
     def _count(self, outcome: DeviceOutcome, job: JobLabels | None) -> None:
         if job is None:
@@ -134,10 +111,10 @@ class CanaryCollector:
         while len(jobs) > KEPT_JOBS:
             del jobs[next(iter(jobs))]
 
-    def last_success(self) -> dict[tuple[str, str], float]:
+    def last_success(self) -> chip_record.Proven:
         """When each chip last passed, by path: (chip, path) -> Unix time."""
         with self._lock:
-            return dict(self._success)
+            return chip_record.proven(self._records)
 
     def results(self) -> list[CanaryResult]:
         """The last KEPT_RESULTS runs, oldest first (the status page's canary history)."""
@@ -166,7 +143,9 @@ class CanaryCollector:
                     for r in RESULTS]
             for device, state in sorted(self._chips.items()):
                 outcome = state.outcome
-                out.append(sample("tpuwatch_canary_healthy", outcome.status == "pass", device=device))
+                held = device in self._records and self._records[device].unhealthy
+                out.append(sample("tpuwatch_canary_healthy", outcome.status in ("pass", "slow") and not held,
+                                  device=device))
                 if outcome.fingerprint is not None:
                     out.append(sample("tpuwatch_canary_info", 1, device=device, fingerprint=outcome.fingerprint,
                                       stack=state.stack, chip=state.chip, path=state.path))
@@ -175,5 +154,7 @@ class CanaryCollector:
                 if outcome.max_abs_error is not None:
                     out.append(sample("tpuwatch_canary_max_abs_error", outcome.max_abs_error, device=device))
             out += [sample("tpuwatch_canary_last_success_timestamp_seconds", at, device=device, path=path)
-                    for (device, path), at in sorted(self._success.items())]
+                    for (device, path), at in sorted(chip_record.proven(self._records).items())]
+            out += [sample("tpuwatch_canary_deviating_runs_total", r.deviations, device=device)
+                    for device, r in sorted(self._records.items())]
             return out

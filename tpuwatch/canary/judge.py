@@ -20,15 +20,20 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tpuwatch.canary import spec
+from tpuwatch.canary.speed import slow_against_peers
 
 History = dict[str, dict[str, str]]
-KEPT_STACKS = 32  # stack keys kept in the history, the most recently updated ones
+KEPT_STACKS = 256  # keys kept in the history (a stack has a key per check and schedule entry), the newest
+MODEL = "model"  # the reference model's check: the one the canary always ran and the in-job probe runs
+CONFIRMED = 2  # a deviation seen in this many of a check's 3 runs is confirmed
+SPEED = "speed"  # the confirm line of a chip the worker timed again
 _CATCHER = {"hang": "timeout", "crash": "crash"}  # what catches the drills that stop the worker
 
 
 @dataclass(frozen=True)
 class DeviceOutcome:
-    """One chip's verdict; ``check`` names the first check that failed (reference, peers, history)."""
+    """One chip's verdict (pass, fail, suspect: a deviation not confirmed by its re-runs, slow, skipped, error);
+    ``check`` names the first check that failed (reference, peers, history; prefixed by the suite's check)."""
 
     device: str
     status: str
@@ -60,7 +65,7 @@ class DrillVerdict:
 
 @dataclass(frozen=True)
 class CanaryResult:
-    """One canary run: overall status (pass, fail, skipped, error, undetected), why, and every chip."""
+    """One canary run: overall status (pass, fail, suspect, slow, skipped, error, undetected), why, every chip."""
 
     status: str
     reason: str | None
@@ -80,55 +85,123 @@ class CanaryResult:
         return asdict(self)
 
 
-def history_key(stack: str, chip: str, dtype: str) -> str:
-    """Fingerprints are comparable only for the same model, dtype, software stack and chip kind."""
-    return f"{spec.MODEL_VERSION}|{dtype}|{chip}|{stack}"
+def history_key(stack: str, chip: str, dtype: str, check: str = MODEL, entry: int = 0) -> str:
+    """Fingerprints are comparable only for the same check (and schedule entry), dtype, software stack and chip
+    kind.  The reference model's key is the one the canary always used."""
+    what = spec.MODEL_VERSION if check == MODEL else f"{check}-{spec.SUITE_VERSION}@{entry}"
+    return f"{what}|{dtype}|{chip}|{stack}"
+
+
+Group = tuple[str, int]  # (check, schedule entry)
 
 
 def judge(lines: list[dict[str, Any]], ended: str | None, history: History,
           drill: Drill | None = None, peers: tuple[str, ...] = ()) -> tuple[CanaryResult, History]:
     """The verdict of one run and the history to store (``history`` itself for a drill).
 
-    ``ended`` says why the worker stopped early, if it did.  ``peers`` are fingerprints of other chips of this
-    host on the same stack, measured apart from this run (other jobs' reports): they count in the majority the
-    run's chips are compared with, but are not judged here.
+    ``ended`` says why the worker stopped early, if it did.  ``peers`` are reference-model fingerprints of other
+    chips of this host on the same stack, measured apart from this run (other jobs' reports): they count in the
+    majority the run's chips are compared with, but are not judged here.  Each check of the suite is judged on
+    its own (its reference bound, the chips' bits for the same input, the chip's past on it); a chip that
+    failed a check that the worker re-ran is ``fail`` when it deviated in 2 of 3 runs, else ``suspect``; a chip
+    much slower than its peers is ``slow``.
     """
     start = next((line for line in lines if line["event"] == "start"), None)
     failure = next((line["reason"] for line in lines if line["event"] == "error"), None) or ended
     if start is None:
         result = _overall([], failure or "the worker said nothing")
         return (_with_drill(result, _drill_verdict(drill, result, {}, None, 0, None)) if drill else result), history
-    results = {line["device"]: line for line in lines if line["event"] == "result"}
+    groups: dict[Group, dict[str, dict[str, Any]]] = {}
+    for line in lines:
+        if line["event"] == "result":
+            groups.setdefault((line.get("check", MODEL), line.get("entry", 0)), {})[line["device"]] = line
     tolerance = spec.tolerance(start["platform"], start["dtype"], start["scale"]) if start["scale"] else None
-    majority = _majority([r["fingerprint"] for r in results.values()] + list(peers))
-    key = history_key(start["stack"], start["chip"], start["dtype"]) if start["stack"] else ""
-    previous = history.get(key, {})
-    problems = {device: _problems(line, tolerance, majority, len(results) + len(peers), previous.get(device))
-                for device, line in results.items()}
+    keys = {group: history_key(start["stack"], start["chip"], start["dtype"], *group) if start["stack"] else ""
+            for group in groups}
+    problems: dict[str, list[tuple[str, str]]] = {}
+    for group, results in groups.items():
+        extra = list(peers) if group[0] == MODEL else []
+        majority = _majority([r["fingerprint"] for r in results.values()] + extra)
+        previous = history.get(keys[group], {})
+        for device, line in results.items():
+            found = _problems(line, tolerance if group[0] == MODEL else None, majority, len(results) + len(extra),
+                              previous.get(device))
+            prefix = "" if group[0] == MODEL else f"{group[0]} "
+            problems.setdefault(device, []).extend((prefix + check, prefix + text) for check, text in found)
+    confirmed = _confirmed(lines, problems)
+    ran = {device for results in groups.values() for device in results}
+    slow = _slow({d: sum(r["duration_seconds"] or 0.0 for (check, _), results in groups.items()
+                         for dd, r in results.items() if dd == d and check in spec.TIMED_CHECKS) for d in ran}, lines)
     running = [line["device"] for line in lines if line["event"] == "running"]
-    died_on = running[-1] if ended and running and running[-1] not in results else None
-    outcomes = []
+    died_on = running[-1] if ended and running and running[-1] not in ran else None
+    outcomes, judged = [], set()
     for line in lines:
         if line["event"] == "skipped":
             outcomes.append(DeviceOutcome(line["device"], "skipped", reason=line["reason"]))
-        elif line["event"] == "result":
-            found = problems[line["device"]]
-            outcomes.append(DeviceOutcome(line["device"], "fail" if found else "pass", line["max_abs_error"],
-                                          line["fingerprint"], line["duration_seconds"],
-                                          "; ".join(text for _, text in found) or None,
-                                          found[0][0] if found else None))
+        elif line["event"] == "result" and line["device"] not in judged:
+            judged.add(line["device"])
+            outcomes.append(_outcome(line["device"], groups, problems[line["device"]], confirmed, slow))
         elif line["event"] == "running" and line["device"] == died_on:
             outcomes.append(DeviceOutcome(died_on, "error", reason=ended))
     seen = {o.device for o in outcomes}
     outcomes += [DeviceOutcome(d, "skipped", reason=f"not run: the worker ended on device {died_on}")
                  for d in start.get("devices", []) if d not in seen and died_on is not None]
+    outcomes.sort(key=lambda o: (len(o.device), o.device))  # chip order, whatever order the worker ran them in
     result = _overall(outcomes, failure, start, tolerance)
     if drill is not None:
-        verdict = _drill_verdict(drill, result, problems, tolerance, len(results) + len(peers),
-                                 previous.get(drill.device))
+        model_group = groups.get((MODEL, 0), {})
+        verdict = _drill_verdict(drill, result, problems, tolerance, len(model_group) + len(peers),
+                                 history.get(keys.get((MODEL, 0), ""), {}).get(drill.device))
         return _with_drill(result, verdict), history
-    stored = {**previous, **{o.device: o.fingerprint for o in outcomes if o.status == "pass" and o.fingerprint}}
-    return result, (_remember(history, key, stored) if key else history)
+    clean = {o.device for o in outcomes if o.status in ("pass", "slow")}
+    for group, results in groups.items():
+        if keys[group]:
+            stored = {d: r["fingerprint"] for d, r in results.items() if d in clean and r["fingerprint"]}
+            if stored:
+                history = _remember(history, keys[group], {**history.get(keys[group], {}), **stored})
+    return result, history
+
+
+def _outcome(device: str, groups: dict[Group, dict[str, dict[str, Any]]], found: list[tuple[str, str]],
+             confirmed: dict[str, bool], slow: dict[str, str]) -> DeviceOutcome:
+    """One chip's verdict over every check it ran; its figures are the reference model's where it ran."""
+    lines = [results[device] for results in groups.values() if device in results]
+    main = groups.get((MODEL, 0), {}).get(device, lines[0])
+    took = sum(line["duration_seconds"] or 0.0 for line in lines) if any(
+        line["duration_seconds"] is not None for line in lines) else None
+    if found:
+        status = "fail" if confirmed.get(device, True) else "suspect"
+        return DeviceOutcome(device, status, main["max_abs_error"], main["fingerprint"], took,
+                             "; ".join(text for _, text in found), found[0][0])
+    if device in slow:
+        return DeviceOutcome(device, "slow", main["max_abs_error"], main["fingerprint"], took, slow[device], "speed")
+    return DeviceOutcome(device, "pass", main["max_abs_error"], main["fingerprint"], took)
+
+
+def _confirmed(lines: list[dict[str, Any]], problems: dict[str, list[tuple[str, str]]]) -> dict[str, bool]:
+    """device -> whether its problems stand confirmed: a check it failed that the worker did not re-run, or one
+    that deviated in CONFIRMED of its runs.  A chip with no confirm line at all is not listed (confirmed)."""
+    deviations: dict[tuple[str, str], int] = {}
+    for line in lines:
+        if line["event"] == "confirm":
+            deviations[(line["device"], line["check"])] = sum(bool(flag) for flag in line["deviations"])
+    out = {}
+    for device in {d for d, _ in deviations}:
+        failed = {check.split(" ")[0] if " " in check else MODEL for check, _ in problems.get(device, [])}
+        out[device] = any(deviations.get((device, check), CONFIRMED) >= CONFIRMED for check in failed)
+    return out
+
+
+def _slow(took: dict[str, float], lines: list[dict[str, Any]]) -> dict[str, str]:
+    """device -> why it is slow: its device time over SLOW_FACTOR x its peers' median (three chips or more), in
+    2 of 3 timings where the worker timed it again."""
+    again = {line["device"]: sum(bool(f) for f in line["deviations"]) for line in lines
+             if line["event"] == "confirm" and line["check"] == SPEED}
+    out = {}
+    for device, median in slow_against_peers(took).items():
+        if again.get(device, CONFIRMED) >= CONFIRMED:
+            out[device] = f"{took[device] * 1000:.3g} ms of device time, {took[device] / median:.1f}x its peers' median"
+    return out
 
 
 def _problems(line: dict[str, Any], tolerance: float | None, majority: tuple[str | None, int], ran: int,
@@ -140,6 +213,8 @@ def _problems(line: dict[str, Any], tolerance: float | None, majority: tuple[str
         problems.append(("reference", "output has NaN or Inf"))
     elif tolerance is not None and error > tolerance:
         problems.append(("reference", f"max abs error {error:.3g} > tolerance {tolerance:.3g}"))
+    elif tolerance is None and (line.get("error_ratio") or 0) > 1:
+        problems.append(("reference", line.get("note") or f"error {line['error_ratio']:.3g}x its bound"))
     common, count = majority
     if common is None and ran > 1:
         problems.append(("peers", f"fingerprint {fp}: no majority among {ran} chips"))
@@ -181,9 +256,11 @@ def _drill_verdict(drill: Drill, result: CanaryResult, problems: dict[str, list[
             return verdict(True, (_CATCHER[drill.kind],), f"caught: {outcome.reason}")
         return verdict(False, (), f"missed: device {device} ended {outcome.status} although {drill.kind} "
                                   "was injected")
-    if outcome.status == "fail":
-        checks = tuple(dict.fromkeys(check for check, _ in problems.get(device, [])))
-        return verdict(True, checks, f"caught by {', '.join(checks)}")
+    if outcome.status in ("fail", "suspect", "slow"):
+        checks = tuple(dict.fromkeys(check for check, _ in problems.get(device, []))) or ("speed",)
+        how = "" if outcome.status == "fail" else f" ({outcome.status}: not confirmed as a wrong result)" \
+            if outcome.status == "suspect" else " (slow)"
+        return verdict(True, checks, f"caught by {', '.join(checks)}{how}")
     if outcome.status == "error":
         return verdict(False, (), f"not judged: device {device} ended in error: {outcome.reason}")
     if drill.kind == "nan" or ran > 1 or previous is not None:
@@ -214,7 +291,7 @@ def _overall(outcomes: list[DeviceOutcome], failure: str | None, start: dict[str
     elif failure or counts["error"]:
         status = "error"
     else:
-        status = "pass" if counts["pass"] else "skipped"
+        status = next((s for s in ("suspect", "slow", "pass") if counts[s]), "skipped")
     reason: str | None
     if failure:
         reason = failure
@@ -222,7 +299,7 @@ def _overall(outcomes: list[DeviceOutcome], failure: str | None, start: dict[str
         reason = "; ".join(sorted({o.reason or "" for o in outcomes})) or "no device to run on"
     else:
         reason = "; ".join(f"device {o.device}: {o.reason}" for o in outcomes
-                           if o.status in ("fail", "error")) or None
+                           if o.status in ("fail", "error", "suspect", "slow")) or None
     start = start or {}
     return CanaryResult(status, reason, tuple(outcomes), start.get("platform"), start.get("chip"),
                         start.get("stack"), tolerance, time.time())

@@ -30,6 +30,7 @@ from tpuwatch.canary.history import FingerprintHistory, history_path
 from tpuwatch.canary.judge import CanaryResult, Drill, judge
 from tpuwatch.config import Config
 
+SCHEDULE = 24  # entries of the data schedule (canary/checks/gemm.py, transcendental.py)
 STDOUT_LIMIT = 1 << 20  # protocol lines are ~200 bytes a chip; more is not the protocol
 STDERR_KEPT = 8192
 TICK_S = 0.5
@@ -48,11 +49,20 @@ class Progress:
     timeout: float
 
 
+def entry_at(now: float, every: float) -> int:
+    """The data schedule's entry for a run at ``now`` of a canary run every ``every`` seconds: each run a new one,
+    each coming round again after SCHEDULE runs (a day, hourly)."""
+    return int(now // max(every, 1.0)) % SCHEDULE
+
+
 def worker_command(config: Config, inject: str | None, inject_device: int) -> list[str]:
     """The worker's command line under ``canary.python`` (default: this interpreter)."""
-    command = [config.canary.python or sys.executable, "-m", "tpuwatch.canary.worker",
-               "--state-dir", config.state_dir, "--lockfile", config.canary.lockfile,
-               "--procfs", config.paths.procfs, "--sysfs", config.paths.sysfs, "--dev", config.paths.dev]
+    canary = config.canary
+    command = [canary.python or sys.executable, "-m", "tpuwatch.canary.worker",
+               "--state-dir", config.state_dir, "--lockfile", canary.lockfile,
+               "--procfs", config.paths.procfs, "--sysfs", config.paths.sysfs, "--dev", config.paths.dev,
+               "--entry", str(entry_at(time.time(), canary.every)), "--checks", ",".join(canary.checks),
+               "--memory-bytes", str(canary.memory_bytes), "--memory-share", str(canary.memory_share)]
     if inject is not None:
         command += ["--inject", inject, "--inject-device", str(inject_device)]
     return command

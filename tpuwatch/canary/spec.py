@@ -14,10 +14,14 @@ approximation of "sum of magnitudes" by the output's magnitude.
 from __future__ import annotations
 
 MODEL_VERSION = "attn-mlp-v1"
+SUITE_VERSION = "v1"  # the suite's checks (canary/checks): a change that moves their bits bumps it
+CHECKS = ("model", "gemm", "transcendental", "bf16", "memory", "collective")  # canary/checks, in run order
+TIMED_CHECKS = ("gemm",)  # whose device time is the chip's arithmetic (canary/checks/gemm.py): the speed check
 TOKENS, WIDTH, HIDDEN, OUT = 32, 128, 256, 32
 DTYPE = "float32"
-# Fire drills on one chip, run through the worker's own loop (model.injected, worker.misbehave).
-INJECTIONS = ("bitflip", "scale", "nan", "hang", "crash")
+# Fire drills on one chip, run through the worker's own loop (model.injected, worker.misbehave, checks/faults.py:
+# those take parameters, CLASS[:key=value,...]).
+INJECTIONS = ("bitflip", "scale", "nan", "hang", "crash", "matmul", "transcendental", "memory", "collective", "slow")
 
 # Dot-product lengths along the longest path from input to output:
 # q/k projections, scores (q.k), attention x v, output projection, MLP in, MLP out, head.

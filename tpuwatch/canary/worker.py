@@ -2,22 +2,25 @@
 
 The only module of the daemon's canary that imports jax (``tpuwatch.probe``,
 the in-job check, is the other).  It finds chips that other processes hold
-before jax starts (and keeps jax away from them), then runs the
-reference model on every idle chip and prints one JSON object per line on
+before jax starts (and keeps jax away from them), then runs the suite
+(canary/checks) on every idle chip and prints one JSON object per line on
 stdout, flushed as it goes, so the runner keeps what finished before a hang or
 a crash:
 
     {"event": "start", "platform": "cpu", "chip": "cpu", "devices": ["0", ...], "stack": "...",
-     "dtype": "float32", "scale": X}
+     "dtype": "float32", "scale": X, "suite": "v1", "entry": N}
     {"event": "skipped", "device": "2", "reason": "..."}
     {"event": "running", "device": "0"}
-    {"event": "result", "device": "0", "finite": true, "max_abs_error": X, "fingerprint": HEX,
-     "duration_seconds": X, "compile_seconds": X}
+    {"event": "result", "device": "0", "check": "gemm", "entry": N, "finite": true, "max_abs_error": X,
+     "error_ratio": X, "fingerprint": HEX, "duration_seconds": X}          (one per check and chip)
+    {"event": "confirm", "device": "0", "check": "gemm", "entry": N, "deviations": [true, false, false]}
     {"event": "error", "reason": "..."}      (the run could not start)
     {"event": "done"}
 
-An injection (--inject KIND --inject-device N) changes only what chip N gets,
-inside the same loop as a real run: the operator's fire drill.
+A result that deviates (off its reference bound, other bits than its peers'
+majority or its own past) is re-run twice at once: the confirm line.  An
+injection (--inject CLASS[:key=value,...] --inject-device N) changes only what
+chip N computes, inside the same loop as a real run: the operator's fire drill.
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tpuwatch.canary import holds, model, spec
+from tpuwatch.canary.history import FingerprintHistory, history_path
+from tpuwatch.canary.judge import MODEL
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -91,7 +95,7 @@ def plan(args: argparse.Namespace) -> Plan:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Plan, start jax on the idle chips, run the model on each; the protocol lines go to stdout."""
+    """Plan, start jax on the idle chips, run the suite on them; the protocol lines go to stdout."""
     decided = plan(args)
     skips, env = decided.skips, decided.env
     if not decided.idle_tpu_left:
@@ -105,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         import jax
         import jaxlib
+
+        from tpuwatch.canary.checks import faults
+        from tpuwatch.canary.checks.suite import Settings, Suite
     except ImportError as exc:
         emit("error", reason=f"cannot import jax with {sys.executable}: {exc}")
         return 3
@@ -117,38 +124,52 @@ def run(args: argparse.Namespace) -> int:
     devices = sorted(jax.local_devices(), key=lambda d: d.id)
     visible = env.get("TPU_VISIBLE_CHIPS")
     chips = [int(visible)] if visible is not None else [d.id for d in devices]
-    params, x = model.weights(), model.inputs()
-    expected = model.reference(params, x)
-    emit("start", platform=devices[0].platform, chip=devices[0].device_kind, devices=[str(c) for c in chips],
-         stack=model.stack(f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, {devices[0].client.platform_version}",
-                           devices[0].platform, os.environ),
-         dtype=spec.DTYPE, scale=float(np.max(np.abs(expected))))
+    expected = model.reference(model.weights(), model.inputs())
+    platform = devices[0].platform
+    stack = model.stack(f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, {devices[0].client.platform_version}",
+                        platform, os.environ)
+    emit("start", platform=platform, chip=devices[0].device_kind, devices=[str(c) for c in chips], stack=stack,
+         dtype=spec.DTYPE, scale=float(np.max(np.abs(expected))), suite=spec.SUITE_VERSION, entry=args.entry)
     if args.inject is not None and args.inject_device not in chips:
         emit("error", reason=f"--inject-device {args.inject_device}: no such device (devices: "
                              f"{', '.join(map(str, chips))})")
         return 3
-    step = jax.jit(model.device_forward(jax))
-    for chip, device in zip(chips, devices):
+    fault = faults.parse(args.inject) if args.inject else None
+    settings = Settings(tuple(args.checks.split(",")), args.memory_bytes, args.memory_share)
+    suite = Suite(jax, platform, settings, fault, str(args.inject_device) if fault else None)
+    idle = [(str(chip), device) for chip, device in zip(chips, devices) if chip not in skips]
+    for chip in chips:
         if chip in skips:
             emit("skipped", device=str(chip), reason=skips[chip])
-            continue
-        emit("running", device=str(chip))
-        kind = args.inject if chip == args.inject_device else None
-        misbehave(kind)
-        on_chip = jax.device_put((model.injected(params, kind), x), device)
-        started = time.perf_counter()
-        step(*on_chip).block_until_ready()
-        compiled = time.perf_counter()
-        output = np.asarray(step(*on_chip).block_until_ready())
-        finished = time.perf_counter()
-        finite = bool(np.isfinite(output).all())
-        error = float(np.max(np.abs(output.astype(np.float64) - expected))) if finite else None
-        emit("result", device=str(chip), finite=finite, max_abs_error=error, fingerprint=model.fingerprint(output),
-             duration_seconds=finished - compiled, compile_seconds=compiled - started)
+
+    def running(name: str) -> None:
+        emit("running", device=name)
+        if fault is not None and name == str(args.inject_device):
+            misbehave(fault.kind)
+
+    results = suite.run(idle, args.entry, running, lambda result: emit("result", **result))
+    for line in suite.confirm(idle, results, _history(args.state_dir, stack, devices[0].device_kind)):
+        emit("confirm", **line)
     for chip in sorted(set(skips) - set(chips)):
         emit("skipped", device=str(chip), reason=skips[chip])
     emit("done")
     return 0
+
+
+def _history(state_dir: str, stack: str, chip: str) -> dict[tuple[str, int], dict[str, str]]:
+    """The chips' recorded fingerprints on this stack, per (check, entry): what a deviation is judged against."""
+    stored, _ = FingerprintHistory(history_path(state_dir)).read()
+    out: dict[tuple[str, int], dict[str, str]] = {}
+    for key, devices in stored.items():
+        what, _, rest = key.partition("|")
+        if rest != f"{spec.DTYPE}|{chip}|{stack}":
+            continue
+        check, _, entry = what.partition("@")
+        name = check.rsplit(f"-{spec.SUITE_VERSION}", 1)[0] if entry else MODEL
+        if name == MODEL and what != spec.MODEL_VERSION:
+            continue
+        out[(name, int(entry) if entry.isdigit() else 0)] = devices
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,8 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--procfs", default="/proc")
     parser.add_argument("--sysfs", default="/sys")
     parser.add_argument("--dev", default="/dev")
-    parser.add_argument("--inject", choices=spec.INJECTIONS)
+    parser.add_argument("--inject")  # CLASS[:key=value,...] (checks/faults.py); checked by the runner
     parser.add_argument("--inject-device", type=int, default=0)
+    parser.add_argument("--entry", type=int, default=0)
+    parser.add_argument("--checks", default=",".join(spec.CHECKS))
+    parser.add_argument("--memory-bytes", type=int, default=16 << 20)
+    parser.add_argument("--memory-share", type=float, default=0.05)
     return run(parser.parse_args(argv))
 
 

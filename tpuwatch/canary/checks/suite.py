@@ -1,0 +1,226 @@
+"""Run the suite on a host's idle devices: every chip check on every chip, the collectives across them, the
+memory pattern at rest around it all; re-run a deviating check twice at once (2 of 3 confirms it).
+
+The worker and the scoreboard (benchmarks/sdc.py) run the same ``Suite``.
+A result is a dict as the worker prints it: device, check, entry, finite,
+max_abs_error, error_ratio (over 1 fails the reference), fingerprint,
+duration_seconds, and a note where the check has one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tpuwatch.canary import spec
+from tpuwatch.canary.checks import bf16, collective, faults, gemm, memory, reference_model, transcendental
+from tpuwatch.canary.checks.base import Case, measure
+from tpuwatch.canary.speed import is_slow, slow_against_peers
+
+CHIP_CHECKS = {m.NAME: m for m in (reference_model, gemm, transcendental, bf16)}
+ALL = spec.CHECKS
+assert set(ALL) == {*CHIP_CHECKS, memory.NAME, collective.NAME}
+TIMINGS = 3  # runs of each check, the same fault draw: the fastest is its device time
+SPEED = "speed"  # the confirm line of a chip that looked slow
+CONFIRM_RUNS = 2  # extra runs of a deviating check: deviating in 2 of 3 confirms it
+MEMORY_SEED = 0x7A11
+_PROGRAMS: dict[tuple[Any, ...], Any] = {}  # compiled once per process: per check, fault class (and shape)
+_WARM: set[tuple[Any, ...]] = set()  # (check, class, chip) already run once: compiled for that chip
+DISPUTED = "disputed"  # expected bits where the chips disagree with no majority: every one of them deviates
+Chip = tuple[str, Any]  # (name, jax device)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the suite runs and how much memory it may keep at rest."""
+
+    checks: tuple[str, ...] = ALL
+    memory_bytes: int = 16 << 20
+    memory_share: float = 0.05
+
+
+class Suite:
+    """The suite on one platform; ``fault`` (a drill) hits chip ``fault_chip`` only."""
+
+    def __init__(self, jax: Any, platform: str, settings: Settings = Settings(),
+                 fault: faults.Fault | None = None, fault_chip: str | None = None) -> None:
+        self.jax = jax
+        self.platform = platform
+        self.settings = settings
+        self.fault = fault
+        self.fault_chip = fault_chip
+        self._rng = np.random.default_rng(int(fault["seed"]) if fault else 0)
+        self._knobs = faults.knobs(fault)
+        self._cases: dict[tuple[str, int, bool], Case] = {}
+
+    def _fires(self, chip: str) -> bool:
+        return self.fault is not None and chip == self.fault_chip and bool(self._rng.random() < self.fault["p"])
+
+    def _kind(self, faulty: bool) -> str | None:
+        return self.fault.kind if faulty and self.fault is not None else None
+
+    def _program(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+        """A compiled program, shared by every Suite of this process (one per check and fault class)."""
+        if key not in _PROGRAMS:
+            _PROGRAMS[key] = build()
+        return _PROGRAMS[key]
+
+    def _case(self, check: str, entry: int, faulty: bool) -> Case:
+        entry = 0 if CHIP_CHECKS[check].FIXED else entry
+        key = (check, entry, faulty)
+        if key not in self._cases:
+            if len(self._cases) > 4 * len(CHIP_CHECKS):
+                self._cases.clear()
+            self._cases[key] = CHIP_CHECKS[check].case(entry, self.platform, self.fault if faulty else None)
+        return self._cases[key]
+
+    def run_check(self, check: str, chip: Chip, entry: int) -> dict[str, Any]:
+        """One check on one chip: its result line (without the event)."""
+        name, device = chip
+        faulty = self.fault is not None and name == self.fault_chip
+        kind = self._kind(faulty)
+        case = self._case(check, entry, faulty)
+        program = self._program((check, kind), lambda: self.jax.jit(CHIP_CHECKS[check].program(self.jax, kind)))
+        args = self.jax.device_put(case.inputs, device)
+        knob = self.jax.device_put(self._knobs if faulty else {}, device)
+        if (check, kind, name) not in _WARM:  # compile outside the timing, the fault asleep
+            self.jax.block_until_ready(program(False, knob, *args))
+            _WARM.add((check, kind, name))
+        fires = self._fires(name)
+        took = float("inf")
+        for _ in range(TIMINGS):  # the fastest of a few: what the chip can do, not what the host's scheduler did
+            started = time.perf_counter()
+            output = self.jax.block_until_ready(program(fires, knob, *args))
+            took = min(took, time.perf_counter() - started)
+        return {"device": name, "check": check, "entry": 0 if CHIP_CHECKS[check].FIXED else entry,
+                **measure(np.asarray(output), case), "duration_seconds": took}
+
+    def run(self, chips: Sequence[Chip], entry: int, on_chip: Callable[[str], None] = lambda name: None,
+            on_result: Callable[[dict[str, Any]], None] = lambda result: None) -> list[dict[str, Any]]:
+        """Every check of the settings on ``chips``, in order; the memory pattern rests through the others.
+
+        ``on_chip(name)`` is called before a chip's checks, ``on_result`` with each result as it comes."""
+        wanted = self.settings.checks
+        resting = self._write(chips) if memory.NAME in wanted else {}
+        out: list[dict[str, Any]] = []
+
+        def keep(results: list[dict[str, Any]]) -> None:
+            for result in results:
+                on_result(result)
+                out.append(result)
+
+        for chip in chips:
+            on_chip(chip[0])
+            keep([self.run_check(check, chip, entry) for check in CHIP_CHECKS if check in wanted])
+        if collective.NAME in wanted and len(chips) > 1:
+            keep(self._collective(chips))
+        keep([self._check_memory(chip, *resting[chip[0]]) for chip in chips if chip[0] in resting])
+        return out
+
+    def confirm(self, chips: Sequence[Chip], results: Sequence[dict[str, Any]],
+                history: dict[tuple[str, int], dict[str, str]]) -> list[dict[str, Any]]:
+        """For every result that deviates, CONFIRM_RUNS more runs at once: the confirm lines (device, check,
+        entry, deviations: one flag per run, the first included)."""
+        expected = expected_bits(results, history)
+        by_name = dict(chips)
+        out = []
+        for r in results:
+            key = (r["device"], r["check"], r["entry"])
+            if not deviates(r, expected[key]):
+                continue
+            flags = [True]
+            for _ in range(CONFIRM_RUNS):
+                again = self._again(r, chips, by_name)
+                flags.append(deviates(again, expected[key]))
+            out.append({"device": r["device"], "check": r["check"], "entry": r["entry"], "deviations": flags})
+        return out + self._confirm_speed(chips, results)
+
+    def _confirm_speed(self, chips: Sequence[Chip], results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A chip that looks slow is timed twice more: a busy host's stray delay is not a slow chip."""
+        took = {r["device"]: r["duration_seconds"] for r in results if r["check"] in spec.TIMED_CHECKS}
+        by_name = dict(chips)
+        out = []
+        for name, median in slow_against_peers(took).items():
+            flags = [True]
+            for _ in range(CONFIRM_RUNS):
+                again = next(r for r in results if r["device"] == name and r["check"] in spec.TIMED_CHECKS)
+                retimed = self.run_check(again["check"], (name, by_name[name]), again["entry"])["duration_seconds"]
+                flags.append(is_slow(retimed, median))
+            out.append({"device": name, "check": SPEED, "entry": 0, "deviations": flags})
+        return out
+
+    def _again(self, result: dict[str, Any], chips: Sequence[Chip], by_name: dict[str, Any]) -> dict[str, Any]:
+        name, check = result["device"], result["check"]
+        if check in CHIP_CHECKS:
+            return self.run_check(check, (name, by_name[name]), result["entry"])
+        if check == collective.NAME:
+            return next(r for r in self._collective(chips) if r["device"] == name)
+        return self._check_memory((name, by_name[name]), *self._write([(name, by_name[name])])[name])
+
+    def _write(self, chips: Sequence[Chip]) -> dict[str, tuple[Any, Any, int]]:
+        resting = {}
+        for name, device in chips:
+            words = memory.words_for(device, self.settings.memory_bytes, self.settings.memory_share)
+            faulty = self.fault is not None and name == self.fault_chip
+            kind = self._kind(faulty)
+            make, rest, check = self._program((memory.NAME, words, kind), lambda: tuple(
+                self.jax.jit(f) for f in memory.programs(self.jax, words, MEMORY_SEED, kind)))
+            with self.jax.default_device(device):
+                buffer = rest(self._fires(name), self._knobs if faulty else {}, make())
+            resting[name] = (buffer, check, words)
+        return resting
+
+    def _check_memory(self, chip: Chip, buffer: Any, check: Any, words: int) -> dict[str, Any]:
+        started = time.perf_counter()
+        bad, first, head = self.jax.device_get(check(buffer))
+        took = time.perf_counter() - started
+        return {"device": chip[0], "check": memory.NAME, "entry": 0, **memory.judge(bad, first, head, MEMORY_SEED),
+                "duration_seconds": took, "words": words}
+
+    def _collective(self, chips: Sequence[Chip]) -> list[dict[str, Any]]:
+        names = [name for name, _ in chips]
+        index = names.index(self.fault_chip) if self.fault_chip in names else None
+        kind = self._kind(index is not None)
+        program = self._program((collective.NAME, tuple(names), kind, index), lambda: self.jax.pmap(
+            collective.program(self.jax, kind, index), axis_name="chips", in_axes=(0, None, 0),
+            devices=[device for _, device in chips]))
+        fires = self._fires(names[index]) if index is not None else False
+        sent = collective.contributions(len(chips))
+        started = time.perf_counter()
+        gathered, summed = self.jax.device_get(program(np.full(len(chips), fires), self._knobs if kind else {},
+                                                       sent))
+        took = time.perf_counter() - started
+        blamed = collective.blame(np.asarray(gathered), np.asarray(summed))
+        return [{"device": name, "check": collective.NAME, "entry": len(chips), "finite": True,
+                 "max_abs_error": 0.0 if i not in blamed else 1.0, "error_ratio": float("inf") if i in blamed else 0.0,
+                 "fingerprint": f"{len(chips):016x}", "duration_seconds": took / len(chips),
+                 "note": blamed.get(i)} for i, name in enumerate(names)]
+
+
+def deviates(result: dict[str, Any], expected: str | None) -> bool:
+    """Whether a result is off: not finite, over its bound, or other bits than ``expected`` (None: no claim)."""
+    if not result["finite"] or (result["error_ratio"] is not None and result["error_ratio"] > 1):
+        return True
+    return expected is not None and result["fingerprint"] != expected
+
+
+def expected_bits(results: Sequence[dict[str, Any]], history: dict[tuple[str, int], dict[str, str]]
+                  ) -> dict[tuple[str, str, int], str | None]:
+    """(device, check, entry) -> the bits it should have given: its peers' majority, else its own past."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((r["check"], r["entry"]), []).append(r)
+    out: dict[tuple[str, str, int], str | None] = {}
+    for (check, entry), group in groups.items():
+        common, count = Counter(r["fingerprint"] for r in group).most_common(1)[0]
+        majority = common if count * 2 > len(group) else None
+        for r in group:
+            past = history.get((check, entry), {}).get(r["device"])
+            # Two chips that disagree: neither is right until its own past says so (the judge flags both).
+            out[(r["device"], check, entry)] = majority or past or (DISPUTED if len(group) > 1 else None)
+    return out
