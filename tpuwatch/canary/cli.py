@@ -1,6 +1,6 @@
 """``tpuwatch canary``: one reference-inference run exactly as the daemon runs it, or a history reset.
 
-Exit 0 pass, 1 wrong results (a caught wrong-numbers drill included), 3 could
+Exit 0 pass, 1 wrong results, a suspect or a slow chip (a caught drill included), 3 could
 not run (error, timeout, crash, every chip skipped) or a fire drill no check
 caught (``undetected``), 2 usage or config error, 130 interrupted (SIGINT or
 SIGTERM: the worker's process group is killed first).
@@ -23,7 +23,7 @@ from tpuwatch.canary.spec import INJECTIONS
 from tpuwatch.config import Config
 from tpuwatch.schema import parse_duration
 
-EXIT_CODES = {"pass": 0, "fail": 1, "skipped": 3, "error": 3, "undetected": 3}
+EXIT_CODES = {"pass": 0, "fail": 1, "suspect": 1, "slow": 1, "skipped": 3, "error": 3, "undetected": 3}
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 ALL = "all"

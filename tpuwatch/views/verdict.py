@@ -3,7 +3,8 @@
 * ``tpuwatch check``'s problems for the chip (tpuwatch.health.device_problems, and the critical kernel events
   of tpuwatch.kernel_log.collector.event_problems): critical, as they make ``check`` exit 1;
 * the chip's firing alerts, at their rule's severity; pending ones are listed but change nothing yet;
-* the canary's latest verdict on the chip: a wrong result is critical, a run that errored a warning;
+* the canary's latest verdict on the chip: a wrong result is critical; an unconfirmed deviation (suspect), a
+  slow chip and a run that errored are warnings;
 * the leak detector's finding on the chip's memory, at its severity (critical near exhaustion).
 """
 
@@ -52,6 +53,11 @@ def chip_verdict(reading: DeviceReading, alerts: Iterable[dict[str, Any]], event
             reasons.append(_reason("pending", "alert", f"{name} pending: {summary}" if summary else f"{name} pending"))
     if canary is not None and canary.status == "fail":
         reasons.append(_reason("critical", "canary", f"canary: wrong result ({canary.reason or canary.check})"))
+    elif canary is not None and canary.status == "suspect":
+        reasons.append(_reason("warning", "canary", f"canary: deviated once, its re-runs did not confirm it "
+                                                    f"({canary.reason or canary.check})"))
+    elif canary is not None and canary.status == "slow":
+        reasons.append(_reason("warning", "canary", f"canary: right but slow ({canary.reason})"))
     elif canary is not None and canary.status == "error":
         reasons.append(_reason("warning", "canary", f"canary: run failed ({canary.reason or 'no reason given'})"))
     if leak is not None and leak.firing:
