@@ -213,3 +213,31 @@ def test_canary_inject_takes_a_parameterized_fault_and_says_what_caught_it(tmp_p
                                                                      "3": "pass"}
     assert result["drill"]["caught"] and result["drill"]["checks"][0].startswith("transcendental")
     assert not (tmp_path / "state" / "canary" / "fingerprints.json").exists()  # a drill never writes it
+
+
+# --- bounds: the memory kept at rest, the schedule ----------------------------------------------------------------
+
+
+class _Device:
+    def __init__(self, stats: dict[str, int] | None) -> None:
+        self.stats = stats
+
+    def memory_stats(self) -> dict[str, int] | None:
+        return self.stats
+
+
+def test_memory_at_rest_never_takes_more_than_its_share_of_the_free_memory() -> None:
+    from tpuwatch.canary.checks import memory
+
+    busy = _Device({"bytes_limit": 16 << 30, "bytes_in_use": (16 << 30) - (100 << 20)})  # 100 MiB free
+    assert memory.words_for(busy, 64 << 20, 0.05) * 4 <= 0.05 * (100 << 20)
+    roomy = _Device({"bytes_limit": 16 << 30, "bytes_in_use": 0})
+    assert memory.words_for(roomy, 16 << 20, 0.05) * 4 == 16 << 20  # the configured size when it fits
+    assert memory.words_for(_Device(None), 16 << 20, 0.05) * 4 <= 16 << 20  # a CPU device: the host's free memory
+
+
+def test_each_run_meets_a_new_schedule_entry_and_each_comes_round_daily() -> None:
+    from tpuwatch.canary.runner import SCHEDULE, entry_at
+
+    hourly = [entry_at(1_800_000_000 + h * 3600, 3600) for h in range(SCHEDULE + 1)]
+    assert len(set(hourly[:SCHEDULE])) == SCHEDULE and hourly[SCHEDULE] == hourly[0]
