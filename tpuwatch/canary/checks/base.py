@@ -3,20 +3,20 @@ output is judged against it."""
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-# How much looser than IEEE float32 with round-to-nearest a platform's arithmetic may be (spec.DEVICE_FACTOR's
-# reasoning): GPU fused multiply-add ordering and fast transcendentals, TPU float32 emulated with bf16 passes.
-DEVICE_FACTOR = {"cpu": 1.0, "gpu": 2.0, "cuda": 2.0, "rocm": 2.0, "tpu": 4.0}
-U32 = 2.0 ** -24
+from tpuwatch.canary.model import fingerprint
+from tpuwatch.canary.spec import DEVICE_FACTOR, UNIT_ROUNDOFF
+
+U32 = UNIT_ROUNDOFF["float32"]
 
 
 def factor(platform: str) -> float:
-    """The platform's factor; an unknown platform gets the loosest."""
+    """How much looser than IEEE float32 with round-to-nearest the platform's arithmetic may be (spec.py says
+    why); an unknown platform gets the loosest."""
     return DEVICE_FACTOR.get(platform, max(DEVICE_FACTOR.values()))
 
 
@@ -27,11 +27,6 @@ class Case:
     inputs: tuple[Any, ...]
     reference: np.ndarray
     bound: np.ndarray | float
-
-
-def fingerprint(output: np.ndarray) -> str:
-    """Short hex digest of the output's exact bytes."""
-    return hashlib.sha256(np.ascontiguousarray(output).tobytes()).hexdigest()[:16]
 
 
 def measure(output: np.ndarray, case: Case) -> dict[str, Any]:
