@@ -48,6 +48,7 @@ def test_a_fault_takes_every_parameter_from_the_command_line() -> None:
     ("matmul:bits=4,pattern=16", "0 <= pattern < 2**bits"),
     ("memory:index=1.5", "0 <= index < 1"),
     ("slow:factor=100", "1 <= factor <= 64"),
+    ("slow:factor=2.5", "a whole factor"),
     ("nan:p=0", "p must be in (0, 1]"),
     ("transcendental:fn=sin", "fn must be one of exp, tanh, log, rsqrt, erf"),
     ("slow:factor=inf", "factor must be finite"),

@@ -15,7 +15,7 @@ parameters, every one settable, every one defaulted.  The classes:
 - ``collective``: the chip's contribution to the collectives corrupted (``add``
   added to element ``index``);
 - ``nan``: a NaN in one weight of the reference model (1 % of field outcomes);
-- ``slow``: the chip does its work ``factor`` times over (same bits);
+- ``slow``: the chip does its work ``factor`` times over (whole times; same bits);
 - the reference model's weight drills ``bitflip``, ``scale``, and ``hang`` and
   ``crash`` (canary/model.py, worker.misbehave).
 
@@ -100,8 +100,8 @@ def parse(text: str) -> Fault:
         raise ValueError("matmul: want 1 <= bits <= 22, 0 <= pattern < 2**bits, 0 <= flip <= 30")
     if kind == "memory" and not (0 <= params["index"] < 1 and 0 <= params["flip"] <= 31):
         raise ValueError("memory: want 0 <= index < 1 and 0 <= flip <= 31")
-    if kind == "slow" and not 1 <= params["factor"] <= 64:
-        raise ValueError("slow: want 1 <= factor <= 64")
+    if kind == "slow" and not (1 <= params["factor"] <= 64 and params["factor"] == int(params["factor"])):
+        raise ValueError("slow: want a whole factor, 1 <= factor <= 64")
     return Fault(kind, params)
 
 

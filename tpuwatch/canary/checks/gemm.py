@@ -27,7 +27,7 @@ FIXED = False
 M, K, N = 128, 256, 128
 SEED = 20261206
 SAFETY = 2.0
-REPEATS = 16  # products per run, one dispatch: the chip's time, not the dispatch's, is what the speed check sees
+REPEATS = 32  # products per run, one dispatch: the chip's time, not the dispatch's, is what the speed check sees
 
 
 def operands(entry: int, shape: tuple[int, ...]) -> np.ndarray:
