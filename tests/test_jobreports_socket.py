@@ -24,6 +24,7 @@ from tpuwatch import config as config_module
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.devices.base import DeviceReading
 from tpuwatch.jobreports.collector import JobReports
+from tpuwatch.probe.channel import exchange
 
 from conftest import wait_until
 
@@ -197,19 +198,33 @@ def test_a_report_that_does_not_arrive_whole_in_time_is_refused(
     assert rejected(part)["timeout"] == 1
 
 
-def test_connections_over_the_limit_are_refused_as_busy(serve: Callable[..., JobReports], place: Path) -> None:
-    part = serve(max_connections=2, read_timeout="10s")
+def test_connections_over_a_user_s_share_are_refused_as_busy_and_others_get_through(
+        serve: Callable[..., JobReports], place: Path) -> None:
+    part = serve(max_connections=8, read_timeout="10s")  # a user may hold 8 / 4 = 2
     idle = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2)]
     try:
         for conn in idle:
             conn.connect(str(place / "probe.sock"))
         wait_until(lambda: len(part._server._conns) == 2 if part._server else False, what="two connections held")
-        assert send(place / "probe.sock", line())["reason"] == "busy"
+        answer = exchange(str(place / "probe.sock"), report())  # the probe's own client hears why
+        assert (answer["reason"], answer["detail"]) == ("busy", f"uid {os.geteuid()} holds 2 connections, its share")
+        if os.geteuid() == 0:  # another user is not shut out by this one
+            assert as_nobody(place / "probe.sock", line(), hold=list((place / "dev").iterdir()))["accepted"] is True
     finally:
         for conn in idle:
             conn.close()
     assert rejected(part)["busy"] == 1
     wait_until(lambda: send(place / "probe.sock", line())["accepted"], what="a report once the idle ones left")
+
+
+def test_a_connection_closed_before_a_byte_is_neither_answered_nor_counted(
+        serve: Callable[..., JobReports], place: Path) -> None:
+    part = serve()
+    for _ in range(3):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.connect(str(place / "probe.sock"))
+    wait_until(lambda: part._server is not None and not part._server._conns, what="the empty connections gone")
+    assert set(rejected(part).values()) == {0} and accepted(part) == 0
 
 
 def test_a_process_over_its_rate_is_refused_and_another_is_not(
@@ -218,8 +233,18 @@ def test_a_process_over_its_rate_is_refused_and_another_is_not(
     answers = [send(place / "probe.sock", line()) for _ in range(3)]
     assert [a.get("reason") for a in answers] == [None, None, "rate_limited"]
     assert rejected(part)["rate_limited"] == 1 and accepted(part) == 2
+    assert exchange(str(place / "probe.sock"), report())["reason"] == "rate_limited"  # the probe hears why
     if os.geteuid() == 0:  # another process has its own share
         assert as_nobody(place / "probe.sock", line(), hold=list((place / "dev").iterdir()))["accepted"] is True
+
+
+@needs_root
+def test_a_user_cannot_escape_the_rate_limit_by_forking(serve: Callable[..., JobReports], place: Path) -> None:
+    part = serve(reports_per_minute=1)  # each process 1 a minute, the user 8
+    answers = [as_nobody(place / "probe.sock", line(), hold=list((place / "dev").iterdir())) for _ in range(9)]
+    assert [a.get("reason") for a in answers] == [None] * 8 + ["rate_limited"]
+    assert answers[-1]["detail"] == "uid 65534 sent over 8 reports a minute"
+    assert rejected(part)["rate_limited"] == 1 and accepted(part) == 8
 
 
 def test_a_flood_of_hostile_reports_leaves_the_socket_serving(

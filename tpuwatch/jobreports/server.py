@@ -2,13 +2,16 @@
 
 Each connection carries one report and gets one answer.  The peer's pid and
 uid come from the kernel (``SO_PEERCRED``, as of ``connect()``), never from
-the report.  Before a byte is read, a connection over ``max_connections`` is
-answered ``busy`` and one from a process over its share (a token bucket per
-pid: ``reports_per_minute``, as many at once) ``rate_limited``; a report not
-whole within ``read_timeout`` is ``timeout``, one over ``max_report_bytes``
-``oversized``.  What is read whole goes to ``handle(peer, data)``, which
-answers.  A flood costs an accept and a small write per connection, in this
-thread only: sampling and alerting never wait on it.
+the report.  Before a byte is read, a connection is answered ``busy`` when
+``max_connections`` are open, or a quarter of them for its user, and
+``rate_limited`` when its process is over its share (a token bucket per pid:
+``reports_per_minute``, as many at once) or its user over UID_SHARE times
+that (a user cannot escape the limit by forking).  A report not whole within
+``read_timeout`` is ``timeout``, one over ``max_report_bytes`` ``oversized``;
+a connection closed before it sent anything is neither answered nor counted
+(a liveness check).  What is read whole goes to ``handle(peer, data)``, which
+answers.  All of it runs in this one thread: sampling and alerting never wait
+on it, and a hostile user costs at most its share of reads and parses.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ log = logging.getLogger(__name__)
 
 MAX_TRACKED_PIDS = 4096
 TICK_S = 0.2
+UID_SHARE = 8  # a user's reports a minute: this many processes' worth
+UID_CONNECTIONS = 4  # a user may hold at most 1/UID_CONNECTIONS of the connections
 _CRED = struct.Struct("3i")
 
 
@@ -134,6 +139,7 @@ class ReportServer:
         self.refuse = refuse
         self.clock = clock
         self._buckets = _Buckets(limits.reports_per_minute, clock)
+        self._user_buckets = _Buckets(limits.reports_per_minute * UID_SHARE, clock)
         self._conns: dict[int, _Conn] = {}
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tpuwatch-probe-socket", daemon=True)
@@ -178,11 +184,17 @@ class ReportServer:
                 return
             pid, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
             peer = Peer(pid, uid)
+            mine = sum(conn.peer.uid == uid for conn in self._conns.values())
             if len(self._conns) >= self.limits.max_connections:
                 self._close(sock, "busy", f"{len(self._conns)} connections open, the limit")
+            elif mine >= max(1, self.limits.max_connections // UID_CONNECTIONS):
+                self._close(sock, "busy", f"uid {uid} holds {mine} connections, its share")
             elif not self._buckets.take(pid):
                 self._close(sock, "rate_limited", f"pid {pid} sent over {self.limits.reports_per_minute} "
                                                   "reports a minute")
+            elif not self._user_buckets.take(uid):
+                self._close(sock, "rate_limited", f"uid {uid} sent over "
+                                                  f"{self.limits.reports_per_minute * UID_SHARE} reports a minute")
             else:
                 sock.setblocking(False)
                 self._conns[sock.fileno()] = _Conn(sock, peer, self.clock() + self.limits.read_timeout)
@@ -205,7 +217,9 @@ class ReportServer:
             self._drop(selector, conn, ("oversized", f"over {self.limits.max_report_bytes} bytes"))
             return
         line, newline, _ = conn.data.partition(b"\n")
-        if newline or not chunk:
+        if not newline and not chunk and not conn.data:
+            self._drop(selector, conn, None, None)  # closed before a byte: a liveness check, not a report
+        elif newline or not chunk:
             self._drop(selector, conn, None, self.handle(conn.peer, bytes(line)))
 
     def _expire(self, selector: selectors.BaseSelector) -> None:
@@ -220,5 +234,6 @@ class ReportServer:
         if refused is not None:
             self._close(conn.sock, *refused)
         else:
-            _answer(conn.sock, answer or {})
+            if answer is not None:
+                _answer(conn.sock, answer)
             conn.sock.close()

@@ -37,14 +37,25 @@ def exchange(path: str, report: dict[str, Any], timeout: float = TIMEOUT_S) -> d
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout)
         conn.connect(path)
-        conn.sendall(data)
-        conn.shutdown(socket.SHUT_WR)
+        try:
+            conn.sendall(data)
+            conn.shutdown(socket.SHUT_WR)
+        except OSError as exc:  # refused before it read (busy, rate_limited): its answer may be waiting
+            sent: OSError | None = exc
+        else:
+            sent = None
         answer = b""
-        while len(answer) <= protocol.MAX_ANSWER_BYTES:
-            chunk = conn.recv(protocol.MAX_ANSWER_BYTES)
-            if not chunk:
-                break
-            answer += chunk
+        try:
+            while len(answer) <= protocol.MAX_ANSWER_BYTES:
+                chunk = conn.recv(protocol.MAX_ANSWER_BYTES)
+                if not chunk:
+                    break
+                answer += chunk
+        except OSError:
+            if not answer:
+                raise sent or OSError("no answer") from None
+    if not answer and sent is not None:
+        raise sent
     parsed = json.loads(answer.split(b"\n", 1)[0] or b"null")
     if not isinstance(parsed, dict):
         raise ValueError("the daemon's answer is not a JSON object")

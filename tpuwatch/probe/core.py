@@ -141,6 +141,10 @@ class Probe:
         return None
 
     def _compile_quietly(self) -> None:
+        try:  # the job's own threads first (Linux: a thread has its own nice value; best effort)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        except (AttributeError, OSError):
+            pass
         try:
             self._compile()
         except Exception as exc:  # noqa: BLE001 - said once; the job goes on
