@@ -18,11 +18,13 @@ with ``reports_per_minute: 600``) whose chips' device files this process holds o
    dispatched.  ``--rounds`` rounds of interleaved blocks (the order rotated each round, to cancel drift) of
    the same loop, ``--seconds`` in all: without the probe, with it at the default cadence (``--every``, 60 s)
    and at a stressed one (``--stress-every``, 1 s), 1.5 : 2.5 : 1 of each round's time (the default
-   cadence's blocks longest, so that it runs several times in them).  Each probe's cadence runs on a clock that counts its own blocks only, so
-   it runs as often as in a job that always has it; its compile and first run are a start phase before the
-   rounds.  Reported: median and p99 step time, added job time (mean step time with / without - 1, and per
-   round), the runs, the wall time of every ``probe.step()`` call (p99, max) and how many calls found the
-   outputs not ready and moved on.
+   cadence's blocks longest, so that it runs several times in them).  Each probe's cadence runs on a clock
+   that counts its own blocks only, so it runs as often as in a job that always has it; its compile and
+   first run are a start phase before the rounds.  Reported: median and p99 step time, added job time (mean
+   step time with / without - 1, per round, and fitted over the blocks with the CPU other processes used
+   during each block taken out), the runs, the wall time of every ``probe.step()`` call (p99, max) and how
+   many calls found the outputs not ready and moved on.  The default cadence's cost is far inside the noise,
+   so it is also scaled from the stressed blocks (their added time per run, times runs per second).
 2. **The probe's own cost.** ``step()`` calls by what they did (dispatch, read back and judge, ...); compile
    time from the first ``step()`` to ``probe._compiled``; a synchronous ``Probe.check()`` on a fresh Probe in
    this process and in a fresh one; import time and RSS of ``import tpuwatch.probe`` in fresh interpreters
@@ -85,10 +87,17 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 import tpuwatch  # noqa: E402
-from tpuwatch.probe import Probe  # noqa: E402
 from tpuwatch.probe.channel import exchange  # noqa: E402
+from tpuwatch.probe.core import Probe  # noqa: E402
 
-from common import BENCHMARKS_MD, checkout_env, cpu_model, machine_and_command, wait_for_first_cycle, write_section  # noqa: E402, I001
+from common import (  # noqa: E402
+    BENCHMARKS_MD,
+    checkout_env,
+    cpu_model,
+    machine_and_command,
+    wait_for_first_cycle,
+    write_section,
+)
 
 # The job's model.
 LAYERS, D_MODEL, HEADS, SEQ, VOCAB, BATCH = 2, 128, 4, 64, 256, 8
@@ -274,6 +283,24 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (all CPUs: user, nice, system, irq, softirq, steal)."""
+    fields = [int(f) for f in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(fields[:3]) + sum(fields[5:8])) / CLK_TCK
+
+
+class OtherLoad:
+    """CPU seconds used by everything but this process and ``pids`` (the daemon): other processes' load."""
+
+    def __init__(self) -> None:
+        self.pids: list[int] = []
+
+    def __call__(self) -> float:
+        own = os.times()
+        ours = own.user + own.system + sum(cpu_seconds(pid) for pid in self.pids if Path(f"/proc/{pid}").exists())
+        return machine_busy_seconds() - ours
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket() as sock:
@@ -437,6 +464,7 @@ class Arm:
     start: StartPhase | None = None
     runs_at_start: int = 0
     steps: int = 0  # per block
+    others: list[float] = field(default_factory=list)  # other processes' CPU (cores) during each block
 
 
 def watch_compile(probe: Probe, limit: float) -> Callable[[], float | None]:
@@ -453,9 +481,11 @@ def watch_compile(probe: Probe, limit: float) -> Callable[[], float | None]:
     return lambda: seen[0] if seen else None
 
 
-def run_block(job: Job, steps: int, arm: Arm) -> list[float]:
-    """``steps`` training steps, each blocking on its loss, with ``arm``'s probe stepped after each dispatch."""
+def run_block(job: Job, steps: int, arm: Arm, others: OtherLoad) -> list[float]:
+    """``steps`` training steps, each blocking on its loss, with ``arm``'s probe stepped after each dispatch; the
+    other processes' load meanwhile goes to ``arm.others``."""
     times = []
+    load0, wall0 = others(), time.monotonic()
     arm.clock.resume()
     try:
         for _ in range(steps):
@@ -467,6 +497,7 @@ def run_block(job: Job, steps: int, arm: Arm) -> list[float]:
             times.append(time.perf_counter() - started)
     finally:
         arm.clock.pause()
+    arm.others.append((others() - load0) / (time.monotonic() - wall0))
     return times
 
 
@@ -494,7 +525,7 @@ def start_probe(job: Job, arm: Arm) -> None:
     arm.runs_at_start = arm.probe.runs
 
 
-def measure_job(args: argparse.Namespace, socket_path: str) -> tuple[Job, list[Arm], float]:
+def measure_job(args: argparse.Namespace, socket_path: str, others: OtherLoad) -> tuple[Job, list[Arm], float]:
     """Figure 1: the job, the arms after the interleaved rounds and the warm-up's median step seconds."""
     job = Job()
     progress(f"job: {job.parameters} parameters, compiling the train step")
@@ -521,9 +552,11 @@ def measure_job(args: argparse.Namespace, socket_path: str) -> tuple[Job, list[A
     for round_no in range(args.rounds):
         shift = round_no % len(arms)
         for arm in arms[shift:] + arms[:shift]:
-            arm.blocks.append(run_block(job, arm.steps, arm))
-        progress(f"job: round {round_no + 1}/{args.rounds} done; runs "
-                 f"{', '.join(f'{a.name} {a.probe.runs}' for a in arms if a.probe is not None)}")
+            arm.blocks.append(run_block(job, arm.steps, arm, others))
+        progress(f"job: round {round_no + 1}/{args.rounds} done; mean step ms "
+                 f"{', '.join(f'{a.name} {statistics.fmean(a.blocks[-1]) * 1000:.1f}' for a in arms)}; runs "
+                 f"{', '.join(f'{a.name} {a.probe.runs}' for a in arms if a.probe is not None)}; other processes "
+                 f"{', '.join(f'{a.others[-1]:.2f}' for a in arms)} cores")
     for arm in arms[1:]:
         assert arm.probe is not None
         arm.probe.channel.flush()
@@ -615,7 +648,7 @@ def in_process_check(socket_path: str) -> tuple[float, float, dict[str, Any], Pr
     (captured, not sent) and the probe."""
     probe = Probe(socket=socket_path)
     captured: list[dict[str, Any]] = []
-    probe.channel.send = captured.append  # type: ignore[method-assign]
+    probe.channel.send = captured.append  # type: ignore[method-assign, assignment]
     started = time.perf_counter()
     result = probe.check()
     first = time.perf_counter() - started
@@ -1085,15 +1118,51 @@ class Estimate:
         return "**not met**"
 
 
-def estimate(r: Results, runs: int, per_round: list[float]) -> Estimate:
-    """Scale the stressed blocks' per-round added time to the default cadence by job seconds per run."""
-    off, default, stressed = r.arms
+@dataclass
+class Fit:
+    """Every block's mean step by least squares: base + slope x other processes' cores + the arm's effect."""
+
+    base: float  # seconds, without the probe and with nothing else running
+    slope: float | None  # seconds per core of other processes' load (None: too little load to fit)
+    effect: dict[str, float]  # arm -> added seconds per step
+    se: dict[str, float]  # arm -> its standard error
+    blocks: int
+
+    def pct(self, arm: str) -> tuple[float, float]:
+        """The arm's added job time and its standard error, in %."""
+        return 100 * self.effect[arm] / self.base, 100 * self.se[arm] / self.base
+
+
+def fit_blocks(arms: list[Arm]) -> Fit:
+    """Fit the blocks' mean step times (``Fit``); the load term only when the load varied between blocks."""
+    loads = [load for arm in arms for load in arm.others]
+    with_load = max(loads) - min(loads) > 0.05
+    probed = [arm.name for arm in arms if arm.probe is not None]
+    rows, means = [], []
+    for arm in arms:
+        for block, load in zip(arm.blocks, arm.others):
+            rows.append([1.0, *([load] if with_load else []), *(float(arm.name == name) for name in probed)])
+            means.append(statistics.fmean(block))
+    x, y = np.array(rows), np.array(means)
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    dof = max(len(y) - x.shape[1], 1)
+    residual = y - x @ coef
+    cov = float(residual @ residual) / dof * np.linalg.pinv(x.T @ x)
+    first = 2 if with_load else 1
+    return Fit(float(coef[0]), float(coef[1]) if with_load else None,
+               {name: float(coef[first + i]) for i, name in enumerate(probed)},
+               {name: float(np.sqrt(cov[first + i, first + i])) for i, name in enumerate(probed)}, len(y))
+
+
+def estimate(r: Results, runs: int, fit: Fit) -> Estimate:
+    """Scale the stressed blocks' added time (``fit``: other processes' load taken out) to the default cadence by
+    job seconds per run."""
+    _, default, stressed = r.arms
     assert default.every is not None
     runs = max(runs, 1)
     job_s = sum(map(sum, stressed.blocks))
-    mean_pct = statistics.fmean(per_round)
-    se_pct = statistics.stdev(per_round) / len(per_round) ** 0.5 if len(per_round) > 1 else float("nan")
-    per_run = mean_pct / 100 * mean_step(off.blocks) * sum(map(len, stressed.blocks)) / runs
+    mean_pct, se_pct = fit.pct("stressed")
+    per_run = fit.effect["stressed"] * sum(map(len, stressed.blocks)) / runs
     return Estimate(mean_pct, se_pct, job_s / runs, per_run, sum(stressed.calls.all()) / runs, default.every)
 
 
@@ -1108,7 +1177,9 @@ def job_section(r: Results, args: argparse.Namespace) -> list[str]:
     calls = {a.name: a.calls for a in r.arms[1:]}
     off_noise = max(block_p99["off"]) - min(block_p99["off"])
     p99_delta = pct(steps["default"], 99) - pct(steps["off"], 99)
-    est = estimate(r, runs["stressed"], added["stressed"][1])
+    fit = fit_blocks(r.arms)
+    est = estimate(r, runs["stressed"], fit)
+    busiest = max(o for a in r.arms for o in a.others)
     all_calls = calls["default"].all() + calls["stressed"].all()
     not_ready = {n: len(c.seconds["not_ready"]) for n, c in calls.items()}
 
@@ -1134,9 +1205,12 @@ def job_section(r: Results, args: argparse.Namespace) -> list[str]:
             f"{ms(max(block_p99[a.name]))}", f"noise: {ms(off_noise)} ms between blocks without the probe"),
         row("mean step (ms)", lambda a: ms(mean_step(a.blocks), 2)),
         row("added job time (mean with / without - 1)", lambda a: "" if a.probe is None else
-            f"{added[a.name][0]:+.2f} %", f"<= {TARGET_ADDED_PCT} % at the default cadence"),
+            f"{added[a.name][0]:+.2f} %"),
         row("added job time per round (same round's block without)", lambda a: "" if a.probe is None else
             spread(added[a.name][1])),
+        row(f"added job time, other processes' load taken out (least squares over the {fit.blocks} blocks' means)",
+            lambda a: "" if a.probe is None else "{:+.2f} % ± {:.2f} (1 SE)".format(*fit.pct(a.name)),
+            f"<= {TARGET_ADDED_PCT} % at the default cadence"),
         row("probe runs in the measured blocks (+ start phase)", lambda a: "" if a.probe is None else
             f"{runs[a.name]} (+{a.runs_at_start})"),
         row("`probe.step()` calls", lambda a: "" if a.probe is None else str(len(a.calls.all()))),
@@ -1146,15 +1220,22 @@ def job_section(r: Results, args: argparse.Namespace) -> list[str]:
             str(not_ready[a.name])),
         row("reports sent / failed / dropped (channel)", lambda a: "" if a.probe is None else
             f"{a.probe.channel.sent} / {a.probe.channel.failed} / {a.probe.channel.dropped}"),
+        row("other processes' CPU during the blocks (cores), mean / busiest block", lambda a:
+            f"{statistics.fmean(a.others):.2f} / {max(a.others):.2f}", "0: nothing else running"),
         "",
+        *([f"**Other processes used up to {busiest:.2f} of the {os.cpu_count()} CPUs during the blocks (this "
+           "process and the daemon not counted): the step times carry their noise; the fit below takes out what "
+           f"is linear in it ({ms(fit.slope or 0.0)} ms a step per core).**", ""] if busiest > 0.1 else []),
         f"- Added job time at the default cadence (every {default.every:g} s), measured directly: "
         f"{added['default'][0]:+.2f} % (per round {spread(added['default'][1])}); a run every {default.every:g} s "
-        f"is far inside this noise. Scaled from the stressed blocks, whose runs cost the same each: per round "
-        f"{est.mean_pct:+.2f} % ± {est.se_pct:.2f} (1 SE) with a run every {est.job_s_per_run:.2f} s of job time, "
+        f"is far inside this noise. Scaled from the stressed blocks, whose runs cost the same each: "
+        f"{est.mean_pct:+.2f} % ± {est.se_pct:.2f} (1 SE, the fit) with a run every {est.job_s_per_run:.2f} s of "
+        "job time, "
         f"{ms(est.per_run_s, 2)} ms of job time per run (of which {ms(est.host_per_run_s, 2)} ms inside `step()`, "
         f"a floor; the rest is the probe's program and its report thread on the job's cores), so every "
         f"{default.every:g} s adds {est.pct:+.4f} % (upper bound, mean + 2 SE: {est.upper_pct:+.4f} %; floor from "
-        f"`step()` alone {est.floor_pct:.4f} %). Target <= {TARGET_ADDED_PCT} %: {est.verdict()}.",
+        f"`step()` alone {est.floor_pct:.4f} %). Target <= {TARGET_ADDED_PCT} %: {est.verdict()}"
+        f"{' (other processes loaded the machine: rerun on an idle one to confirm)' if busiest > 0.1 else ''}.",
         f"- p99 step time with the probe at the default cadence {ms(pct(steps['default'], 99))} ms against "
         f"{ms(pct(steps['off'], 99))} ms without ({ms(p99_delta):s} ms; the p99 of blocks without the probe spans "
         f"{ms(off_noise)} ms): {verdict(abs(p99_delta) <= off_noise)}.",
@@ -1205,7 +1286,8 @@ def cost_section(r: Results, args: argparse.Namespace) -> list[str]:
         f"{ms(imp.probe_after_jax_s)} ms, RSS +{imp.probe_after_jax_kib / 1024:.1f} MiB | |",
         f"| daemon libraries it loads ({', '.join(DAEMON_LIBRARIES)}) | {', '.join(imp.loaded) or 'none'} | none |",
         f"| device memory kept resident per device (weights + input, nbytes) | {resident / 1024:.0f} KiB "
-        f"({resident / 2 ** 20:.2f} MiB) | <= {TARGET_DEVICE_MIB:g} MiB: {verdict(resident <= TARGET_DEVICE_MIB * 2 ** 20)} |",
+        f"({resident / 2 ** 20:.2f} MiB) | <= {TARGET_DEVICE_MIB:g} MiB: "
+        f"{verdict(resident <= TARGET_DEVICE_MIB * 2 ** 20)} |",
         f"| per run besides (XLA memory analysis: temporaries, output; generated code) | "
         f"{_bytes(mem.temp)}, {_bytes(mem.output)}; {_bytes(mem.code)} | |",
         f"| `device.memory_stats()` | {mem.memory_stats} | |",
@@ -1356,7 +1438,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "max_connections (32) every other connection is refused busy")
     parser.add_argument("--import-runs", type=int, default=3, help="fresh interpreters per import measured")
     parser.add_argument("--quick", action="store_true", help="a smoke run: short windows, figures not to quote")
-    parser.add_argument("--output", type=Path, help=f"also write the section there (e.g. {BENCHMARKS_MD.name})")
+    parser.add_argument("--output", type=Path, default=BENCHMARKS_MD, help="where the section is written")
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.rounds, args.reports, args.baseline = 40.0, 2, 100, 3.0
@@ -1379,7 +1461,9 @@ def run(args: argparse.Namespace, workdir: Path, senders: list[Sender], daemons:
     fresh = run_python(FRESH_CHECK_SCRIPT, str(workdir / "nowhere.sock"))
     daemon = start_daemon(workdir)
     daemons.append(daemon)
-    job, arms, step_s = measure_job(args, daemon.socket)
+    others = OtherLoad()
+    others.pids.append(daemon.pid)
+    job, arms, step_s = measure_job(args, daemon.socket, others)
     accepted = probe_counts(settled(daemon))["accepted"]
     progress("check() on a fresh probe in this process")
     first, again, report, probe = in_process_check(daemon.socket)
@@ -1420,7 +1504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             handle.close()
         shutil.rmtree(workdir, ignore_errors=True)
     section = render(results, args, started, command)
-    if args.output is not None:
+    if args.output is not None and not args.quick:
         write_section("probe", section, args.output)
         progress(f"wrote the probe section of {args.output}")
     print(section)

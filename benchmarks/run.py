@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-SCRIPTS = ["daemon", "footprint", "days", "soak", "devices", "kernel_log", "storm", "trend", "analyze", "config", "state", "canary", "alerting", "flood", "fleet", "previous_boot", "status", "quickstart"]
+SCRIPTS = ["daemon", "footprint", "days", "soak", "devices", "kernel_log", "storm", "trend", "analyze", "config", "state", "canary", "sdc", "probe", "alerting", "flood", "fleet", "previous_boot", "status", "quickstart"]
 
 
 def main() -> int:

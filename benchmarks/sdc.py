@@ -3,7 +3,7 @@
 
 Usage::
 
-    python benchmarks/sdc.py [--seed N] [--trials N] [--clean N] [--output BENCHMARKS.md]
+    python benchmarks/sdc.py [--seed N] [--trials N] [--clean N] [--output BENCHMARKS.md] [--quick]
 
 On four host CPU devices (``--xla_force_host_platform_device_count=4``), in one
 process, with the canary's own code (``tpuwatch.canary.checks.suite.Suite``,
@@ -202,7 +202,10 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=200, help="injections per class")
     parser.add_argument("--clean", type=int, default=10_000, help="fault-free runs for false alarms")
     parser.add_argument("--output", type=Path, default=BENCHMARKS_MD)
+    parser.add_argument("--quick", action="store_true", help="a smoke run (5 trials, 50 clean runs), not written")
     args = parser.parse_args()
+    if args.quick:
+        args.trials, args.clean = 5, 50
     started = datetime.now(UTC)
     began = time.monotonic()
     rng = np.random.default_rng(args.seed)
@@ -248,7 +251,8 @@ def main() -> int:
                                  "python benchmarks/sdc.py " + " ".join(sys.argv[1:]))
     text = "\n".join(lines)
     print(text)
-    write_section("sdc", text, args.output)
+    if not args.quick:
+        write_section("sdc", text, args.output)
     return 0
 
 
