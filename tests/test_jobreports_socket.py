@@ -71,9 +71,12 @@ def send(path: Path, data: bytes, close: bool = True) -> dict[str, Any]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(10)
         conn.connect(str(path))
-        conn.sendall(data)
-        if close:
-            conn.shutdown(socket.SHUT_WR)
+        try:
+            conn.sendall(data)
+            if close:
+                conn.shutdown(socket.SHUT_WR)
+        except OSError:  # refused before the daemon read it (busy, rate_limited): the answer is waiting
+            pass
         answer = b""
         while not answer.endswith(b"\n"):
             chunk = conn.recv(4096)

@@ -3,8 +3,9 @@
 A chip is slow when its device time for the suite's timed check is over
 SLOW_FACTOR times the median of the host's other chips (three chips or more),
 and over it by SLOW_MIN_S: a timer's jitter on a run of a millisecond or two is
-not a slow chip.  The worker times a chip that looks slow twice more; the
-judge calls it slow when 2 of the 3 timings are.
+not a slow chip.  The worker times a chip that looks slow twice more, each
+time beside its peers timed again (a busy host slows them all alike); the
+judge calls it slow when 2 of the 3 rounds say so.
 """
 
 from __future__ import annotations

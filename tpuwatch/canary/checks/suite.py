@@ -20,7 +20,7 @@ import numpy as np
 from tpuwatch.canary import spec
 from tpuwatch.canary.checks import bf16, collective, faults, gemm, memory, reference_model, transcendental
 from tpuwatch.canary.checks.base import Case, measure
-from tpuwatch.canary.speed import is_slow, slow_against_peers
+from tpuwatch.canary.speed import slow_against_peers
 
 CHIP_CHECKS = {m.NAME: m for m in (reference_model, gemm, transcendental, bf16)}
 ALL = spec.CHECKS
@@ -145,16 +145,17 @@ class Suite:
         return out + self._confirm_speed(chips, results)
 
     def _confirm_speed(self, chips: Sequence[Chip], results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """A chip that looks slow is timed twice more: a busy host's stray delay is not a slow chip."""
-        took = {r["device"]: r["duration_seconds"] for r in results if r["check"] in spec.TIMED_CHECKS}
+        """A chip that looks slow is timed twice more, each time beside its peers timed again: a busy host slows
+        them all alike, a slow chip alone."""
+        timed = {r["device"]: r for r in results if r["check"] in spec.TIMED_CHECKS}
         by_name = dict(chips)
         out = []
-        for name, median in slow_against_peers(took).items():
+        for name in slow_against_peers({d: r["duration_seconds"] for d, r in timed.items()}):
             flags = [True]
             for _ in range(CONFIRM_RUNS):
-                again = next(r for r in results if r["device"] == name and r["check"] in spec.TIMED_CHECKS)
-                retimed = self.run_check(again["check"], (name, by_name[name]), again["entry"])["duration_seconds"]
-                flags.append(is_slow(retimed, median))
+                now = {d: self.run_check(r["check"], (d, by_name[d]), r["entry"])["duration_seconds"]
+                       for d, r in timed.items()}
+                flags.append(name in slow_against_peers(now))
             out.append({"device": name, "check": SPEED, "entry": 0, "deviations": flags})
         return out
 
