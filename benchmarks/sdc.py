@@ -191,6 +191,8 @@ def clean_runs(count: int) -> tuple[int, list[float], list[float]]:
         statuses, history, results = suite_run(suite, k % SCHEDULE, history)
         wall.append(time.perf_counter() - started)
         alarms += any(s != "pass" for s in statuses.values())
+        if (k + 1) % 1000 == 0:
+            print(f"clean runs: {k + 1}, false alarms so far {alarms}", file=sys.stderr, flush=True)
         for name, _ in CHIPS:
             chip_time.append(sum(r["duration_seconds"] for r in results if r["device"] == name))
     return alarms, chip_time, wall
