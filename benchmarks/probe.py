@@ -1426,7 +1426,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=6, help="rounds of interleaved blocks")
     parser.add_argument("--steps", type=int, help="steps per block without the probe, the others in proportion "
                         "(default: from --seconds and the warm-up's step time)")
-    parser.add_argument("--every", type=float, default=60.0, help="the default cadence, seconds")
+    parser.add_argument("--every", type=float, default=300.0, help="the default cadence, seconds")
     parser.add_argument("--stress-every", type=float, default=1.0, help="the stressed cadence, seconds")
     parser.add_argument("--reports", type=int, default=500, help=f"valid reports for the daemon's CPU per report "
                         f"(at most {REPORTS_PER_MINUTE}, one process's burst)")

@@ -39,7 +39,7 @@ from tpuwatch.probe.chips import name_devices
 
 log = logging.getLogger("tpuwatch.probe")
 
-DEFAULT_EVERY_S = 60.0
+DEFAULT_EVERY_S = 300.0  # a run costs a job tens of ms of host time on a busy CPU host (benchmarks/probe.py)
 INJECT_ENV = "TPUWATCH_PROBE_INJECT"  # "bitflip@2": a fire drill on the job's chip 2
 
 
