@@ -56,7 +56,8 @@ def schedule():
     for _ in range(int(sys.argv[2])):
         canary.run_once()
         time.sleep(2)
-    passed = next(s.value for s in canary.collect() if s.name == "tpuwatch_canary_runs_total" and s.labels == (("result", "pass"),))
+    passed = next(s.value for s in canary.collect() if s.name == "tpuwatch_canary_runs_total"
+                  and s.labels == (("path", "scheduled"), ("result", "pass")))
     print(int(passed), "jax" in sys.modules, flush=True)
 threading.Thread(target=schedule, daemon=True).start()
 daemon.wait()
