@@ -38,7 +38,7 @@ import numpy as np
 
 from tpuwatch.canary import holds, model, spec
 from tpuwatch.canary.history import FingerprintHistory, history_path
-from tpuwatch.canary.judge import MODEL
+from tpuwatch.canary.judge import history_key
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
             misbehave(fault.kind)
 
     results = suite.run(idle, args.entry, running, lambda result: emit("result", **result))
-    for line in suite.confirm(idle, results, _history(args.state_dir, stack, devices[0].device_kind)):
+    for line in suite.confirm(idle, results, _history(args.state_dir, stack, devices[0].device_kind, results)):
         emit("confirm", **line)
     for chip in sorted(set(skips) - set(chips)):
         emit("skipped", device=str(chip), reason=skips[chip])
@@ -156,20 +156,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _history(state_dir: str, stack: str, chip: str) -> dict[tuple[str, int], dict[str, str]]:
-    """The chips' recorded fingerprints on this stack, per (check, entry): what a deviation is judged against."""
+def _history(state_dir: str, stack: str, chip: str, results: list[dict[str, Any]]
+             ) -> dict[tuple[str, int], dict[str, str]]:
+    """The chips' recorded fingerprints for each (check, entry) the run has results of: what a deviation is
+    judged against, under the keys the judge keeps them by."""
     stored, _ = FingerprintHistory(history_path(state_dir)).read()
-    out: dict[tuple[str, int], dict[str, str]] = {}
-    for key, devices in stored.items():
-        what, _, rest = key.partition("|")
-        if rest != f"{spec.DTYPE}|{chip}|{stack}":
-            continue
-        check, _, entry = what.partition("@")
-        name = check.rsplit(f"-{spec.SUITE_VERSION}", 1)[0] if entry else MODEL
-        if name == MODEL and what != spec.MODEL_VERSION:
-            continue
-        out[(name, int(entry) if entry.isdigit() else 0)] = devices
-    return out
+    groups = {(r["check"], r["entry"]) for r in results}
+    return {group: stored.get(history_key(stack, chip, spec.DTYPE, *group), {}) for group in groups}
 
 
 def main(argv: list[str] | None = None) -> int:
