@@ -14,7 +14,8 @@ FP = "479b034ebb20dd7c"
 
 
 def report(**changes: Any) -> dict[str, Any]:
-    """A valid report of a job on four chips, with ``changes`` applied."""
+    """A valid report of a job on four chips, with ``changes`` applied: composed here, in the shape
+    tpuwatch.probe.Probe.report() writes (tests/test_probe_e2e.py sends real ones)."""
     base: dict[str, Any] = {
         "version": 1, "model": "attn-mlp-v1", "platform": "cpu", "chip": "cpu",
         "stack": "jax 0.10.2, jaxlib 0.10.2, cpu", "dtype": "float32", "scale": 3.25, "named_by": "ordinal",
