@@ -134,9 +134,25 @@ def test_backoff_doubles_with_jitter_up_to_the_cap() -> None:
 
 def test_breaker_opens_after_consecutive_failures_and_a_failed_trial_reopens_quietly() -> None:
     breaker = Breaker(failures=3, reset=300.0)
-    assert [breaker.record(False, T0) for _ in range(2)] == [False, False] and breaker.blocked_until(T0) is None
-    assert breaker.record(False, T0) is True and breaker.blocked_until(T0 + 1) == T0 + 300
+    assert [breaker.record(False, T0) for _ in range(2)] == [None, None] and breaker.blocked_until(T0) is None
+    assert breaker.record(False, T0) == "opened" and breaker.blocked_until(T0 + 1) == T0 + 300
     assert breaker.blocked_until(T0 + 300) is None  # the trial may go
-    assert breaker.record(False, T0 + 300) is False and breaker.blocked_until(T0 + 301) == T0 + 600
-    breaker.record(True, T0 + 600)
-    assert breaker.blocked_until(T0 + 600) is None and breaker.consecutive == 0
+    assert breaker.record(False, T0 + 300) == "still" and breaker.blocked_until(T0 + 301) == T0 + 600
+    assert breaker.record(True, T0 + 600) == "closed"
+    assert breaker.blocked_until(T0 + 600) is None and breaker.consecutive == 0 and not breaker.is_open
+
+
+def test_open_breaker_lets_a_trial_through_every_trial_period_and_reports_once_per_reset() -> None:
+    breaker = Breaker(failures=5, reset=300.0, trial=30.0)
+    assert [breaker.record(False, T0 + i) for i in range(5)] == [None, None, None, None, "opened"]
+    assert breaker.is_open and breaker.blocked_until(T0 + 5) == T0 + 34
+    events = []
+    for trial in range(1, 12):  # a receiver that stays dead: one trial per 30 s, no more
+        start = T0 + 4 + 30 * trial
+        assert breaker.blocked_until(start - 0.5) == start and breaker.blocked_until(start) is None
+        events.append(breaker.record(False, start))
+    assert events.count("still") == 1 and events[9] == "still"  # T0 + 304: one report per reset period
+    # A trial that is answered closes it at once: the backlog goes without waiting for the reset.
+    assert breaker.record(True, T0 + 364) == "closed" and breaker.blocked_until(T0 + 364) is None
+    # The trial period is never longer than the reset (the old behaviour with breaker_trial >= breaker_reset).
+    assert Breaker(failures=1, reset=10.0, trial=30.0).trial == 10.0

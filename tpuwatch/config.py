@@ -209,11 +209,15 @@ class AlertingConfig:
     resolved_retention: Annotated[float, Duration(maximum=86400.0)] = 900.0
     send_timeout: Annotated[float, Duration(minimum=0.1, maximum=300.0)] = 10.0
     retry_initial: Annotated[float, Duration(minimum=0.01)] = 1.0
-    retry_max: Annotated[float, Duration(minimum=0.01)] = 300.0
+    # A receiver that comes back is noticed within retry_max while its circuit is closed (breaker_trial while open).
+    retry_max: Annotated[float, Duration(minimum=0.01)] = 30.0
     max_age: Annotated[float, Duration(minimum=1.0)] = 86400.0
     outbox_max_bytes: Annotated[int, Range(1 << 20, 1 << 40)] = 256 << 20
     breaker_failures: Annotated[int, Range(1, 1000)] = 5
     breaker_reset: Annotated[float, Duration(minimum=0.1)] = 300.0
+    # While the circuit is open, one trial (the most urgent message) at most this often (and once per
+    # breaker_reset at least): a success closes the circuit and the queue drains, critical first.
+    breaker_trial: Annotated[float, Duration(minimum=0.1)] = 30.0
     # The prefix of runbook links (a rule's relative runbook_url, the built-in rules' alert names); None: the
     # daemon's own /runbooks/, which serves the runbooks tpuwatch ships.
     runbook_base_url: str | None = None

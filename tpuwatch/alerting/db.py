@@ -40,6 +40,13 @@ CREATE TABLE IF NOT EXISTS outbox (
     claimed_until REAL NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS outbox_by_receiver ON outbox (receiver, id);
 CREATE TABLE IF NOT EXISTS alert_keys (fingerprint TEXT PRIMARY KEY, told_as TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox_rank (
+    id INTEGER PRIMARY KEY, receiver TEXT NOT NULL, priority INTEGER NOT NULL, grp TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS outbox_rank_order ON outbox_rank (receiver, priority, id);
+CREATE INDEX IF NOT EXISTS outbox_rank_group ON outbox_rank (receiver, grp, id);
+CREATE TRIGGER IF NOT EXISTS outbox_rank_gone AFTER DELETE ON outbox BEGIN
+    DELETE FROM outbox_rank WHERE id = old.id;
+END;
 CREATE TABLE IF NOT EXISTS counters (
     name TEXT NOT NULL, labels TEXT NOT NULL, boot TEXT NOT NULL, last REAL NOT NULL, seen_at REAL NOT NULL,
     total REAL NOT NULL, changed_at REAL NOT NULL, points TEXT NOT NULL, born REAL NOT NULL, born_at REAL,
@@ -61,6 +68,7 @@ class Message:
     body: str
     created: float
     attempts: int
+    priority: int = 1
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,19 @@ class Notification:
     told_firing: tuple[str, ...] = ()
     told_resolved: tuple[str, ...] = ()
     supersede: bool = False
+    # Delivery order across groups: lower first (critical 0, warning 1, others 2); a group's own messages keep
+    # their order whatever their priority, so a resolve never overtakes the firing notification it answers.
+    priority: int = 1
+    group: str = ""
+
+
+SEVERITY_PRIORITY = {"critical": 0, "warning": 1}
+OTHER_PRIORITY = 2
+
+
+def priority(severities: Iterable[str]) -> int:
+    """The delivery priority of a message telling alerts of these severities: its most urgent one's."""
+    return min((SEVERITY_PRIORITY.get(s, OTHER_PRIORITY) for s in severities), default=OTHER_PRIORITY)
 
 
 class AlertDB:
@@ -95,6 +116,16 @@ class AlertDB:
         else:
             self._conn, self._whole = sqlitefile.memory_copy(path, _SCHEMA, max_bytes)
             self._say_partial()
+        self._rank_unranked()
+
+    def _rank_unranked(self) -> None:
+        """Give queued rows without a rank (written by a tpuwatch that kept none, or merged in from memory) the
+        default one: one group per receiver, so they keep their order among themselves."""
+        try:
+            self._conn.execute("INSERT OR IGNORE INTO outbox_rank (id, receiver, priority, grp) "
+                               "SELECT id, receiver, 1, '' FROM outbox WHERE id NOT IN (SELECT id FROM outbox_rank)")
+        except sqlite3.Error as exc:  # a read-only file: claim() still finds them (their rank is the default)
+            log.debug("cannot rank queued notifications: %s", exc)
 
     @property
     def in_memory(self) -> bool:
@@ -115,6 +146,7 @@ class AlertDB:
                 self._conn = memory
             self.problem = reason
             self._say_partial()
+            self._rank_unranked()
 
     def use_file(self) -> bool:
         """Back to the file: the in-memory database written over it (or merged into it, when the copy was not
@@ -131,6 +163,7 @@ class AlertDB:
                 return False
             sqlitefile.close_quietly(self._conn)
             self._conn, self.problem, self._whole = conn, None, True
+            self._rank_unranked()
             return True
 
     def _merged(self) -> sqlite3.Connection | None:
@@ -306,8 +339,11 @@ class AlertDB:
         for n in notifications:
             if n.supersede:
                 statements.append(("DELETE FROM outbox WHERE receiver = ? AND claimed_until < ?", (n.receiver, now)))
-            statements += [("INSERT INTO outbox (receiver, key, body, created, next_attempt) VALUES (?, ?, ?, ?, ?)",
-                            (n.receiver, uuid.uuid4().hex, body, now, now)) for body in n.bodies]
+            for body in n.bodies:
+                statements.append(("INSERT INTO outbox (receiver, key, body, created, next_attempt) "
+                                   "VALUES (?, ?, ?, ?, ?)", (n.receiver, uuid.uuid4().hex, body, now, now)))
+                statements.append(("INSERT INTO outbox_rank (id, receiver, priority, grp) "
+                                   "VALUES (last_insert_rowid(), ?, ?, ?)", (n.receiver, n.priority, n.group)))
             statements += [("INSERT OR REPLACE INTO notified VALUES (?, ?, ?)", (n.receiver, fp, now))
                            for fp in n.told_firing]
             statements += [("DELETE FROM notified WHERE receiver = ? AND fingerprint = ?", (n.receiver, fp))
@@ -315,36 +351,61 @@ class AlertDB:
         self._write(statements)
 
     @sqlitefile.recovering
-    def claim(self, receiver: str, now: float, hold: float) -> tuple[Message | None, float | None]:
-        """Claim the receiver's oldest message if it is due: (message, None), else (None, when it is due).
+    def claim(self, receiver: str, now: float, hold: float, trial: bool = False) -> tuple[Message | None,
+                                                                                          float | None]:
+        """Claim the receiver's most urgent message if it is due: (message, None), else (None, when it is due).
 
-        Messages of one receiver go out strictly in order, so a resolve never
-        overtakes the firing notification it answers.
+        The most urgent is the lowest priority (critical first), then the oldest, among the oldest message of
+        each group: a group's messages go out strictly in order, so a resolve never overtakes the firing
+        notification it answers.  ``trial``: the circuit breaker's trial, which goes now whatever the message's
+        own retry time (one not claimed by another attempt).
         """
         with self._lock:
             row = self._conn.execute(
-                "SELECT id, receiver, key, body, created, attempts, next_attempt, claimed_until FROM outbox "
-                "WHERE receiver = ? ORDER BY id LIMIT 1", (receiver,)).fetchone()
+                "SELECT o.id, o.receiver, o.key, o.body, o.created, o.attempts, o.next_attempt, o.claimed_until, "
+                "COALESCE(r.priority, 1) FROM outbox o LEFT JOIN outbox_rank r ON r.id = o.id "
+                "WHERE o.id = COALESCE(("
+                "  SELECT r.id FROM outbox_rank r WHERE r.receiver = ?1 AND NOT EXISTS ("
+                "    SELECT 1 FROM outbox_rank e WHERE e.receiver = ?1 AND e.grp = r.grp AND e.id < r.id) "
+                "  ORDER BY r.priority, r.id LIMIT 1), "
+                "  (SELECT id FROM outbox WHERE receiver = ?1 ORDER BY id LIMIT 1))", (receiver,)).fetchone()
             if row is None:
                 return None, None
-            due = max(row[6], row[7])
+            due = row[7] if trial else max(row[6], row[7])
             if due > now:
                 return None, due
             updated = self._conn.execute("UPDATE outbox SET claimed_until = ? WHERE id = ? AND claimed_until = ?",
                                          (now + hold, row[0], row[7])).rowcount
         if not updated:
             return None, now
-        return Message(row[0], row[1], row[2], row[3], row[4], row[5]), None
+        return Message(row[0], row[1], row[2], row[3], row[4], row[5], row[8]), None
+
+    @sqlitefile.recovering
+    def release(self, receiver: str, now: float) -> None:
+        """Make every message of the receiver due now (it answers again: its backlog need not wait out the
+        backoff of attempts that failed while it was down)."""
+        with self._lock:
+            self._conn.execute("UPDATE outbox SET next_attempt = ? WHERE receiver = ? AND next_attempt > ?",
+                               (now, receiver, now))
 
     @sqlitefile.recovering
     def insert_claimed(self, receiver: str, body: str, now: float, hold: float) -> Message:
         """Queue one message already claimed by the caller (test-alert delivers it itself)."""
         key = uuid.uuid4().hex
         with self._lock:
-            cursor = self._conn.execute(
-                "INSERT INTO outbox (receiver, key, body, created, next_attempt, claimed_until) "
-                "VALUES (?, ?, ?, ?, ?, ?)", (receiver, key, body, now, now, now + hold))
-        return Message(int(cursor.lastrowid or 0), receiver, key, body, now, 0)
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                cursor = self._conn.execute(
+                    "INSERT INTO outbox (receiver, key, body, created, next_attempt, claimed_until) "
+                    "VALUES (?, ?, ?, ?, ?, ?)", (receiver, key, body, now, now, now + hold))
+                self._conn.execute("INSERT INTO outbox_rank (id, receiver, priority, grp) VALUES (?, ?, ?, ?)",
+                                   (cursor.lastrowid, receiver, OTHER_PRIORITY, ""))
+                self._conn.execute("COMMIT")
+            except sqlite3.Error:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+        return Message(int(cursor.lastrowid or 0), receiver, key, body, now, 0, OTHER_PRIORITY)
 
     @sqlitefile.recovering
     def delete(self, message_id: int) -> None:

@@ -24,6 +24,7 @@ _SHAPES = {
     "outbox": {"receiver": "text", "key": "text", "body": "text", "created": "number", "next_attempt": "number",
                "attempts": "integer", "claimed_until": "number"},
     "alert_keys": {"fingerprint": "text", "told_as": "text"},
+    "outbox_rank": {"id": "integer", "receiver": "text", "priority": "integer", "grp": "text"},
     "counters": {"name": "text", "labels": "text", "boot": "text", "last": "number", "seen_at": "number",
                  "total": "number", "changed_at": "number", "points": "text", "born": "number",
                  "born_at": "number?"},

@@ -1,11 +1,18 @@
 """Deliver queued notifications: one thread per receiver, backoff with jitter, a circuit breaker.
 
-Each receiver's messages go out in order, one at a time, so a hanging
-receiver delays only itself.  A failed attempt is retried after
-``retry_initial * 2**attempts`` (at most ``retry_max``) times a random factor
-in [0.5, 1); a 4xx other than 408/429 is a rejection and is not retried.
-After ``breaker_failures`` consecutive failures the receiver's circuit opens
-for ``breaker_reset`` seconds, then one trial decides.
+Each receiver's messages go out one at a time, the most urgent first
+(critical, then warning, then the rest; oldest first within a priority; a
+group's own messages strictly in order), so a hanging receiver delays only
+itself and a backlog starts with its pages.  A failed attempt is retried after
+``retry_initial * 2**attempts`` (at most ``retry_max``, 30 s by default) times a
+random factor in [0.5, 1); a 4xx other than 408/429 is a rejection and is not
+retried.  After ``breaker_failures`` consecutive failures the receiver's
+circuit opens: its queue is held and one trial, the most urgent message, goes
+at most every ``breaker_trial`` (30 s; at least once per ``breaker_reset``).  A
+trial that is answered closes the circuit and the whole queue is due at once;
+while trials keep failing the receiver is reported again once per
+``breaker_reset``.  So a receiver that comes back hears within 30 s, and one
+that stays dead gets one request per 30 s.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from tpuwatch.alerting.db import AlertDB, Message
+from tpuwatch.alerting.template import human_duration
 from tpuwatch.config import AlertingConfig
 from tpuwatch.notifiers.base import Answer, Notifier
 
@@ -27,29 +35,48 @@ IDLE_POLL_S = 1.0
 
 
 class Breaker:
-    """Consecutive-failure circuit breaker of one receiver."""
+    """Consecutive-failure circuit breaker of one receiver, with half-open trials while open.
 
-    def __init__(self, failures: int, reset: float) -> None:
+    ``record`` takes each attempt's start time and says what changed: ``"opened"`` (this failure opened a
+    closed circuit), ``"closed"`` (an answer closed an open one), ``"still"`` (a failed trial after another
+    ``reset`` seconds open), else None.
+    """
+
+    def __init__(self, failures: int, reset: float, trial: float | None = None) -> None:
         self.failures = failures
         self.reset = reset
+        self.trial = reset if trial is None else min(trial, reset)
         self.consecutive = 0
-        self.open_until: float | None = None
+        self.opened_at: float | None = None
+        self.report_at: float | None = None  # when a trial that fails reports the receiver still down
+        self.next_trial: float | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """Whether the circuit is open: the queue held, only trials go."""
+        return self.opened_at is not None
 
     def blocked_until(self, now: float) -> float | None:
-        """When the next attempt may go, or None if it may go now."""
-        return self.open_until if self.open_until is not None and now < self.open_until else None
+        """When the next attempt (a trial) may go, or None if it may go now."""
+        return self.next_trial if self.next_trial is not None and now < self.next_trial else None
 
-    def record(self, ok: bool, now: float) -> bool:
-        """Count an attempt; True when this failure opens a closed circuit (a failed trial re-opens it quietly)."""
+    def record(self, ok: bool, started: float) -> str | None:
+        """Count an attempt that started at ``started``."""
         if ok:
-            self.consecutive, self.open_until = 0, None
-            return False
+            was_open = self.is_open
+            self.consecutive, self.opened_at, self.report_at, self.next_trial = 0, None, None, None
+            return "closed" if was_open else None
         self.consecutive += 1
         if self.consecutive < self.failures:
-            return False
-        opened = self.open_until is None
-        self.open_until = now + self.reset
-        return opened
+            return None
+        self.next_trial = started + self.trial
+        if self.opened_at is None:
+            self.opened_at, self.report_at = started, started + self.reset
+            return "opened"
+        if self.report_at is not None and started >= self.report_at:
+            self.report_at = started + self.reset
+            return "still"
+        return None
 
 
 def backoff(config: AlertingConfig, attempts: int) -> float:
@@ -65,7 +92,8 @@ class Delivery:
         self.db = db
         self.config = config
         self.notifiers = {n.name: n for n in notifiers}
-        self.breakers = {n.name: Breaker(config.breaker_failures, config.breaker_reset) for n in notifiers}
+        self.breakers = {n.name: Breaker(config.breaker_failures, config.breaker_reset, config.breaker_trial)
+                         for n in notifiers}
         self.results: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -121,26 +149,26 @@ class Delivery:
                 event.clear()
 
     def step(self, name: str, now: float) -> float:
-        """Try the receiver's next due message; seconds until it is worth trying again (0: at once)."""
+        """Try the receiver's most urgent due message (a trial while its circuit is open); seconds until it is
+        worth trying again (0: at once)."""
         breaker = self.breakers[name]
         blocked = breaker.blocked_until(now)
         if blocked is not None:
             return blocked - now
-        message, due = self.db.claim(name, now, self.config.send_timeout + 5.0)
+        message, due = self.db.claim(name, now, self.config.send_timeout + 5.0, trial=breaker.is_open)
         if message is None:
             return IDLE_POLL_S if due is None else max(0.0, due - now)
         answer = self.notifiers[name].send(message.body, message.key)
-        self.settle(name, message, answer, time.time())
+        self.settle(name, message, answer, time.time(), started=now)
         return 0.0
 
-    def settle(self, name: str, message: Message, answer: Answer, now: float) -> None:
-        """Record an attempt's outcome in the outbox, the counters, the breaker and the log."""
+    def settle(self, name: str, message: Message, answer: Answer, now: float, started: float | None = None) -> None:
+        """Record an attempt's outcome (it started at ``started``, answered at ``now``) in the outbox, the
+        counters, the breaker and the log."""
+        breaker = self.breakers[name]
         if answer.ok:
             self.db.delete(message.id)
             self.count(name, "delivered")
-            if name in self._failing:
-                self._failing.discard(name)
-                log.info("receiver %s: delivering again (%s)", name, answer.detail)
         elif not answer.retry:
             self.db.delete(message.id)
             self.count(name, "rejected")
@@ -153,9 +181,28 @@ class Delivery:
                 self._failing.add(name)
                 log.warning("receiver %s: delivery failed (%s); retrying with backoff, logged once per streak",
                             name, answer.detail)
-        if self.breakers[name].record(answer.ok or not answer.retry, now):
-            log.error("receiver %s: circuit open after %d consecutive failures; next try in %gs",
-                      name, self.breakers[name].consecutive, self.config.breaker_reset)
+        down_since = breaker.opened_at
+        change = breaker.record(answer.ok or not answer.retry, now if started is None else started)
+        if (answer.ok or not answer.retry) and name in self._failing:
+            self._failing.discard(name)
+            self.db.release(name, now)  # its backlog need not wait out backoffs earned while it was down
+            if change == "closed":
+                log.warning("receiver %s: circuit closed, delivering again after %s (%s); its %d queued "
+                            "notification(s) go now, critical first", name, human_duration(now - (down_since or now)),
+                            answer.detail, self._queued(name))
+            else:
+                log.info("receiver %s: delivering again (%s)", name, answer.detail)
+        if change == "opened":
+            log.error("receiver %s: circuit open after %d consecutive failures (%s); its %d queued notification(s) "
+                      "are held, one trial every %gs", name, breaker.consecutive, answer.detail, self._queued(name),
+                      breaker.trial)
+        elif change == "still":
+            log.error("receiver %s: still failing after %s (%s); circuit open, %d notification(s) held, one trial "
+                      "every %gs", name, human_duration(now - (down_since or now)), answer.detail,
+                      self._queued(name), breaker.trial)
+
+    def _queued(self, name: str) -> int:
+        return self.db.queue_stats().get(name, (0, 0.0))[0]
 
     def expire(self, now: float) -> None:
         """Drop messages older than ``max_age``; counted and logged."""

@@ -15,7 +15,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tpuwatch.alerting.db import Notification
+from tpuwatch.alerting.db import Notification, priority
 from tpuwatch.alerting.state import Alert
 from tpuwatch.config import AlertingConfig
 from tpuwatch.notifiers import Notifier
@@ -105,7 +105,8 @@ class Dispatcher:
         if not sent:
             return Notification(notifier.name, (), (), told_resolved)
         bodies = notifier.bodies(key, sent, self.external_url)
-        return Notification(notifier.name, tuple(bodies), tuple(a.fingerprint for a in firing), told_resolved)
+        return Notification(notifier.name, tuple(bodies), tuple(a.fingerprint for a in firing), told_resolved,
+                            priority=priority(s.labels.get("severity", "") for s in sent), group="\0".join(key))
 
     def _resend(self, notifier: Notifier, alerts: Sequence[Alert], now: float) -> tuple[list[Notification],
                                                                                       float | None]:
@@ -127,5 +128,6 @@ class Dispatcher:
         sent += [a.told(False, a.resolved_at) for a in recent]
         told_resolved = tuple(a.fingerprint for a in alerts if a.state == "resolved" and notifier.name in a.notified)
         bodies = notifier.bodies(("", ""), sent, self.external_url)
+        urgency = priority(s.labels.get("severity", "") for s in sent)
         return [Notification(notifier.name, tuple(bodies), tuple(a.fingerprint for a in firing), told_resolved,
-                             supersede=True)], now + self.config.resend_delay
+                             supersede=True, priority=urgency)], now + self.config.resend_delay

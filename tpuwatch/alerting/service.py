@@ -358,5 +358,5 @@ class Alerting:
             out.append(sample("tpuwatch_notification_queue_length", queued, receiver=name))
             out.append(sample("tpuwatch_notification_queue_oldest_age_seconds", max(0.0, now - oldest), receiver=name))
             out.append(sample("tpuwatch_notifier_circuit_open",
-                              1 if breaker.blocked_until(now) is not None else 0, receiver=name))
+                              1 if breaker.is_open else 0, receiver=name))
         return out
