@@ -227,3 +227,68 @@ def test_a_state_dir_that_is_a_file_is_judged_unwritable_without_writing(tmp_pat
     path.write_text("not a directory")
     assert probe(str(path), create=False) == f"Not a directory ({path})"
     assert probe(str(path / "below"), create=False) == f"Not a directory ({path})"
+
+
+
+NOBODY = 65534
+
+
+def _as_nobody(*args: str) -> tuple[int, str]:
+    """``tpuwatch ARGS`` run in a forked child as uid/gid 65534 (nobody), a user without rights to root's files
+    (forked, not started: this Python may live where nobody cannot reach it); (exit status, stdout + stderr)."""
+    from tpuwatch import (
+        cli,
+        webconfig,  # noqa: F401
+    )
+    from tpuwatch.alerting import service  # noqa: F401 - what config check imports, loaded while still root
+    from tpuwatch.kernel_log import collector, rulefile  # noqa: F401
+
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        code = 3
+        try:
+            os.dup2(write, 1)
+            os.dup2(write, 2)
+            sys.stdout = os.fdopen(1, "w", closefd=False)
+            sys.stderr = os.fdopen(2, "w", closefd=False)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            code = cli.main(list(args))
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        out = f.read()
+    _, status = os.waitpid(child, 0)
+    return os.waitstatus_to_exitcode(status), out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running as another user needs root")
+def test_config_check_judges_the_state_dir_for_the_user_running_it_not_its_owner() -> None:
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="tpuwatch-statedir-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        state = base / "state"
+        state.mkdir(mode=0o755)  # root's, writable by root (its owner) only
+        config = base / "config.yaml"
+        config.write_text(f"state_dir: {state}\nkernel_log: {{source: none}}\ndevices: {{backend: sim}}\n")
+        config.chmod(0o644)
+        assert probe(str(state / "simulated"), create=False) is None  # root, its owner, may write it
+        code, out = _as_nobody("config", "check", "--config", str(config))
+        assert code == 2, out
+        assert out == (
+            f"tpuwatch: config error: state_dir: {state}/simulated cannot be written: {state} is not writable by "
+            f"this user (nobody, uid {NOBODY}; the directory is root's, mode 0755) (the daemon would run, keeping "
+            "its state in memory only)\n")
+        os.chown(state, NOBODY, NOBODY)  # now the running user's own
+        code, out = _as_nobody("config", "check", "--config", str(config))
+        assert code == 0 and out == f"{config}: ok\n", out
+    finally:
+        shutil.rmtree(base)

@@ -19,6 +19,7 @@ import errno
 import fcntl
 import logging
 import os
+import pwd
 import stat
 
 from tpuwatch.config import Config
@@ -171,7 +172,8 @@ def probe(state_dir: str, create: bool = True) -> str | None:
 
 
 def _judge(state_dir: str) -> str | None:
-    """Without writing: not a directory, a read-only or full file system, or a directory its owner cannot write."""
+    """Without writing: not a directory, a read-only or full file system, or a directory this process's user
+    (its effective uid and groups, ACLs included) cannot write."""
     existing = state_dir
     while not os.path.exists(existing):
         existing = os.path.dirname(existing) or "."
@@ -180,10 +182,19 @@ def _judge(state_dir: str) -> str | None:
         return f"{os.strerror(errno.ENOTDIR)} ({existing})"
     if fs.f_flag & os.ST_RDONLY:
         return f"{os.strerror(errno.EROFS)} ({existing})"
-    if not st.st_mode & stat.S_IWUSR or (st.st_uid == os.geteuid() != 0 and not os.access(existing, os.W_OK)):
-        return f"{existing} is not writable by its owner (uid {st.st_uid})"
+    if not os.access(existing, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        euid = os.geteuid()
+        return (f"{existing} is not writable by this user ({_user_name(euid)}, uid {euid}; the directory is "
+                f"{_user_name(st.st_uid)}'s, mode {stat.S_IMODE(st.st_mode):04o})")
     free = _free_bytes(existing)
     return None if free >= MIN_FREE_BYTES else f"{os.strerror(errno.ENOSPC)} (only {free} bytes free)"
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 def probe_every(interval: float) -> float:
