@@ -195,3 +195,31 @@ def test_check_with_jax_passes_the_sdc_drill(tmp_path: Path) -> None:
     config.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state"), "kernel_log": {"source": "none"}}))
     result = run_check(config, "--simulate", "sdc", "--json")
     assert result.returncode == 0 and json.loads(result.stdout)["problems"] == []
+
+
+# --- check with the drill's part available ------------------------------------------------------------------
+
+
+@needs_jax
+def test_check_with_jax_says_it_does_not_run_the_canary_and_how_to(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state"), "kernel_log": {"source": "none"}}))
+    text = run_check(config, "--simulate", "sdc")
+    assert text.returncode == 0, text.stderr  # the readings are healthy: check says what it did not judge
+    assert text.stdout.splitlines()[-1] == ("HEALTHY by the readings only: the drill's fault is not among them "
+                                            "(see the warning above)")
+    assert "warning: `tpuwatch check` does not run the canary" in text.stdout
+    assert "`tpuwatch canary --inject scale` runs that drill now" in text.stdout
+    report = json.loads(run_check(config, "--simulate", "sdc", "--json").stdout)
+    assert report["status"] == "healthy" and any("does not run the canary" in w for w in report["warnings"])
+    # A scenario whose fault the readings show, and real chips, get no such line.
+    plain = run_check(config, "--simulate", "healthy")
+    assert plain.stdout.splitlines()[-1] == "HEALTHY" and "does not run the canary" not in plain.stdout
+
+
+def test_only_drills_a_reading_cannot_show_are_named_by_check() -> None:
+    from tpuwatch.report import not_checked
+
+    named = [s for s in SCENARIOS if not_checked(simulated(s))]
+    assert named == ["sdc", "probe-sdc"]
+    assert not_checked(config_module.parse("{}")) == []

@@ -25,6 +25,24 @@ from tpuwatch.sampler import Sampler
 from tpuwatch.store import SeriesStore
 from tpuwatch.units import PATH_WORDS, duration, reading_texts
 
+# Drills whose fault only a part of the running daemon sees, never one reading: what ``check`` cannot judge, and
+# where to see it instead.  (A drill whose part cannot run here at all is a problem: blocked_drill.)
+NOT_CHECKED = {
+    "sdc": "`tpuwatch check` does not run the canary, the only part that sees the sdc drill's wrong numbers: "
+           "`tpuwatch canary --inject scale` runs that drill now, `tpuwatch run --simulate sdc` on the canary's "
+           "schedule",
+    "probe-sdc": "`tpuwatch check` starts no job, and only the in-job probe of a running one sees the probe-sdc "
+                 "drill's wrong numbers: `tpuwatch run --simulate probe-sdc` runs it",
+}
+
+
+def not_checked(config: Config) -> list[str]:
+    """What ``check`` did not judge for this config: a simulated drill only a daemon's part can see."""
+    if config.devices.backend != "sim":
+        return []
+    why = NOT_CHECKED.get(config.devices.sim.scenario)
+    return [why] if why else []
+
 
 def check_once(config: Config) -> dict[str, Any]:
     """Sample once and judge: the ``tpuwatch check --json`` object (docs: README, Commands)."""
@@ -67,7 +85,8 @@ def check_once(config: Config) -> dict[str, Any]:
         "problems": problems,
         "warnings": ([f"{e.message.splitlines()[0]}: {' | '.join(e.message.splitlines()[1:3])}" for e in crashed]
                      + maintenance_problems(notices, time.time())
-                     + collector_warnings(sampler.guards) + state_dir_warnings(config.state_dir)),
+                     + collector_warnings(sampler.guards) + state_dir_warnings(config.state_dir)
+                     + ([] if problems else not_checked(config))),
     }
 
 
@@ -126,6 +145,8 @@ def render_check(result: dict[str, Any]) -> str:
     if result["problems"]:
         lines.append(f"UNHEALTHY: {len(result['problems'])} problem(s)")
         lines += [f"  - {p}" for p in result["problems"]]
+    elif any(w in NOT_CHECKED.values() for w in result["warnings"]):
+        lines.append("HEALTHY by the readings only: the drill's fault is not among them (see the warning above)")
     else:
         lines.append("HEALTHY")
     return "\n".join(lines)
