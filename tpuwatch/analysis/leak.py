@@ -48,17 +48,16 @@ finding clears after ``clear_after`` analyses without growth.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import math
-from array import array
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from tpuwatch import statefile
+from tpuwatch.analysis.floors import SlidingValues, pack, unpack
 from tpuwatch.analysis.robust import mann_kendall_p, median, theil_sen
 from tpuwatch.store import History
 
@@ -140,44 +139,6 @@ class LeakView:
     state: LeakState
 
 
-class _SlidingValues:
-    """The values of the buckets that ended within the last ``window`` seconds, kept sorted."""
-
-    __slots__ = ("window", "_buckets", "_sorted")
-
-    def __init__(self, window: float) -> None:
-        self.window = window
-        self._buckets: deque[tuple[float, tuple[float, ...]]] = deque()
-        self._sorted: list[float] = []
-
-    def add(self, end: float, values: tuple[float, ...]) -> None:
-        """Add a bucket's values and forget the buckets older than the window (O(log n) each, plus a memmove)."""
-        self._buckets.append((end, values))
-        for value in values:
-            insort(self._sorted, value)
-        while self._buckets[0][0] <= end - self.window:
-            for value in self._buckets.popleft()[1]:
-                del self._sorted[bisect_left(self._sorted, value)]
-
-    def snapshot(self) -> list[list[Any]]:
-        """The buckets in the window: ``[[end, [values]], ...]``."""
-        return [[end, list(values)] for end, values in self._buckets]
-
-    def restore(self, buckets: list[list[Any]]) -> None:
-        """Refill an empty window from ``snapshot()``; ValueError for a value that is not finite (never stored)."""
-        for end, values in buckets:
-            self._buckets.append((float(end), tuple(float(v) for v in values)))
-            if not all(math.isfinite(v) for v in self._buckets[-1][1]):
-                raise ValueError("a window holds a value that is not finite")
-            self._sorted.extend(self._buckets[-1][1])
-        self._sorted.sort()
-
-    def low(self, share: float) -> float:
-        """The k-th lowest value, k being ``share`` of the values and at least 2 (one outlier ignored)."""
-        k = min(len(self._sorted), max(2, round(share * len(self._sorted))))
-        return self._sorted[k - 1]
-
-
 class LeakDetector:
     """Feed ``update(t, value, capacity)`` in time order; read ``state`` and ``first_alert_at``."""
 
@@ -193,8 +154,8 @@ class LeakDetector:
         self._lo1 = self._lo2 = math.inf
         self._hi1 = self._hi2 = -math.inf
         self._capacity: float | None = None
-        self._lows = [_SlidingValues(window) for window in self.params.floor_windows]
-        self._highs = _SlidingValues(self.params.high_window)  # negated, so that its low is the high
+        self._lows = [SlidingValues(window) for window in self.params.floor_windows]
+        self._highs = SlidingValues(self.params.high_window)  # negated, so that its low is the high
         # Floors per minute over the longest scale plus the lookback, allocated whole at the first floor and trimmed
         # to that length once they hold an hour more, so that analyses read them without copying them whole.
         self._keep = int((max(self.params.scales) + self.params.lookback) / self.params.bucket) + 1
@@ -349,8 +310,8 @@ class LeakDetector:
             "capacity": self._capacity,
             "lows": [window.snapshot() for window in self._lows],
             "highs": self._highs.snapshot(),
-            "floors": [_pack(floors[-self._keep:]) for floors in self._floors],  # all that analyses read
-            "floor_times": _pack(self._floor_times[-self._keep:]),
+            "floors": [pack(floors[-self._keep:]) for floors in self._floors],  # all that analyses read
+            "floor_times": pack(self._floor_times[-self._keep:]),
             "next_analysis": self._next_analysis,
             "recent": list(self._recent),
             "quiet": self._quiet,
@@ -374,8 +335,8 @@ class LeakDetector:
             window.restore(buckets)
         detector._highs.restore(snapshot["highs"])
         for floors, packed in zip(detector._floors, snapshot["floors"], strict=True):
-            floors.extend(_unpack(packed))
-        detector._floor_times.extend(_unpack(snapshot["floor_times"]))
+            floors.extend(unpack(packed))
+        detector._floor_times.extend(unpack(snapshot["floor_times"]))
         if any(len(floors) != len(detector._floor_times) for floors in detector._floors):
             raise ValueError("floor histories of different lengths")
         detector._next_analysis = float(snapshot["next_analysis"])
@@ -409,13 +370,3 @@ class LeakDetector:
 def _layout(params: LeakParams) -> list[Any]:
     """The settings a snapshot's floors depend on."""
     return [params.bucket, list(params.floor_windows), params.floor_outliers, params.high_window]
-
-
-def _pack(values: memoryview) -> str:
-    return base64.b64encode(values.tobytes()).decode("ascii")
-
-
-def _unpack(packed: str) -> array[float]:
-    values = array("d")
-    values.frombytes(base64.b64decode(packed))
-    return values
