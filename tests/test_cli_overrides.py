@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -208,3 +209,31 @@ def test_ack_leaves_its_request_in_state_dir_and_waits_on_url(
     assert json.loads(request.read_text()) == {"devices": devices}
     assert not (tmp_path / "state").exists()
     assert set(stub.paths) == {"/api/kubernetes"}
+
+
+# --- a reader that goes away: `| head` -------------------------------------------------------------------------
+
+
+def _into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+    """``tpuwatch ARGS`` writing into a pipe whose reader has already gone, as ``| head -1`` leaves it."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tpuwatch", *args], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    finally:
+        os.close(write)
+    return proc
+
+
+@pytest.mark.parametrize("command", ["check", "top", "alerts"])
+def test_a_reader_that_goes_away_ends_the_command_quietly(daemonish: Callable[..., _Daemonish], tmp_path: Path,
+                                                          command: str) -> None:
+    stub = daemonish(lambda path: {"status": "success", "alerts": [FIRING] * 50})
+    config = _config(tmp_path, devices={"backend": "sim"}, kernel_log={"source": "none"},
+                     canary={"enabled": False})
+    args = {"check": ["check", "--config", config], "top": ["top", "--once", "--local", "--config", config],
+            "alerts": ["alerts", "--config", config, "--url", stub.url]}[command]
+    result = _into_a_closed_pipe(*args)
+    assert result.stderr == "", result.stderr  # no "internal error: BrokenPipeError", no "Exception ignored"
+    assert result.returncode == 128 + signal.SIGPIPE  # as a Unix tool the pipe killed

@@ -9,6 +9,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -210,6 +211,18 @@ def _check_referenced_files(config: Config) -> None:
 _BUILTIN: dict[str, Any] = {"run": _cmd_run, "check": _cmd_check, "config": _cmd_config}
 
 
+def _reader_gone() -> int:
+    """The reader of our output went away (``tpuwatch alerts | head``): stop quietly with the status of a Unix
+    tool killed by SIGPIPE (141), and let nothing more be written to the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return 128 + signal.SIGPIPE
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``tpuwatch`` console script."""
     argv = sys.argv[1:] if argv is None else argv
@@ -222,8 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = COMMANDS[args.command].module
         if module is not None:
-            return importlib.import_module(module).run(args, config)
-        return _BUILTIN[args.command](args, config)
+            code = importlib.import_module(module).run(args, config)
+        else:
+            code = _BUILTIN[args.command](args, config)
+        sys.stdout.flush()  # a reader gone (`| head`) is found here, not by the interpreter's last flush
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, no traceback
