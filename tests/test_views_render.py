@@ -121,3 +121,21 @@ def test_sparklines_scale_from_lowest_to_highest_and_leave_gaps_blank() -> None:
     assert len(line) == 10 and line[0] == "▁" and line[5:8] == "   " and line[-1] == "█"
     assert sparkline(points, 0.0, 100.0, False, width=10)[-1] == "@"
     assert sparkline([], 0.0, 1.0, True, width=4) == "    "
+
+
+def test_the_alert_table_links_each_alert_to_its_runbook(leaking: SimHost) -> None:
+    own = {**ECC_ALERT, "annotations": {"summary": "s", "runbook_url":
+                                        "http://gpu-7:9847/runbooks/AcceleratorEccUncorrectable"}}
+    wiki = {**ECC_ALERT, "labels": {**ECC_ALERT["labels"], "alertname": "SiteRule"},
+            "annotations": {"summary": "s", "runbook_url": "https://wiki.example/SiteRule"}}
+    bare = {**ECC_ALERT, "labels": {**ECC_ALERT["labels"], "alertname": "AcceleratorLost"}, "annotations": {}}
+    none = {**ECC_ALERT, "labels": {**ECC_ALERT["labels"], "alertname": "SiteRuleWithout"}, "annotations": {}}
+    html = render_page(leaking.document(alerts=lambda: [own, wiki, bare, none]))
+    table = html.split('<section id="alerts">', 1)[1].split("</section>", 1)[0]
+    assert "<th>Runbook</th>" in table
+    links = [a["href"] for t, a in elements(table) if t == "a" and a.get("href") != "/api/alerts"]
+    # The daemon's own runbooks by a relative link (the page may be reached through a tunnel, by another name);
+    # a rule's own runbook_url as it is; none where there is none.
+    assert links == ["/runbooks/AcceleratorEccUncorrectable", "https://wiki.example/SiteRule",
+                     "/runbooks/AcceleratorLost"]
+    assert table.count("<tr class=") == 4

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from html import escape
 from typing import Any
+from urllib.parse import urlsplit
 
+from tpuwatch.alerting import runbooks
 from tpuwatch.health import TEMPERATURE_LIMIT_C
 from tpuwatch.units import (
     GIB,
@@ -103,12 +105,28 @@ def _alerts(doc: dict[str, Any]) -> str:
         rows.append(f'<tr class="a-{_e(a.get("state"))} s-{_e(labels.get("severity"))}"><td>{_e(state)}</td>'
                     f'<td>{_e(labels.get("severity"))}</td><td>{_e(labels.get("alertname"))}</td>'
                     f'<td>{_e(labels.get("device"))}</td><td>{_e(a.get("startsAt") or a.get("activeAt"))}</td>'
-                    f'<td>{_e(a.get("annotations", {}).get("summary", ""))}</td></tr>')
+                    f'<td>{_e(a.get("annotations", {}).get("summary", ""))}</td><td>{_runbook_link(a)}</td></tr>')
     more = (f'<p class="muted">and {doc["alerts_total"] - len(alerts)} more (<a href="/api/alerts">/api/alerts</a>)'
             '</p>' if doc["alerts_total"] > len(alerts) else "")
     return ('<section id="alerts"><h2>Alerts</h2><div class="scroll"><table><thead><tr><th>State</th>'
-            '<th>Severity</th><th>Alert</th><th>Chip</th><th>Since</th><th>Summary</th></tr></thead>'
+            '<th>Severity</th><th>Alert</th><th>Chip</th><th>Since</th><th>Summary</th><th>Runbook</th></tr></thead>'
             f'<tbody>{"".join(rows)}</tbody></table></div>{more}</section>')
+
+
+def _runbook_link(alert: dict[str, Any]) -> str:
+    """The alert's runbook as a link: this daemon's own page by a relative link where the alert points at one it
+    serves (the page may be reached by another name than the one in the link, through a tunnel say), else the
+    rule's ``runbook_url`` as it is; "-" without one."""
+    name = alert.get("labels", {}).get("alertname", "")
+    url = alert.get("annotations", {}).get("runbook_url", "")
+    served = name in runbooks.shipped()
+    if served and (not url or urlsplit(url).path == runbooks.PREFIX + name):
+        href = runbooks.PREFIX + name
+    elif url.startswith(("http://", "https://", "file:///")):
+        href = url
+    else:
+        return "-"
+    return f'<a href="{_e(href)}">runbook</a>'
 
 
 def _details(doc: dict[str, Any]) -> str:
