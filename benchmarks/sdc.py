@@ -31,7 +31,8 @@ minority, most perturbations small, NaN about 1 % of all trials):
 
 A trial is caught when a run flags the right chip (fail, suspect or slow) and
 counted wrong-chip when a run flags another one.  ``--clean`` fault-free runs
-across the schedule give the false alarms (any chip flagged).  Chip time is the
+across the schedule give the false alarms (any chip flagged; counted by verdict and check, each printed to
+stderr with its reason as it happens); they run first.  Chip time is the
 device time the suite spends per chip and run.  Rewrites the ``sdc`` section of
 BENCHMARKS.md.  Hardware (TPU, GPU) is not measured here: the table says so.
 """
@@ -44,6 +45,7 @@ import platform
 import statistics
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -59,7 +61,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tpuwatch.canary.checks import faults  # noqa: E402
 from tpuwatch.canary.checks.suite import Settings, Suite  # noqa: E402
-from tpuwatch.canary.judge import History, judge  # noqa: E402
+from tpuwatch.canary.judge import DeviceOutcome, History, judge  # noqa: E402
 from tpuwatch.canary.runner import SCHEDULE  # noqa: E402
 
 from common import BENCHMARKS_MD, cpu_model, machine_and_command, write_section  # noqa: E402
@@ -136,19 +138,25 @@ class Score:
         return rate(self.caught), median, right, f"{self.trials}"
 
 
-def verdict(lines: list[dict[str, Any]], history: History) -> tuple[dict[str, str], History]:
+def verdict(lines: list[dict[str, Any]], history: History) -> tuple[dict[str, DeviceOutcome], History]:
     result, updated = judge(lines, None, history)
-    return {o.device: o.status for o in result.devices}, updated
+    return {o.device: o for o in result.devices}, updated
 
 
-def suite_run(suite: Suite, entry: int, history: History) -> tuple[dict[str, str], History, list[dict[str, Any]]]:
-    """One run of ``suite`` at ``entry``, judged: (chip -> status, the history to keep, the results)."""
+def suite_run(suite: Suite, entry: int, history: History
+              ) -> tuple[dict[str, DeviceOutcome], History, list[dict[str, Any]]]:
+    """One run of ``suite`` at ``entry``, judged: (chip -> verdict, the history to keep, the results)."""
     results = suite.run(CHIPS, entry)
     confirms = suite.confirm(CHIPS, results, {})
     lines = [{**START, "scale": 3.6073094633660014}, *({"event": "result", **r} for r in results),
              *({"event": "confirm", **c} for c in confirms)]
-    statuses, history = verdict(lines, history)
-    return statuses, history, results
+    outcomes, history = verdict(lines, history)
+    return outcomes, history, results
+
+
+def by_status(outcomes: dict[str, DeviceOutcome]) -> dict[str, str]:
+    """chip -> its verdict's status."""
+    return {device: o.status for device, o in outcomes.items()}
 
 
 def trial(kind: Kind, text: str, chip: str, baseline: History, first_entry: int) -> dict[str, tuple[bool, int, bool]]:
@@ -157,9 +165,10 @@ def trial(kind: Kind, text: str, chip: str, baseline: History, first_entry: int)
     out = {}
     suite = Suite(jax, "cpu", SETTINGS, fault, chip)
     history = dict(baseline)
-    out["suite"] = _until(kind.runs, chip, lambda k: suite_run(suite, (first_entry + k) % SCHEDULE, history)[0])
+    out["suite"] = _until(kind.runs, chip,
+                          lambda k: by_status(suite_run(suite, (first_entry + k) % SCHEDULE, history)[0]))
     fixed = Suite(jax, "cpu", Settings(("model",)), fault, chip)
-    out["fixed-input canary"] = _until(kind.runs, chip, lambda k: suite_run(fixed, 0, dict(baseline))[0])
+    out["fixed-input canary"] = _until(kind.runs, chip, lambda k: by_status(suite_run(fixed, 0, dict(baseline))[0]))
     selfish = Suite(jax, "cpu", Settings(("gemm",)), fault, chip)
     first = {r["device"]: r["fingerprint"] for r in selfish.run(CHIPS, 0)}
 
@@ -181,21 +190,26 @@ def _until(runs: int, chip: str, run: Callable[[int], dict[str, str]]) -> tuple[
     return False, runs, wrong
 
 
-def clean_runs(count: int) -> tuple[int, list[float], list[float]]:
-    """(runs with a chip flagged, chip time per chip and run, wall time per run) over ``count`` clean runs."""
+def clean_runs(count: int) -> tuple[int, Counter[str], list[float], list[float]]:
+    """(runs with a chip flagged, flagged chips by verdict and check, chip time per chip and run, wall time per
+    run) over ``count`` clean runs."""
     suite = Suite(jax, "cpu", SETTINGS)
     history: History = {}
-    alarms, chip_time, wall = 0, [], []
+    alarms, kinds, chip_time, wall = 0, Counter[str](), [], []
     for k in range(count):
         started = time.perf_counter()
-        statuses, history, results = suite_run(suite, k % SCHEDULE, history)
+        outcomes, history, results = suite_run(suite, k % SCHEDULE, history)
         wall.append(time.perf_counter() - started)
-        alarms += any(s != "pass" for s in statuses.values())
+        flagged = [o for o in outcomes.values() if o.status != "pass"]
+        alarms += bool(flagged)
+        for o in flagged:
+            kinds[f"{o.status} ({o.check or '-'})"] += 1
+            print(f"clean run {k + 1}: chip {o.device} {o.status} ({o.check}): {o.reason}", file=sys.stderr, flush=True)
         if (k + 1) % 1000 == 0:
             print(f"clean runs: {k + 1}, false alarms so far {alarms}", file=sys.stderr, flush=True)
         for name, _ in CHIPS:
             chip_time.append(sum(r["duration_seconds"] for r in results if r["device"] == name))
-    return alarms, chip_time, wall
+    return alarms, kinds, chip_time, wall
 
 
 def main() -> int:
@@ -210,6 +224,7 @@ def main() -> int:
         args.trials, args.clean = 5, 50
     started = datetime.now(UTC)
     began = time.monotonic()
+    alarms, kinds, chip_time, wall = clean_runs(args.clean)
     rng = np.random.default_rng(args.seed)
     baseline: History = {}
     for k in range(SCHEDULE):  # a day of clean runs: every chip's past on every entry, as a running host has
@@ -228,7 +243,6 @@ def main() -> int:
                     score.wrong_chip += wrong
         print(f"{kind.name}: " + ", ".join(f"{c} {scores[(kind.name, c)].row()[0]}" for c in checkers),
               file=sys.stderr, flush=True)
-    alarms, chip_time, wall = clean_runs(args.clean)
     lines = ["## Silent data corruption: the scoreboard (`benchmarks/sdc.py`)", "",
              f"{args.trials} randomized injections per class (seed {args.seed}), each on one of 4 host CPU devices "
              "drawn at random, met by three checkers in the same run. Recall is the share caught within the class's "
@@ -246,7 +260,8 @@ def main() -> int:
                   f"schedule (4 chips each; any chip flagged counts). Chip time per chip and run: median "
                   f"{statistics.median(per_chip) * 1000:.1f} ms, p99 {per_chip[int(0.99 * (len(per_chip) - 1))] * 1000:.1f}"
                   f" ms, max {per_chip[-1] * 1000:.1f} ms (target <= 2 s); wall time of a 4-chip run, confirmation "
-                  f"and judging included: median {statistics.median(wall) * 1000:.0f} ms.",
+                  f"and judging included: median {statistics.median(wall) * 1000:.0f} ms. Flagged chips by verdict "
+                  f"(check): {', '.join(f'{k} {n}' for k, n in kinds.most_common()) or 'none'}.",
               "", f"Whole run: {(time.monotonic() - began) / 60:.1f} min.", ""]
     lines += machine_and_command({"CPU": f"{cpu_model()} ({os.cpu_count()} logical CPUs)",
                                   "Python": platform.python_version(), "jax": jax.__version__}, started,

@@ -1,5 +1,5 @@
 """The canary's suite: faults read from the command line, collectives that name the chip, the judge's
-confirmation (2 of 3), speed, and each chip's lasting record; then every fault class in a real run on four host
+confirmation (2 of 3), speed (every chip timed again), and each chip's lasting record; then every fault class in a real run on four host
 CPU devices (tests/suitejob.py) and through ``tpuwatch canary --inject``."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import yaml
 
 from tpuwatch.canary import record
 from tpuwatch.canary.checks import collective, faults
+from tpuwatch.canary.checks.suite import Suite
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.canary.judge import CanaryResult, DeviceOutcome, history_key, judge
 from tpuwatch.config import Config
@@ -142,6 +143,40 @@ def test_a_chip_twice_its_peers_time_is_slow_once_timed_again() -> None:
     assert history  # a slow chip computed right: its bits are kept
     assert statuses(judge(lines(0.006, [True, False, False]), None, {})[0])["1"] == "pass"  # a stray delay
     assert statuses(judge(lines(0.0038, None), None, {})[0])["1"] == "pass"  # under twice
+
+
+class _Timings(Suite):
+    """A suite whose chips' device times come from a script: chip -> its times, first run first."""
+
+    def __init__(self, times: dict[str, list[float]]) -> None:
+        super().__init__(None, "cpu")
+        self.times = {d: list(t) for d, t in times.items()}
+        self.timed: list[str] = []
+
+    def run_check(self, check: str, chip: Any, entry: int) -> dict[str, Any]:
+        self.timed.append(chip[0])
+        return {"device": chip[0], "check": check, "entry": entry, "finite": True, "error_ratio": 0.1,
+                "fingerprint": "b" * 16, "duration_seconds": self.times[chip[0]].pop(0)}
+
+
+def _confirm(times: dict[str, list[float]]) -> tuple[dict[str, list[bool]], list[str]]:
+    suite = _Timings(times)
+    first = [suite.run_check("gemm", (d, None), 5) for d in times]
+    suite.timed.clear()
+    return {c["device"]: c["deviations"] for c in suite.confirm([(d, None) for d in times], first, {})
+            if c["check"] == "speed"}, suite.timed
+
+
+def test_a_chip_is_slow_only_when_its_fastest_time_stays_over_its_peers() -> None:
+    fast = [0.002, 0.002, 0.002]
+    flags, timed = _confirm({"0": fast, "1": [0.006, 0.006, 0.007], "2": fast, "3": fast})
+    assert flags == {"1": [True, True, True]}
+    assert timed == ["1", "2", "3", "0", "2", "3", "0", "1"]  # every chip again, each round in another order
+    assert _confirm({"0": fast, "1": [0.006, 0.002, 0.009], "2": fast, "3": fast})[0] == {"1": [True, False, False]}
+    # peers slowed in a round do not make a chip fast: its fastest time is set against their fastest
+    assert _confirm({"0": [0.002, 0.009, 0.002], "1": [0.006, 0.006, 0.006], "2": [0.002, 0.009, 0.002],
+                     "3": fast})[0] == {"1": [True, True, True]}
+    assert _confirm({d: fast for d in "0123"}) == ({}, [])  # nobody looks slow: nothing timed again
 
 
 # --- the chip's lasting record ------------------------------------------------------------------------------------

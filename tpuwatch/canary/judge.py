@@ -193,13 +193,13 @@ def _confirmed(lines: list[dict[str, Any]], problems: dict[str, list[tuple[str, 
 
 
 def _slow(took: dict[str, float], lines: list[dict[str, Any]]) -> dict[str, str]:
-    """device -> why it is slow: its device time over SLOW_FACTOR x its peers' median (three chips or more), in
-    2 of 3 timings where the worker timed it again."""
-    again = {line["device"]: sum(bool(f) for f in line["deviations"]) for line in lines
+    """device -> why it is slow: its device time over SLOW_FACTOR x its peers' median (three chips or more), and
+    so in every round where the worker timed the chips again."""
+    again = {line["device"]: all(line["deviations"]) for line in lines
              if line["event"] == "confirm" and line["check"] == SPEED}
     out = {}
     for device, median in slow_against_peers(took).items():
-        if again.get(device, CONFIRMED) >= CONFIRMED:
+        if again.get(device, True):
             out[device] = f"{took[device] * 1000:.3g} ms of device time, {took[device] / median:.1f}x its peers' median"
     return out
 

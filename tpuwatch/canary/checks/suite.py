@@ -145,19 +145,21 @@ class Suite:
         return out + self._confirm_speed(chips, results)
 
     def _confirm_speed(self, chips: Sequence[Chip], results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """A chip that looks slow is timed twice more, each time beside its peers timed again: a busy host slows
-        them all alike, a slow chip alone."""
+        """When a chip looks slow, every chip is timed CONFIRM_RUNS times more, in a rotated order; each round
+        compares the chips' fastest times so far.  A busy host slows a timing, not every timing of one chip."""
         timed = {r["device"]: r for r in results if r["check"] in spec.TIMED_CHECKS}
-        by_name = dict(chips)
-        out = []
-        for name in slow_against_peers({d: r["duration_seconds"] for d, r in timed.items()}):
-            flags = [True]
-            for _ in range(CONFIRM_RUNS):
-                now = {d: self.run_check(r["check"], (d, by_name[d]), r["entry"])["duration_seconds"]
-                       for d, r in timed.items()}
-                flags.append(name in slow_against_peers(now))
-            out.append({"device": name, "check": SPEED, "entry": 0, "deviations": flags})
-        return out
+        best = {d: r["duration_seconds"] for d, r in timed.items()}
+        flags = {name: [True] for name in slow_against_peers(best)}
+        by_name, order = dict(chips), list(timed)
+        for _ in range(CONFIRM_RUNS if flags else 0):
+            order = order[1:] + order[:1]
+            for d in order:
+                best[d] = min(best[d], self.run_check(timed[d]["check"], (d, by_name[d]), timed[d]["entry"])
+                              ["duration_seconds"])
+            slow = slow_against_peers(best)
+            for name, seen in flags.items():
+                seen.append(name in slow)
+        return [{"device": name, "check": SPEED, "entry": 0, "deviations": seen} for name, seen in flags.items()]
 
     def _again(self, result: dict[str, Any], chips: Sequence[Chip], by_name: dict[str, Any]) -> dict[str, Any]:
         name, check = result["device"], result["check"]
