@@ -83,7 +83,13 @@ def test_reload_applies_a_good_config_and_refuses_a_bad_one(start_daemon: Callab
     assert "devices.backend: must be one of auto, " in daemon.log() and "got 'quantum'" in daemon.log()
     # /metrics shows what the last sampling cycle stored: the refusal within a cycle.
     wait_until(lambda: metric(daemon, "tpuwatch_config_last_reload_successful") == 0.0, what="the refusal metric")
-    assert requests.get(f"{daemon.url}/healthz", timeout=5).json()["checks"]["config"]["status"] == "reload_failed"
+    report = requests.get(f"{daemon.url}/healthz", timeout=5).json()
+    assert report["checks"]["config"]["status"] == "reload_failed"
+    # Said at the top level, where a glance (or a probe reading only "status") looks: degraded, and why.
+    assert report["status"] == "degraded"
+    (refused,) = [w for w in report["warnings"] if w.startswith("config reload refused")]
+    assert "the config loaded before still runs: devices.backend: must be one of auto, " in refused
+    assert "got 'quantum'" in report["checks"]["config"]["error"]
     before = metric(daemon, "tpuwatch_last_sample_timestamp_seconds")
     wait_until(lambda: metric(daemon, "tpuwatch_last_sample_timestamp_seconds") > before,
                what="sampling to go on under the old config")

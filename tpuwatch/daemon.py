@@ -76,6 +76,7 @@ class Daemon:
         self.scheduler_events: Counter[str] = Counter()
         self._job_events_logged = logsetup.Sparse(JOB_EVENT_LOG_EVERY_S)
         self.reload_ok = True
+        self.reload_error: str | None = None  # why the last reload was refused
         self.reload_success_at = self.started_at
         self.parts: Parts = assemble(config, None, self._lifecycle_samples)
         self._keep_state_where_it_can_be()
@@ -157,7 +158,7 @@ class Daemon:
                     endpoint.close()
                 raise
         except (ConfigError, RuntimeError) as exc:
-            self.reload_ok = False
+            self.reload_ok, self.reload_error = False, str(exc)
             log.error("reload refused, keeping the running config: %s", exc)
             sdnotify.notify("READY=1", "STATUS=reload refused: keeping the running config")
             return False
@@ -173,7 +174,7 @@ class Daemon:
         self.endpoint.set_web_config(parts.web)
         logsetup.configure(new.log_level)
         self._schedule()
-        self.reload_ok, self.reload_success_at = True, time.time()
+        self.reload_ok, self.reload_error, self.reload_success_at = True, None, time.time()
         log.info("config reloaded from %s", self.config_path or "defaults")
         sdnotify.notify("READY=1", f"STATUS={health.status_line(self.parts)}")
         return True
@@ -306,7 +307,8 @@ class Daemon:
             current=lambda: parts().store.current(), history=lambda name, labels: parts().store.history(name, labels),
             readings=lambda: parts().device_readings(),
             window=lambda: parts().config.store.points_per_series * parts().config.interval,
-            health=lambda: health.health_report(parts(), self.state, self.reload_ok, self.started_at),
+            health=lambda: health.health_report(parts(), self.state, self.reload_ok, self.started_at,
+                                                self.reload_error),
             leak=lambda labels, since: parts().trend.leak_view(labels, since),
             canary=lambda: canary.results() if (canary := parts().canary) is not None else [],
             kernel_events=kernel_events, alerts=lambda: parts().alerting.active_alerts(),
@@ -327,7 +329,8 @@ class Daemon:
         return 200, action.api_payload()
 
     def _health_route(self) -> tuple[int, dict[str, Any]]:
-        healthy, report = health.health_report(self.parts, self.state, self.reload_ok, self.started_at)
+        healthy, report = health.health_report(self.parts, self.state, self.reload_ok, self.started_at,
+                                               self.reload_error)
         return (200 if healthy else 503), report
 
     def _lifecycle_samples(self) -> list[Sample]:

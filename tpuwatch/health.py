@@ -143,16 +143,21 @@ def state_check(parts: Parts, state: StateDir, now: float) -> dict[str, Any]:
             "discarded": [{"file": path, "at": at, "reason": why} for at, path, why in discarded]}
 
 
-def health_report(parts: Parts, state: StateDir, reload_ok: bool, started_at: float) -> tuple[bool, dict[str, Any]]:
+RELOAD_ERROR_CHARS = 300  # of a refused reload's reason, in /healthz
+
+
+def health_report(parts: Parts, state: StateDir, reload_ok: bool, started_at: float,
+                  reload_error: str | None = None) -> tuple[bool, dict[str, Any]]:
     """(healthy, report) for /healthz: healthy means tpuwatch itself can monitor; degraded, that it can but
-    misses something (each in ``warnings``)."""
+    misses something (each in ``warnings``), a refused reload included (``reload_error``: why)."""
     now = time.time()
     fresh = sampling_fresh(parts, now)
     last = parts.sampler.last_cycle_end
     checks: dict[str, Any] = {
         "sampling": {"status": "ok" if fresh else "stale",
                      "last_sample_age_seconds": round(now - last, 3) if last else None},
-        "config": {"status": "ok" if reload_ok else "reload_failed"},
+        "config": {"status": "ok" if reload_ok else "reload_failed",
+                   **({} if reload_ok or reload_error is None else {"error": reload_error[:RELOAD_ERROR_CHARS]})},
     }
     for guard in parts.sampler.guards:
         status = {True: "ok", False: "failing", None: "pending"}[guard.status.success]
@@ -184,7 +189,11 @@ def health_report(parts: Parts, state: StateDir, reload_ok: bool, started_at: fl
     if drills:
         checks["drill"] = {"status": "cannot_run", "drills": [dataclasses.asdict(d) for d in drills]}
     healthy = fresh and all(g.status.success for g in parts.sampler.guards)
-    warnings = (collector_warnings(parts.sampler.guards) + [d.sentence() for d in drills]
+    refused = [] if reload_ok else [
+        "config reload refused, the config loaded before still runs"
+        + (f": {reload_error[:RELOAD_ERROR_CHARS]}" if reload_error else "")
+        + " (fix the file, `tpuwatch config check`, and reload again)"]
+    warnings = (refused + collector_warnings(parts.sampler.guards) + [d.sentence() for d in drills]
                 + checks["state"]["warnings"])
     report = {"status": ("degraded" if warnings else "healthy") if healthy else "unhealthy", "warnings": warnings,
               "uptime_seconds": round(now - started_at, 3), "version": __version__, "checks": checks}
