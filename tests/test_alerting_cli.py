@@ -220,4 +220,5 @@ def test_alerts_without_a_daemon_says_so_in_one_line(tmp_path: Path, capsys: pyt
     port = free_port()
     config = config_with(tmp_path, [], listen=f"0.0.0.0:{port}")
     assert listing.run(parse_args(listing), config) == 1
-    assert capsys.readouterr().err == f"tpuwatch: no tpuwatch daemon answering at 127.0.0.1:{port}: is it running?\n"
+    assert capsys.readouterr().err == f"tpuwatch: the daemon at http://127.0.0.1:{port} does not answer " \
+                                      "(ConnectionError)\n"

@@ -163,7 +163,7 @@ def test_alerts_asks_the_daemon_at_url(daemonish: Callable[..., _Daemonish], tmp
     stub = daemonish(lambda path: {"status": "success", "alerts": [FIRING]})
     config = _config(tmp_path)
     nowhere = run_cli("alerts", "--config", config)
-    assert nowhere.returncode == 1 and "no tpuwatch daemon answering at 127.0.0.1:" in nowhere.stderr
+    assert nowhere.returncode == 1 and "tpuwatch: the daemon at http://127.0.0.1:" in nowhere.stderr
     listed = run_cli("alerts", "--config", config, "--url", stub.url)
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.splitlines()[1].split()[:5] == ["firing", "critical", "AcceleratorLost", "3", "0000:13:00.0"]
@@ -237,3 +237,13 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(daemonish: Callable[..
     result = _into_a_closed_pipe(*args)
     assert result.stderr == "", result.stderr  # no "internal error: BrokenPipeError", no "Exception ignored"
     assert result.returncode == 128 + signal.SIGPIPE  # as a Unix tool the pipe killed
+
+
+def test_top_and_alerts_word_a_daemon_that_does_not_answer_the_same_way(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    config = _config(tmp_path)
+    said = {command: run_cli(command, "--config", config, "--url", url, *extra)
+            for command, extra in (("alerts", ()), ("top", ("--once",)))}
+    assert {c: (r.returncode, r.stdout) for c, r in said.items()} == {"alerts": (1, ""), "top": (1, "")}
+    assert said["alerts"].stderr == said["top"].stderr == f"tpuwatch: the daemon at {url} does not answer " \
+                                                          "(ConnectionError)\n"

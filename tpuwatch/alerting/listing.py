@@ -64,6 +64,15 @@ def daemon_url(config: Config, url: str | None = None) -> str:
     return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
+# How ``tpuwatch alerts`` and ``tpuwatch top`` say what is wrong with the daemon they ask, in the same words:
+# "the daemon at URL <this>".
+UNTRUSTED = "has a TLS certificate not trusted here (--ca FILE)"
+
+
+def not_answering(exc: BaseException) -> str:
+    return f"does not answer ({type(exc).__name__})"
+
+
 def endpoint_url(config: Config) -> str:
     """Where the daemon of ``config`` serves /api/alerts (https when its web config has TLS)."""
     return daemon_url(config) + "/api/alerts"
@@ -90,22 +99,18 @@ def render(alerts: list[dict[str, Any]]) -> str:
 def run(args: argparse.Namespace, config: Config) -> int:
     """Print the active alerts; 0 when listed, 1 when the daemon cannot be asked, 2 on config errors."""
     try:
-        url = daemon_url(config, args.url) + "/api/alerts"
+        base = daemon_url(config, args.url)
     except (ConfigError, RuntimeError) as exc:
         print(f"tpuwatch: config error: {exc}", file=sys.stderr)
         return 2
+    url = base + "/api/alerts"
     try:
         response = requests.get(url, timeout=10, verify=args.ca or True)
     except requests.exceptions.SSLError:
-        print(f"tpuwatch: cannot list alerts from {url}: its TLS certificate is not trusted (--ca FILE)",
-              file=sys.stderr)
+        print(f"tpuwatch: the daemon at {base} {UNTRUSTED}", file=sys.stderr)
         return 1
-    except requests.ConnectionError:
-        where = url.split("://", 1)[1].split("/", 1)[0]
-        print(f"tpuwatch: no tpuwatch daemon answering at {where}: is it running?", file=sys.stderr)
-        return 1
-    except requests.RequestException as exc:
-        print(f"tpuwatch: cannot list alerts from {url}: {type(exc).__name__}", file=sys.stderr)
+    except requests.RequestException as exc:  # as tpuwatch top says it
+        print(f"tpuwatch: the daemon at {base} {not_answering(exc)}", file=sys.stderr)
         return 1
     try:
         response.raise_for_status()

@@ -25,7 +25,7 @@ from typing import Any
 import requests
 
 from tpuwatch import logsetup
-from tpuwatch.alerting.listing import base_url, daemon_url
+from tpuwatch.alerting.listing import UNTRUSTED, base_url, daemon_url, not_answering
 from tpuwatch.config import Config
 from tpuwatch.schema import ConfigError
 from tpuwatch.units import duration
@@ -80,12 +80,12 @@ class Feed:
         try:
             return self._daemon(), f"from the daemon at {self._url}"
         except requests.exceptions.SSLError:
-            why = "has a TLS certificate not trusted here (--ca FILE)"
+            why = UNTRUSTED
         except requests.HTTPError as exc:
             status = exc.response.status_code if exc.response is not None else 0
             why = ("asks for credentials (--user, --password-file)" if status == 401 else f"answered HTTP {status}")
         except (requests.RequestException, ValueError, KeyError, TypeError) as exc:
-            why = f"does not answer ({type(exc).__name__})"
+            why = not_answering(exc)
         if self._named:
             raise Unreachable(f"the daemon at {self._url} {why}")
         return self._hardware().document(), f"reading the hardware directly: the daemon at {self._url} {why}"
