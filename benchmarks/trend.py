@@ -26,7 +26,8 @@ BENCHMARKS.md.  The default seeds were not used to tune the detector (seeds
 1, 7 and 11 were).  ``--leak-free-seeds`` also replays the leak-free traces of
 more seeds through tpuwatch's detector alone, on every core, and reports its
 false alarms there: 1,200 leak-free traces cannot show a rate of one in a
-thousand.
+thousand.  It then scores fast leaks (20-120 min to full) and their look-alikes
+(``fastleaks.py``): lead time before full per kind and speed, false alarms.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fastleaks
+
 from tpuwatch.analysis.leak import LeakDetector
 
 from common import BENCHMARKS_MD, cpu_model, write_section
@@ -332,7 +335,7 @@ def seed_range(text: str) -> list[int]:
 
 
 def report(scores: dict[str, Score], per_seed: dict[int, Score], replayed: int, replay_s: float, count: int,
-           command: str, quick: bool, free: tuple[str, int, list[str]] | None) -> str:
+           command: str, quick: bool, free: tuple[str, int, list[str]] | None, fast: list[str]) -> str:
     """The markdown section."""
     ours = scores["tpuwatch"]
     lines = [
@@ -372,7 +375,7 @@ def report(scores: dict[str, Score], per_seed: dict[int, Score], replayed: int, 
         seeds, free_count, kinds = free
         lines += ["", f"tpuwatch on the leak-free traces of seeds {seeds} alone ({free_count:,} traces): "
                       f"**{len(kinds)} false alarms**{f' ({_counts(kinds)})' if kinds else ''}."]
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *fast])
 
 
 def _counts(kinds: list[str] | None) -> str:
@@ -389,6 +392,10 @@ def main() -> int:
                         help="also count tpuwatch's false alarms on the leak-free traces of these seeds (A-B or "
                              "S,S,...), on every core")
     parser.add_argument("--quick", action="store_true", help="2 traces per kind and capacity: a smoke run")
+    parser.add_argument("--fast-seeds", type=seed_range, default="2,3", metavar="S,S,...",
+                        help="seeds of the fast-leak traces (default 2,3: not used in tuning, seed 1 was)")
+    parser.add_argument("--fast-traces", type=int, default=2,
+                        help="fast-leak traces per kind, speed and capacity (default 2)")
     parser.add_argument("--output", type=Path, default=BENCHMARKS_MD, help="markdown file to update")
     args = parser.parse_args()
     per_kind = 2 if args.quick else args.traces
@@ -400,8 +407,10 @@ def main() -> int:
         named = f"{free_seeds[0]}-{free_seeds[-1]}" if free_seeds == list(range(free_seeds[0], free_seeds[-1] + 1)) \
             else ", ".join(map(str, free_seeds))
         free = (named, sum(n for n, _ in results), [kind for _, kinds in results for kind in kinds])
+    fast_per_cell = 1 if args.quick else args.fast_traces
+    fast = fastleaks.report(fastleaks.evaluate(fast_per_cell, args.fast_seeds), args.fast_seeds, fast_per_cell)
     command = shlex.join(["python", "benchmarks/trend.py", *sys.argv[1:]])
-    text = report(scores, per_seed, replayed, replay_s, count, command, args.quick, free)
+    text = report(scores, per_seed, replayed, replay_s, count, command, args.quick, free, fast)
     write_section("trend", text, args.output)
     print(text)
     return 0

@@ -1,0 +1,200 @@
+"""Fast leaks and their look-alikes for ``benchmarks/trend.py``: lead time before the chip is full, false alarms.
+
+Each trace is 3 h (plus up to 20 min) of normal use at 10 s on a 16, 32 or
+95 GiB chip (a level of 15-40 %, noise of 0.05-0.4 %, in half of them an
+allocator sawtooth of a 1-5 min period), then one event at ``event_at``:
+
+* leaks that fill the chip in 20-120 min (``SPEEDS`` bins): ``linear``;
+  ``under_sawtooth`` (an allocator sawtooth of a 1-6 min period and 3-15 %
+  over the leak); ``staircase`` (a step every 0.5 min up to min(6 min, an
+  eighth of the time to full)).  The chip is full at the first sample at
+  capacity; the trace ends 5 min later;
+* look-alikes, followed for 2 h: ``model_load`` (to 60-90 % within 10-60 s),
+  ``second_model`` (a first model of 10-25 % loaded 30 min before, a second loaded in 2-5 steps
+  within 0.5-4 min, to 60-90 %), ``warmup`` (a cache that warms up over 10-25
+  min and levels off at 50-85 %: exponential, quadratic, cubic or square-root
+  ease-out) and ``warmup_sawtooth`` (the same under an allocator sawtooth).
+
+1 % of samples are missed.  A leak is scored by its lead: the time from the
+first page (``first_alert_at``, the daemon's and ``tpuwatch analyze``'s) to
+full; a look-alike that pages is a false alarm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from tpuwatch.analysis.leak import LeakDetector
+
+GIB = 1024.0**3
+MINUTE = 60.0
+STEP_S = 10.0
+CAPACITIES_GIB = (16, 32, 95)
+SPEEDS = ((20, 30), (30, 45), (45, 60), (60, 90), (90, 120))  # minutes to full
+FAST_LEAKS = ("linear", "under_sawtooth", "staircase")
+LOOK_ALIKES = ("model_load", "second_model", "warmup", "warmup_sawtooth")
+EASE_OUT = ("exponential", "quadratic", "cubic", "sqrt")
+REQUIRED_LEAD_MIN = 10.0
+
+
+@dataclass
+class FastTrace:
+    """One labelled series; ``full_at`` is None for a look-alike, ``speed`` the bin of its time to full."""
+
+    kind: str
+    speed: tuple[int, int] | None
+    times: np.ndarray
+    used: np.ndarray
+    capacity: float
+    event_at: float
+    full_at: float | None
+
+
+def _sawtooth(rng: np.random.Generator, t: np.ndarray, capacity: float, longest_min: float) -> np.ndarray:
+    period = rng.uniform(1, longest_min) * MINUTE
+    return rng.uniform(0.03, 0.15) * capacity * (((t + rng.uniform(0, period)) % period) / period)
+
+
+def _ease_out(rng: np.random.Generator, x: np.ndarray) -> np.ndarray:
+    """A decelerating climb from 0 to 1 over x in [0, 1] (clipped), of a shape drawn from ``EASE_OUT``."""
+    x = np.clip(x, 0.0, 1.0)
+    shape = EASE_OUT[int(rng.integers(len(EASE_OUT)))]
+    if shape == "exponential":
+        return (1 - np.exp(-4 * x)) / (1 - np.exp(-4))
+    if shape == "quadratic":
+        return 1 - (1 - x) ** 2
+    if shape == "cubic":
+        return 1 - (1 - x) ** 3
+    return np.sqrt(x)
+
+
+def generate(kind: str, capacity_gib: int, rng: np.random.Generator,
+             speed: tuple[int, int] | None = None) -> FastTrace:
+    """One trace of ``kind`` (a leak of ``speed``, minutes to full, or a look-alike)."""
+    capacity = capacity_gib * GIB
+    event_at = (180 + rng.uniform(0, 20)) * MINUTE
+    after = (speed[1] + 10 if speed else 120) * MINUTE
+    t = np.arange(0, event_at + after, STEP_S)
+    since = np.clip(t - event_at, 0, None)
+    base = rng.uniform(0.15, 0.4) * capacity
+    used = base + rng.normal(0, rng.uniform(0.0005, 0.004) * capacity, t.size)
+    if rng.integers(2):
+        used += _sawtooth(rng, t, capacity, 5)
+    full_at = None
+    if kind in FAST_LEAKS:
+        assert speed is not None
+        if kind == "under_sawtooth":
+            used += _sawtooth(rng, t, capacity, 6)
+        room = capacity - float(used.max())
+        to_full = rng.uniform(*speed) * MINUTE
+        if kind == "staircase":
+            every = rng.uniform(0.5, min(6.0, to_full / MINUTE / 8)) * MINUTE
+            since = np.floor(since / every) * every
+        used = np.minimum(used + room * since / to_full, capacity)
+        full = np.flatnonzero(used >= capacity)
+        full_at = float(t[full[0]])
+        keep = t <= full_at + 5 * MINUTE
+        t, used = t[keep], used[keep]
+    elif kind == "model_load":
+        level = rng.uniform(0.6, 0.9) * capacity
+        used += (level - base) * np.clip(since / rng.uniform(10, 60), 0, 1)
+    elif kind == "second_model":
+        first = rng.uniform(0.1, 0.25) * capacity
+        steps = int(rng.integers(2, 6))
+        within = rng.uniform(0.5, 4) * MINUTE
+        level = rng.uniform(max(0.6, (first + base) / capacity + 0.1), 0.9) * capacity
+        used += np.where(t >= event_at - 30 * MINUTE, first, 0.0)
+        used += (level - first - base) * np.minimum(np.floor(since / (within / steps)) + 1, steps) / steps \
+            * (t >= event_at)
+    elif kind in ("warmup", "warmup_sawtooth"):
+        if kind == "warmup_sawtooth":
+            used += _sawtooth(rng, t, capacity, 5)
+        level = rng.uniform(0.5, 0.85) * capacity - float(used[t < event_at].max())
+        used += max(level, 0.05 * capacity) * _ease_out(rng, since / (rng.uniform(10, 25) * MINUTE))
+    used = np.clip(used, 0, capacity)
+    keep = rng.random(t.size) > 0.01
+    epoch = 1_700_000_000.0 + float(rng.integers(0, 10**6)) * STEP_S
+    return FastTrace(kind, speed, t[keep] + epoch, used[keep], capacity, event_at + epoch,
+                     None if full_at is None else full_at + epoch)
+
+
+def traces(per_cell: int, seed: int) -> Iterator[FastTrace]:
+    """``per_cell`` traces of every leak kind, speed and capacity, and of every look-alike and capacity."""
+    rng = np.random.default_rng(seed)
+    for kind in FAST_LEAKS:
+        for speed in SPEEDS:
+            for capacity in CAPACITIES_GIB:
+                for _ in range(per_cell):
+                    yield generate(kind, capacity, rng, speed)
+    for kind in LOOK_ALIKES:
+        for capacity in CAPACITIES_GIB:
+            for _ in range(per_cell * len(SPEEDS)):
+                yield generate(kind, capacity, rng)
+
+
+def first_alert(trace: FastTrace) -> float | None:
+    """The detector's first page on ``trace``, replayed sample by sample."""
+    detector = LeakDetector()
+    update = detector.update
+    for t, v in zip(trace.times.tolist(), trace.used.tolist()):
+        update(t, v, trace.capacity)
+    return detector.first_alert_at
+
+
+@dataclass
+class FastScore:
+    """Leads (minutes before full; negative: paged after full; None: never) per (kind, speed); alarms per kind."""
+
+    leads: dict[tuple[str, tuple[int, int]], list[float | None]]
+    alarms: dict[str, list[bool]]
+
+    def add(self, trace: FastTrace, alert: float | None) -> None:
+        if trace.full_at is None:
+            self.alarms.setdefault(trace.kind, []).append(alert is not None)
+            return
+        assert trace.speed is not None
+        early = alert is not None and alert >= trace.event_at
+        lead = (trace.full_at - alert) / MINUTE if early and alert is not None else None
+        self.leads.setdefault((trace.kind, trace.speed), []).append(lead)
+
+    def missed(self) -> int:
+        """Leaks not paged at least ``REQUIRED_LEAD_MIN`` before full."""
+        return sum(lead is None or lead < REQUIRED_LEAD_MIN for leads in self.leads.values() for lead in leads)
+
+
+def evaluate(per_cell: int, seeds: list[int]) -> FastScore:
+    """Every trace of ``seeds`` replayed and scored."""
+    score = FastScore({}, {})
+    for seed in seeds:
+        for trace in traces(per_cell, seed):
+            score.add(trace, first_alert(trace))
+    return score
+
+
+def report(score: FastScore, seeds: list[int], per_cell: int) -> list[str]:
+    """The markdown lines of the fast-leak part of the trend section."""
+    lines = [
+        "### Fast leaks (20-120 min to full) and look-alikes",
+        "",
+        f"`benchmarks/fastleaks.py`, seeds {', '.join(map(str, seeds))}, {per_cell} per kind, speed and capacity "
+        f"({', '.join(map(str, CAPACITIES_GIB))} GiB): 3 h of normal use, then the leak or look-alike. Lead: "
+        f"minutes from the first page to the first sample at capacity (target >= {REQUIRED_LEAD_MIN:.0f}).",
+        "",
+        "| Leak | Minutes to full | Traces | Paged >= 10 min before full | Lead min | Lead median |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for (kind, speed), leads in score.leads.items():
+        found = [lead for lead in leads if lead is not None]
+        good = sum(lead >= REQUIRED_LEAD_MIN for lead in found)
+        low, mid = (f"{min(found):.1f}", f"{np.median(found):.1f}") if found else ("-", "-")
+        lines.append(f"| {kind} | {speed[0]}-{speed[1]} | {len(leads)} | {good} | {low} | {mid} |")
+    lines += ["", "| Look-alike | Traces | False alarms |", "|---|---:|---:|"]
+    lines += [f"| {kind} | {len(fired)} | {sum(fired)} |" for kind, fired in score.alarms.items()]
+    total = sum(len(leads) for leads in score.leads.values())
+    lines += ["", f"Fast leaks paged >= {REQUIRED_LEAD_MIN:.0f} min before full: **{total - score.missed()} of "
+                  f"{total}**; look-alikes paged: **{sum(sum(f) for f in score.alarms.values())} of "
+                  f"{sum(len(f) for f in score.alarms.values())}**."]
+    return lines
