@@ -223,3 +223,14 @@ def test_only_drills_a_reading_cannot_show_are_named_by_check() -> None:
     named = [s for s in SCENARIOS if not_checked(simulated(s))]
     assert named == ["sdc", "probe-sdc"]
     assert not_checked(config_module.parse("{}")) == []
+
+
+def test_canary_without_jax_names_the_extra_that_installs_it(no_jax: dict[str, str], tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state"), "kernel_log": {"source": "none"},
+                                      "devices": {"backend": "sim"}}))
+    result = subprocess.run([sys.executable, "-m", "tpuwatch", "canary", "--config", str(config)],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, **no_jax})
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert result.stderr == (f"tpuwatch canary: jax is not installed for {sys.executable} (pip install "
+                             "'tpuwatch[canary]', or point canary.python at an interpreter with jax)\n")

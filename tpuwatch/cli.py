@@ -211,6 +211,16 @@ def _check_referenced_files(config: Config) -> None:
 _BUILTIN: dict[str, Any] = {"run": _cmd_run, "check": _cmd_check, "config": _cmd_config}
 
 
+def _say_what_the_canary_lacks(config: Config) -> None:
+    """After a canary run that could not run: where jax is missing, the install that gives it (the extra)."""
+    from tpuwatch.canary.needs import canary_unavailable
+
+    enabled = dataclasses.replace(config, canary=dataclasses.replace(config.canary, enabled=True))
+    why = canary_unavailable(enabled, timeout=10.0)
+    if why is not None and why.startswith("jax is not installed"):
+        print(f"tpuwatch canary: {why}", file=sys.stderr)
+
+
 def _reader_gone() -> int:
     """The reader of our output went away (``tpuwatch alerts | head``): stop quietly with the status of a Unix
     tool killed by SIGPIPE (141), and let nothing more be written to the closed pipe."""
@@ -238,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
             code = importlib.import_module(module).run(args, config)
         else:
             code = _BUILTIN[args.command](args, config)
+        if args.command == "canary" and code == 3:
+            _say_what_the_canary_lacks(config)
         sys.stdout.flush()  # a reader gone (`| head`) is found here, not by the interpreter's last flush
         return code
     except BrokenPipeError:
