@@ -161,3 +161,20 @@ def test_kmsg_refused_without_cap_syslog_when_dmesg_is_restricted() -> None:
     result = subprocess.run([*setpriv_args(settings, NOBODY, NOBODY), "/usr/bin/python3", "-c", KMSG_PROBE],
                             capture_output=True, text=True, timeout=60, cwd="/")
     assert result.returncode != 0 and "Operation not permitted" in result.stderr
+
+
+def test_the_readmes_venv_install_gets_a_unit_that_runs_the_venvs_tpuwatch(tmp_path: Path) -> None:
+    """The shipped unit runs the .deb's /usr/bin/tpuwatch; the README's venv commands must install one that runs
+    /opt/tpuwatch/bin/tpuwatch, and say nothing else about the unit's path."""
+    readme = (SYSTEMD_DIR.parent / "README.md").read_text(encoding="utf-8")
+    (shipped,) = unit_settings(UNIT.read_text())["ExecStart"]
+    assert shipped.startswith("/usr/bin/tpuwatch run ")
+    (install,) = [line for line in readme.splitlines() if "systemd/tpuwatch.service >" in line]
+    target = tmp_path / "tpuwatch.service"
+    command = install.replace("/etc/systemd/system/tpuwatch.service", str(target))
+    subprocess.run(["bash", "-c", command], cwd=SYSTEMD_DIR.parent, check=True, timeout=30)
+    (installed,) = unit_settings(target.read_text())["ExecStart"]
+    assert installed == shipped.replace("/usr/bin/tpuwatch", "/opt/tpuwatch/bin/tpuwatch", 1)
+    # Wherever the README names the unit's ExecStart, it is one of these two.
+    for said in re.findall(r"ExecStart=(\S+)", readme):
+        assert said in ("/usr/bin/tpuwatch", "/opt/tpuwatch/bin/tpuwatch"), said
