@@ -104,10 +104,12 @@ def test_top_shows_the_table_the_verdicts_and_their_reasons(leaking: SimHost) ->
     assert lines[0].startswith("tpuwatch top · host-a · from the daemon at http://127.0.0.1:9847 · every 10s")
     assert lines[1].startswith("4 chip(s): 2 critical · 0 warning · 2 ok · alerts: 1 firing, 0 pending")
     header = next(line for line in lines if line.startswith("DEV"))
-    assert header.split()[:6] == ["DEV", "CHIP", "UP", "HEALTH", "MEM", "MEMORY"]
-    rows = {line.split()[0]: line for line in lines if re.match(r"^\d +v5e ", line)}
+    assert header.split()[:6] == ["DEV", "HEALTH", "MEM", "TEMP", "ECC", "CE/UE"]  # what matters first
+    assert header.split()[6:] == ["UTIL", "POWER", "CHIP", "UP", "MEMORY", "(1h)", "UTILIZATION", "(1h)", "PROVEN",
+                                  "RIGHT", "PCI", "HELD", "BY"]  # without a width, every column
+    rows = {line.split()[0]: line for line in lines if re.match(r"^\d +(ok|CRITICAL|WARNING) ", line)}
     assert set(rows) == {"0", "1", "2", "3"}
-    assert rows["2"].split()[3] == "CRITICAL" and rows["1"].split()[3] == "CRITICAL" and rows["0"].split()[3] == "ok"
+    assert rows["2"].split()[1] == "CRITICAL" and rows["1"].split()[1] == "CRITICAL" and rows["0"].split()[1] == "ok"
     assert "      └ AcceleratorEccUncorrectable: Uncorrectable ECC error(s) on device 1" in lines
     assert any(line.startswith("      └ memory leak suspected: +") for line in lines)
     assert "\x1b" not in text
@@ -139,3 +141,21 @@ def test_the_alert_table_links_each_alert_to_its_runbook(leaking: SimHost) -> No
     assert links == ["/runbooks/AcceleratorEccUncorrectable", "https://wiki.example/SiteRule",
                      "/runbooks/AcceleratorLost"]
     assert table.count("<tr class=") == 4
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_top_in_a_narrow_terminal_keeps_state_memory_temperature_and_ecc_and_wider_adds_the_rest(
+        leaking: SimHost, width: int) -> None:
+    doc = leaking.document(alerts=lambda: [ECC_ALERT])
+    full = plain(frame(doc, "x", 10.0, True, None)).splitlines()
+    lines = plain(frame(doc, "x", 10.0, True, None, width - 1)).splitlines()
+    header = next(line for line in lines if line.startswith("DEV"))
+    table = [header, *(line for line in lines if re.match(r"^\d +(ok|CRITICAL|WARNING) ", line))]
+    assert len(table) == 5 and all(len(line) <= width - 1 for line in table), table
+    assert header.startswith("DEV  HEALTH") and "MEM" in header and "TEMP" in header and "ECC CE/UE" in header
+    for line in table[1:]:  # every chip: its state, memory ("GiB"), temperature ("°C") and ECC counts
+        assert "GiB" in line and "°C" in line and re.search(r"\d+/\d+", line), line
+    full_header = next(line for line in full if line.startswith("DEV"))
+    assert full_header.startswith(header.rstrip()) and len(full_header) > width  # wider shows more of the same
+    if width >= 100:
+        assert "UTIL" in header and "POWER" in header

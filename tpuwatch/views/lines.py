@@ -1,7 +1,9 @@
 """``tpuwatch top``'s view as lines of styled text, pure: the status document in, rows of (text, style) out.
 
 Styles are "ok", "warning", "critical" (the verdict colours), "bold", "dim" and "" (plain).  The chip table
-comes first, widest columns last, so that a narrow terminal cuts the least useful ones.
+comes first, its columns by what matters first: the chip, its verdict, memory, temperature and ECC (these fit an
+80-column terminal), then utilization, power, kind, up, the sparklines, when last proven right, PCI and holder.
+Given a width, the table keeps as many columns, in that order, as fit whole; without one, all of them.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ Row = list[tuple[str, str]]
 SPARK_WIDTH = 16
 _BLOCKS = "▁▂▃▄▅▆▇█"
 _ASCII = "_.-=+*#@"
-_HEADER = ("DEV", "CHIP", "UP", "HEALTH", "MEM", "MEMORY", "UTIL", "UTILIZATION", "TEMP", "POWER", "ECC CE/UE",
+# By priority: the first five always, the others while they fit.
+_HEADER = ("DEV", "HEALTH", "MEM", "TEMP", "ECC CE/UE", "UTIL", "POWER", "CHIP", "UP", "MEMORY", "UTILIZATION",
            "PROVEN RIGHT", "PCI", "HELD BY")
+_ALWAYS = 5
+_GAP = "  "
 MAX_REASONS = 3
 MAX_LISTED = 5
 
@@ -32,8 +37,10 @@ def sparkline(points: list[list[float]], start: float, end: float, unicode: bool
                    for mean in means(points, start, end, width))
 
 
-def frame(doc: dict[str, Any], where: str, every: float, unicode: bool, error: str | None) -> list[Row]:
-    """Every row of the view of ``doc``; ``where`` says where it came from, ``error`` why it is stale."""
+def frame(doc: dict[str, Any], where: str, every: float, unicode: bool, error: str | None,
+          width: int | None = None) -> list[Row]:
+    """Every row of the view of ``doc``; ``where`` says where it came from, ``error`` why it is stale; ``width``:
+    the columns the chip table may take (None: no limit)."""
     counts = doc["counts"]
     firing = sum(a.get("state") == "firing" for a in doc["alerts"])
     pending = sum(a.get("state") == "pending" for a in doc["alerts"])
@@ -54,7 +61,7 @@ def frame(doc: dict[str, Any], where: str, every: float, unicode: bool, error: s
     rows += [[(f"{m.get('cloud', '')} maintenance scheduled: {m.get('text', '')}", "warning")]
              for m in host.get("maintenance", [])]
     rows.append([])
-    rows += _table(doc, unicode)
+    rows += _table(doc, unicode, width)
     rows += _listing("ALERTS", [(_alert(a), "critical" if a.get("labels", {}).get("severity") == "critical"
                                  and a.get("state") == "firing" else "warning" if a.get("state") == "firing" else "")
                                 for a in doc["alerts"]])
@@ -72,20 +79,21 @@ def _counts(counts: dict[str, int]) -> Row:
     return out[:-1]
 
 
-def _table(doc: dict[str, Any], unicode: bool) -> list[Row]:
+def _table(doc: dict[str, Any], unicode: bool, width: int | None) -> list[Row]:
     now, start = doc["generated_at"], doc["generated_at"] - doc["window_seconds"]
     span = f"({duration(doc['window_seconds'])})"
-    header = [*_HEADER[:5], f"MEMORY {span}", _HEADER[6], f"UTILIZATION {span}", *_HEADER[8:]]
+    header = [f"{h} {span}" if h in ("MEMORY", "UTILIZATION") else h for h in _HEADER]
+    health = _HEADER.index("HEALTH")
     table: list[tuple[list[str], str, list[str]]] = []
     for chip in doc["chips"]:
         r, verdict = chip["reading"], chip["verdict"]
         status, texts, series = verdict["status"], reading_texts(r), chip.get("series", {})
         shown = "ok" if status == "ok" else status.upper()
-        cells = [chip["device"], chip["chip"], "yes" if chip["up"] else "NO", shown, texts["memory"],
-                 sparkline(series.get("memory_used_bytes", []), start, now, unicode), texts["utilization"],
+        cells = [chip["device"], shown, texts["memory"], texts["temperature"], texts["ecc"], texts["utilization"],
+                 texts["power"], chip["chip"], "yes" if chip["up"] else "NO",
+                 sparkline(series.get("memory_used_bytes", []), start, now, unicode),
                  sparkline(series.get("utilization_ratio", []), start, now, unicode),
-                 texts["temperature"], texts["power"], texts["ecc"], proven_text(chip.get("proven") or {}, now),
-                 chip["pci"] or "-",
+                 proven_text(chip.get("proven") or {}, now), chip["pci"] or "-",
                  "-" if chip["holders"] is None else ", ".join(chip["holders"]) or "none"]
         reasons = [reason["text"] for reason in verdict["reasons"]]
         table.append((cells, status, reasons[:MAX_REASONS] + ([f"and {len(reasons) - MAX_REASONS} more"]
@@ -93,13 +101,26 @@ def _table(doc: dict[str, Any], unicode: bool) -> list[Row]:
     if not table:
         return [[("no accelerator found", "dim")]]
     widths = [max(len(header[i]), *(len(cells[i]) for cells, _, _ in table)) for i in range(len(header))]
-    rows: list[Row] = [[("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), "bold")]]
+    shown_columns = len(header) if width is None else _fitting(widths, width)
+    widths = widths[:shown_columns]
+    rows: list[Row] = [[(_GAP.join(h.ljust(w) for h, w in zip(header, widths)).rstrip(), "bold")]]
     for cells, status, reasons in table:
-        before = "  ".join(c.ljust(w) for c, w in zip(cells[:3], widths)) + "  "
-        after = "  " + "  ".join(c.ljust(w) for c, w in zip(cells[4:], widths[4:]))
-        rows.append([(before, ""), (cells[3].ljust(widths[3]), status), (after.rstrip(), "")])
+        before = _GAP.join(c.ljust(w) for c, w in zip(cells[:health], widths)) + _GAP
+        after = "".join(_GAP + c.ljust(w) for c, w in zip(cells[health + 1:], widths[health + 1:]))
+        rows.append([(before, ""), (cells[health].ljust(widths[health]), status), (after.rstrip(), "")])
         rows += [[(f"      └ {reason}", status)] for reason in reasons if status != "ok"]
     return rows
+
+
+def _fitting(widths: list[int], width: int) -> int:
+    """How many of the columns, in order, fit ``width`` (never fewer than the ones always shown)."""
+    used, count = 0, 0
+    for w in widths:
+        used += w + (len(_GAP) if count else 0)
+        if used > width:
+            break
+        count += 1
+    return max(count, _ALWAYS)
 
 
 def proven_text(proven: dict[str, float], now: float) -> str:

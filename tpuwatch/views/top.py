@@ -15,6 +15,7 @@ import io
 import locale
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -173,7 +174,10 @@ def run(args: argparse.Namespace, config: Config) -> int:
         except Unreachable as exc:
             print(f"tpuwatch: {exc}", file=sys.stderr)
             return 1
-        print(text.plain(text.frame(document, where, every, unicode, None)))
+        # On a terminal, the columns that fit it (the chip's state, memory, temperature and ECC at least); into a
+        # pipe or file, all of them.
+        width = shutil.get_terminal_size().columns - 1 if sys.stdout.isatty() else None
+        print(text.plain(text.frame(document, where, every, unicode, None, width)))
         return 0 if document["status"] == "ok" else 1
     # Ctrl-C and SIGTERM quit, also where the shell started us with SIGINT ignored (a background job).
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -252,7 +256,7 @@ def _draw(screen: Any, latest: _Latest, every: float, unicode: bool) -> None:
     if value is None:
         rows = [[(f"tpuwatch top: {error or 'reading...'}", "")]]
     else:
-        rows = text.frame(value[0], value[1], every, unicode, error)
+        rows = text.frame(value[0], value[1], every, unicode, error, width - 1)
         rows[0].append((" · q quits", "dim"))
     for y, row in enumerate(rows[:height]):
         x = 0
