@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import re
 from pathlib import Path
@@ -22,9 +23,11 @@ from tpuwatch.kernel_log.records import (
     parse_line,
     pci_of_kernel_device,
 )
-from tpuwatch.kernel_log.rulefile import SHIPPED_DIR, RuleError, load_rules
+from tpuwatch.kernel_log.rule import Rule
+from tpuwatch.kernel_log.rulefile import SHIPPED_DIR, RuleError, load_rules, parse_rule_file
+from tpuwatch.kernel_log.rules import RuleSet
 
-from kernellog import scan
+from kernellog import feed, scan
 
 DATA = Path(__file__).parent / "testdata" / "kernel_log"
 CASES: dict[str, Any] = yaml.safe_load((DATA / "cases.yaml").read_text())
@@ -360,3 +363,195 @@ def test_a_messages_analysis_is_remembered_within_bounds_and_equals_a_fresh_one(
     for n in range(3 * rules_module.MEMO_MESSAGES):
         rules.analyse(f"NVRM: Xid (PCI:0000:3b:00): {n}, pid=1, name=x")
         assert len(rules._memo) <= rules_module.MEMO_MESSAGES
+
+
+def _only(text: str) -> RuleSet:
+    """The rules of one rule file alone, without the shipped ones."""
+    return RuleSet([r for r in parse_rule_file(text, "local.yaml") if isinstance(r, Rule)])
+
+
+def _events(rules: RuleSet, lines: list[str]) -> list[tuple[int | None, str]]:
+    return [(m.index, m.rule) for m in feed(rules, lines)]
+
+
+def test_a_rule_set_without_rules_matches_nothing_on_every_path() -> None:
+    """Every rule disabled: records and text logs are read, and nothing matches or fails."""
+    empty = RuleSet([])
+    xid = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    assert empty.match(xid) == [] and not empty.wants_context(xid)
+    stream = StreamMatcher(empty)
+    assert stream.feed([Record(xid), Record("Linux version 6.1.0")]) == [] and stream.flush() == []
+    assert stream.errors == 0
+    assert scan(f"[    1.000000] {xid}\n[    2.000000] x\n".encode(), empty).events == []
+
+
+def test_a_lone_follow_line_with_keywords_of_its_own_is_the_event() -> None:
+    """A fault's detail line found by its own keywords: alone, it stands for the lost first line; after the first
+    line, it is that fault's and no event of its own."""
+    rules = _only("""
+rules:
+  - name: widget_fault
+    keywords: ["widget: fault"]
+    regex: 'widget: fault on (?P<unit>\\w+)'
+    severity: critical
+    follow: {keywords: ["wdg detail"], regex: 'wdg detail unit=(?P<unit>\\w+)', alone: true}
+""")
+    assert _events(rules, ["wdg detail unit=a"]) == [(1, "widget_fault")]
+    assert _events(rules, ["widget: fault on a", "wdg detail unit=a", "wdg detail unit=b"]) == [
+        (1, "widget_fault"), (3, "widget_fault")]
+
+
+def test_a_follow_line_with_keywords_of_its_own_is_taken_by_its_open_fault() -> None:
+    """Two rules whose follow lines share a keyword but not a regex: each fault takes its own lines."""
+    rules = _only("""
+rules:
+  - name: gadget_fault
+    keywords: ["gadget: fault"]
+    regex: 'gadget: fault'
+    follow: {keywords: ["gdg detail"], regex: 'gdg detail one'}
+  - name: doohickey_fault
+    keywords: ["doohickey: fault"]
+    regex: 'doohickey: fault'
+    follow: {keywords: ["gdg detail"], regex: 'gdg detail two'}
+""")
+    for header, detail in (("gadget: fault", "gdg detail one"), ("doohickey: fault", "gdg detail two")):
+        stream = StreamMatcher(rules)
+        assert [m.rule for m in stream.feed([Record(header), Record(detail)])] == [header.split(":")[0] + "_fault"]
+        assert [record.message for _, record in stream.take_absorbed()] == [detail]
+
+
+def test_a_follow_regex_without_keywords_is_tried_on_every_record() -> None:
+    rules = _only("""
+rules:
+  - name: gizmo_down
+    keywords: ["gizmo: down"]
+    regex: 'gizmo: down'
+    follow: {regex: 'gz unit (?P<unit>\\d+) lost', alone: true}
+""")
+    assert _events(rules, ["x", "gz unit 3 lost"]) == [(2, "gizmo_down")]
+
+
+def test_a_message_over_two_records_is_found_when_fed_and_in_a_text_log() -> None:
+    rules = _only("""
+rules:
+  - name: split_banner
+    keywords: ["second half"]
+    regex: 'first half\\nsecond half'
+    lines: 2
+""")
+    assert _events(rules, ["noise", "first half", "second half"]) == [(2, "split_banner")]
+    log = b"[    1.000000] noise\n[    1.000001] first half\n[    1.000002] second half\n"
+    assert [(e.rule, e.line) for e in scan(log, rules).events] == [("split_banner", 2)]
+
+
+def test_a_boot_between_a_header_and_its_detail_makes_the_detail_news() -> None:
+    header = "pcieport 0000:00:01.0: AER: Uncorrectable (Non-Fatal) error message received from 0000:3b:00.0"
+    detail = ("nvidia 0000:3b:00.0: PCIe Bus Error: severity=Uncorrectable (Non-Fatal), type=Transaction Layer, "
+              "(Requester ID)")
+    for restart in ("Linux version 6.1.0-28-amd64 (debian-kernel@lists.debian.org)",
+                    "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.154.05"):
+        assert _events(RULES, [header, detail]) == [(1, "pcie_aer_uncorrected")]
+        assert _events(load_rules([]), [header, restart, detail]) == [(1, "pcie_aer_uncorrected"),
+                                                                      (3, "pcie_aer_uncorrected")]
+
+
+SLOW = """
+  - name: blk_slow
+    keywords: ["blkq:"]
+    regex: 'blkq: slow (\\d+) ms'
+"""
+PLAIN = "rules:" + SLOW + """
+  - name: blk_gone
+    keywords: ["blkq:"]
+    regex: 'blkq: gone'
+    severity: critical
+"""
+CONDITIONAL = "rules:" + SLOW + """
+  - name: blk_either
+    keywords: ["blkq:"]
+    regex: 'blkq: (x)?(?(1)y|z)!'
+"""
+NAMED = "rules:" + SLOW + """
+  - name: blk_named
+    keywords: ["blkq:"]
+    regex: 'blkq: (?P<u>u)?(?(u)v|w)\\?'
+"""
+LITERAL = "rules:" + SLOW + """
+  - name: blk_literal
+    keywords: ["blkq:"]
+    regex: 'blkq: \\(?P<n>'
+"""
+BACK_REFERENCE = "rules:" + SLOW + """
+  - name: blk_twice
+    keywords: ["blkq:"]
+    regex: 'blkq: (\\w+) twice \\1'
+"""
+
+
+@pytest.mark.parametrize(("text", "line", "rule"), [
+    (PLAIN, "blkq: slow 12 ms", "blk_slow"), (PLAIN, "blkq: gone", "blk_gone"),
+    (CONDITIONAL, "blkq: xy!", "blk_either"), (CONDITIONAL, "blkq: z!", "blk_either"),
+    (NAMED, "blkq: uv?", "blk_named"), (NAMED, "blkq: w?", "blk_named"),
+    (LITERAL, "blkq: (P<n>", "blk_literal"), (LITERAL, "blkq: P<n>", "blk_literal"),
+    (BACK_REFERENCE, "blkq: ab twice ab", "blk_twice")])
+def test_rules_that_share_a_keyword_each_match_their_own_lines(text: str, line: str, rule: str) -> None:
+    """Their regexes are searched together where that is the same as one by one: not where one refers to a group
+    by number (a back reference, a conditional), which would then count the groups of the others, nor where
+    dropping group names would change it."""
+    rules = _only(text)
+    assert [m.rule for m in rules.match(line)] == [rule]
+    assert _events(rules, ["noise", line]) == [(2, rule)]
+    assert rules.match("blkq: ab twice ba") == [] and rules.match("blkq: xz!") == []
+
+
+def test_a_keyword_found_inside_a_longer_one_still_leads_to_its_rules() -> None:
+    """"mydrv: fatal" is found where "mydrv" also is: the rules of both are tried."""
+    rules = _only("""
+rules:
+  - name: mydrv_error
+    keywords: ["mydrv: fatal"]
+    regex: 'mydrv: fatal error (?P<code>\\d+)'
+  - name: mydrv_warn
+    keywords: ["mydrv"]
+    regex: 'mydrv: fatal warn'
+""")
+    assert _events(rules, ["mydrv: fatal warn"]) == [(1, "mydrv_warn")]
+    assert _events(rules, ["mydrv: fatal error 5"]) == [(1, "mydrv_error")]
+    over_two = _only("""
+rules:
+  - name: mydrv_error
+    keywords: ["mydrv: fatal"]
+    regex: 'mydrv: fatal error (?P<code>\\d+)'
+  - name: mydrv_split
+    keywords: ["mydrv"]
+    regex: 'mydrv: begin\\nmydrv: fatal warn'
+    lines: 2
+""")
+    stream = StreamMatcher(over_two)
+    assert [m.rule for m in stream.feed([Record("mydrv: begin"), Record("mydrv: fatal warn")])] == ["mydrv_split"]
+    assert stream.errors == 0
+
+
+def test_a_rule_without_keywords_is_tried_beside_a_keyword_of_another() -> None:
+    rules = _only("""
+rules:
+  - name: blk_gone
+    keywords: ["blkq:"]
+    regex: 'blkq: gone'
+  - name: quux_failed
+    regex: 'quux failed'
+""")
+    assert [m.rule for m in rules.match("blkq: quux failed")] == ["quux_failed"]
+    assert _events(rules, ["blkq: quux failed"]) == [(1, "quux_failed")]
+
+
+@pytest.mark.parametrize("regex", ["^mydrv: fatal", "mydrv: fatal$", "\\Amydrv: fatal", "mydrv: fatal\\Z",
+                                   "(?<!.)mydrv: fatal", "(?<=^)mydrv: fatal"])
+def test_a_users_rule_anchored_to_the_message_matches_in_every_log_format(regex: str) -> None:
+    """Anchors and lookbehinds see the message's own ends, whatever the log's format puts around it."""
+    rules = _only(f"rules: [{{name: mydrv, keywords: ['mydrv: fatal'], regex: {json.dumps(regex)}}}]")
+    lines = ["[  12.345678] mydrv: fatal", "Nov 30 04:37:39 gpu-node-a kernel: [  12.345678] mydrv: fatal",
+             "Nov 30 04:37:39 gpu-node-a kernel: mydrv: fatal", "<3>[  12.345678] mydrv: fatal"]
+    log = "\n".join(["[   1.000000] x mydrv: fatal y", *lines]).encode() + b"\n"
+    assert [(e.rule, e.line) for e in scan(log, rules).events] == [("mydrv", n) for n in range(2, 6)]
+    assert _events(rules, ["x mydrv: fatal y", "mydrv: fatal"]) == [(2, "mydrv")]

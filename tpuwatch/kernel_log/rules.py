@@ -27,6 +27,9 @@ Analysis = tuple[tuple[tuple[int, Match | None], ...], tuple[tuple[int, Match], 
 # Rule indexes -> True if one of them has a fault open that follow lines may still belong to.
 Expects = Callable[[tuple[int, ...]], bool]
 _CHAR_CLASS_RE = re.compile(r"\[\^?\]?[^\]]*\]")
+# What keeps a regex out of a combined search: a named or numbered back reference, a conditional on a group number
+# (both would count the groups of the regexes before it), an inline flag.
+_BY_NUMBER_OR_FLAG = re.compile(r"\(\?P=|\\[1-9]|\(\?\(\d|\(\?[aiLmsux]|\\\(\?P")
 # A storm repeats its message: the analyses of the last 256 distinct short messages are kept (under 1 MiB).
 MEMO_MESSAGES = 256
 MEMO_CHARS = 512
@@ -162,13 +165,14 @@ class RuleSet:
 
 def _one_search(patterns: list[re.Pattern[str]]) -> tuple[Callable[[str], object], ...]:
     """The searches of ``patterns`` as one search where they combine into one regex (group names dropped), so that
-    a line is read once; else one search each."""
+    a line is read once; else one search each (a back reference or a conditional by group number would count the
+    groups of the patterns before it)."""
     if len(patterns) < 2:
         return tuple(p.search for p in patterns)
     parts = []
     for pattern in patterns:
-        if pattern.flags & ~re.UNICODE or re.search(r"\(\?P=|\\[1-9]|\(\?[aiLmsux]|\\\(\?P", pattern.pattern):
-            return tuple(p.search for p in patterns)  # flags, back references: each on its own
+        if pattern.flags & ~re.UNICODE or _BY_NUMBER_OR_FLAG.search(pattern.pattern):
+            return tuple(p.search for p in patterns)  # flags, groups referred to by number: each on its own
         parts.append("(?:" + re.sub(r"\(\?P<\w+>", "(?:", pattern.pattern) + ")")
     try:
         return (re.compile("|".join(parts)).search,)
