@@ -64,7 +64,7 @@ def top_cells(text: str) -> dict[str, dict[str, str]]:
     columns = [(m.group(), m.start()) for m in re.finditer(r"\S+(?: \S+)*", header)]
     bounds = [(name, start, columns[k + 1][1] if k + 1 < len(columns) else None)
               for k, (name, start) in enumerate(columns)]
-    rows = [line for line in lines if re.match(r"^\d +v5e ", line)]
+    rows = [line for line in lines if re.match(r"^\d +(ok|WARNING|CRITICAL) ", line)]
     return {row.split()[0]: {name: row[start:end].strip() for name, start, end in bounds} for row in rows}
 
 
