@@ -463,7 +463,7 @@ SLOW = """
 PLAIN = "rules:" + SLOW + """
   - name: blk_gone
     keywords: ["blkq:"]
-    regex: 'blkq: gone'
+    regex: 'blkq: (?P<what>gone)'
     severity: critical
 """
 CONDITIONAL = "rules:" + SLOW + """
