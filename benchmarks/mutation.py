@@ -35,7 +35,6 @@ import argparse
 import ast
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -98,8 +97,7 @@ class Result:
 def module_path(name: str) -> str:
     """``name`` (a path or a dotted module name) as a path relative to the checkout; UsageError if no such module
     of the package."""
-    path = name.replace(".", "/") + ".py" if not name.endswith(".py") and "/" not in name else name
-    path = Path(path)
+    path = Path(name.replace(".", "/") + ".py" if not name.endswith(".py") and "/" not in name else name)
     if path.is_absolute():
         try:
             path = path.resolve().relative_to(REPO_ROOT)
@@ -204,10 +202,20 @@ def _source_line(source_lines: list[str], path_name: str, key: str, diff: str) -
         elif cls is None and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == func \
                 and node.col_offset == 0:
             span = (node.lineno, node.end_lineno or node.lineno)
-    hunk = re.search(r"^@@ -(\d+)", diff, re.M)
-    guess = span[0] - 1 + (int(hunk.group(1)) if hunk else 1)
-    matches = [n for n in range(span[0], span[1] + 1) if old and source_lines[n - 1].strip() == old]
-    line = min(matches, key=lambda n: abs(n - guess)) if matches else None
+    # The lines of the function before the changed one, as the diff shows them (up to 3): where they and the changed
+    # line stand in the function is the line (the function's text may appear twice, e.g. two "return True").
+    body = diff.split("\n@@", 1)[-1].splitlines()[1:]
+    before = []
+    for ln in body:
+        if ln.startswith("-"):
+            break
+        before.append(ln[1:].strip())
+    want = [*before, old]
+    low, high = span
+    matches = [n for n in range(low, high + 1) if old and source_lines[n - 1].strip() == old]
+    exact = [n for n in matches if n - len(before) >= 1
+             and [s.strip() for s in source_lines[n - 1 - len(before):n]] == want]
+    line = (exact or matches)[0] if exact or matches else None
     return line, old, new
 
 
