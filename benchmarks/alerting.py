@@ -3,7 +3,7 @@
 
 Usage::
 
-    python benchmarks/alerting.py [--trials 40] [--outage 600] [--burst 2000] [--output BENCHMARKS.md]
+    python benchmarks/alerting.py [--trials 40] [--outages 10,50,600] [--burst 2000] [--output BENCHMARKS.md]
 
 1. Latency beyond group_wait (1 s on both): tpuwatch, from ``evaluate()``
    seeing a new uncorrectable ECC error to the webhook POST arriving; the
@@ -11,10 +11,13 @@ Usage::
    webhook POST.  Median and p99 over ``--trials`` new alert groups each.
 2. Outbox throughput: ``--burst`` notifications queued in one go, time until a
    recording webhook has them all (and the queueing rate alone).
-3. Backlog after an outage: the webhook answers 500 for ``--outage`` seconds
-   while a new alert group fires every 2 s, with the default retry, backoff
-   and circuit-breaker settings; then the time from recovery until the queue
-   is empty, and whether every alert arrived.
+3. Backlog after an outage, for each of ``--outages`` (10 s, 50 s, 10 min):
+   the webhook answers 500 while a new alert group fires every 2 s (every
+   fifth a critical page, the rest warnings), with the default retry, backoff
+   and circuit-breaker settings; then the time from recovery to the first
+   delivery and to the first critical one, until the queue is empty, whether
+   every alert arrived and whether the pages came first; and how many
+   requests the dead receiver got after the circuit opened.
 
 Only the section between ``<!-- alerting:begin -->`` and
 ``<!-- alerting:end -->`` of the output file is rewritten.
@@ -74,6 +77,20 @@ def ecc(device: int, value: float, earlier: int = 0) -> list[Sample]:
     return [sample("tpuwatch_device_ecc_errors_total", value if d == device else 1, device=str(d),
                    kind="uncorrected") for d in range(earlier)] + [
         sample("tpuwatch_device_ecc_errors_total", value, device=str(device), kind="uncorrected")]
+
+
+def mixed(fired: int, on: bool) -> list[Sample]:
+    """Alerts on devices 0..fired: every fifth an uncorrectable ECC error (critical), the rest a pending memory
+    repair (warning); ``on``: device ``fired``'s too (else its counter is seen at 0 first)."""
+    out = []
+    for d in range(fired + 1):
+        active = d < fired or on
+        critical = d % 5 == 0
+        out.append(sample("tpuwatch_device_ecc_errors_total", 1 if active and critical else 0, device=str(d),
+                          kind="uncorrected"))
+        out.append(sample("tpuwatch_device_memory_repair_pending", 1 if active and not critical else 0,
+                          device=str(d)))
+    return out
 
 
 def evaluate_cost(workdir: Path, cycles: int = 2000) -> tuple[float, int]:
@@ -167,26 +184,48 @@ def outage(workdir: Path, seconds: float) -> dict[str, float]:
     alerting = make_alerting(workdir, hook.url())
     alerting.start()
     fired = 0
-    end = time.time() + seconds
+    started = time.time()
+    end = started + seconds
+    opened_at: float | None = None
+    attempts_at_open = 0
     try:
         while time.time() < end:
-            alerting.evaluate(ecc(fired, 0, fired))
-            alerting.evaluate(ecc(fired, 1, fired))
+            alerting.evaluate(mixed(fired, False))
+            alerting.evaluate(mixed(fired, True))
             fired += 1
-            time.sleep(2.0)
+            while time.time() < min(end, started + 2.0 * fired):
+                if opened_at is None and alerting.delivery.breakers["hook"].is_open:
+                    opened_at, attempts_at_open = time.time(), hook.attempts
+                time.sleep(0.05)
         wait_until(lambda: alerting.db.queue_stats().get("hook", (0, 0))[0] == fired, 30, "all queued")
         oldest = time.time() - alerting.db.queue_stats()["hook"][1]
-        progress(f"outage over: {fired} notifications queued, oldest {oldest:.0f} s; receiver back")
+        dead_attempts = hook.attempts - attempts_at_open if opened_at is not None else 0
+        dead_s = time.time() - opened_at if opened_at is not None else 0.0
+        progress(f"outage over: {fired} notifications queued, oldest {oldest:.0f} s; "
+                 f"{hook.attempts} attempts, {dead_attempts} in the {dead_s:.0f} s the circuit was open; receiver back")
         hook.mode = "record"
         back = time.time()
         wait_until(lambda: len(hook.requests) >= fired, 3600, "the backlog")
         drained = time.time() - back
-        devices = {a["labels"]["device"] for body in hook.json() for a in body["alerts"]}
+        bodies = hook.json()
+        told = [(a["labels"]["device"], a["labels"]["severity"]) for body in bodies for a in body["alerts"]]
+        first = hook.requests[0]["at"] - back
+        first_critical = next(r["at"] for r, b in zip(hook.requests, bodies)
+                              if any(a["labels"]["severity"] == "critical" for a in b["alerts"])) - back
+        pages = sum(1 for _, severity in told if severity == "critical")
+        critical_first = all(severity == "critical" for _, severity in told[:pages])
     finally:
         alerting.stop()
         hook.close()
-    return {"queued": fired, "oldest_s": oldest, "drained_s": drained, "delivered_distinct": len(devices),
-            "attempts": hook.attempts}
+    return {"seconds": seconds, "queued": fired, "oldest_s": oldest, "first_s": first,
+            "first_critical_s": first_critical, "drained_s": drained,
+            "delivered_distinct": len({device for device, _ in told}), "pages": pages,
+            "critical_first": critical_first, "attempts": hook.attempts, "dead_attempts": dead_attempts,
+            "dead_s": dead_s}
+
+
+def outage_name(seconds: float) -> str:
+    return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
 
 def machine() -> str:
@@ -196,7 +235,8 @@ def machine() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=40)
-    parser.add_argument("--outage", type=float, default=600.0, help="receiver outage in seconds (issue: 600)")
+    parser.add_argument("--outages", default="10,50,600",
+                        help="receiver outages in seconds, comma-separated (issue #47: 10, 50 and 600)")
     parser.add_argument("--burst", type=int, default=2000)
     parser.add_argument("--output", type=Path, default=BENCHMARKS_MD)
     args = parser.parse_args()
@@ -211,9 +251,23 @@ def main() -> int:
         queue_rate, deliver_rate = throughput(work / "burst", args.burst)
         progress("evaluate() cost")
         evaluate_ms, n_samples = evaluate_cost(work / "evaluate")
-        progress(f"outage: {args.outage:g} s")
-        out = outage(work / "outage", args.outage)
+        outages = []
+        for i, seconds in enumerate(float(x) for x in args.outages.split(",")):
+            progress(f"outage: {seconds:g} s")
+            outages.append(outage(work / f"outage{i}", seconds))
     ms = 1000.0
+    outage_rows = "\n".join(
+        f"| {outage_name(o['seconds'])} outage: recovery to first delivery / first critical / queue empty "
+        f"({o['queued']} queued, {o['pages']} critical) | {o['first_s']:.1f} s / {o['first_critical_s']:.1f} s / "
+        f"{o['drained_s']:.1f} s | | | <= 30 s |" for o in outages)
+    outage_rows += "\n" + "\n".join(
+        f"| {outage_name(o['seconds'])} outage: distinct alerts delivered; critical first | "
+        f"{o['delivered_distinct']} of {o['queued']}; {'yes' if o['critical_first'] else 'NO'} | | | all; yes |"
+        for o in outages)
+    outage_rows += "\n" + "\n".join(
+        f"| {outage_name(o['seconds'])} outage: requests while the circuit was open | {o['dead_attempts']} in "
+        f"{o['dead_s']:.0f} s | | | <= 1 per 30 s |" for o in outages if o["dead_s"] > 0)
+    outage_notes = " ".join(f"{outage_name(o['seconds'])}: {o['attempts']} HTTP attempts in all." for o in outages)
     med_ours, p99_ours = statistics.median(ours) * ms, percentile(ours, 0.99) * ms
     med_am, p99_am = statistics.median(theirs) * ms, percentile(theirs, 0.99) * ms
     text = f"""## Alert delivery
@@ -229,21 +283,24 @@ Date: {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}. Command: `{co
 | CPU per `evaluate()` ({n_samples} samples of 8 simulated chips, built-in rules) | {evaluate_ms:.3f} ms | | | |
 | Outbox: queueing rate (one SQLite transaction each) | {queue_rate:.0f}/s | | | |
 | Outbox: delivery rate to one webhook (in order, one at a time) | {deliver_rate:.0f}/s | | | |
-| Backlog after a {args.outage:g} s outage: notifications queued | {out['queued']} \
-(oldest {out['oldest_s']:.0f} s) | | | |
-| Backlog: time from receiver back to queue empty | {out['drained_s']:.1f} s | | | \
-<= breaker_reset (300 s) + drain |
-| Backlog: distinct alerts delivered | {out['delivered_distinct']} of {out['queued']} | | | all |
+{outage_rows}
 
 tpuwatch latency: `Alerting.evaluate()` sees the error counter rise (rule
 AcceleratorEccUncorrectable, `for: 0s`) to the recording webhook on 127.0.0.1
 receiving the POST; each trial is a new group (new device).  Alertmanager:
 POST /api/v2/alerts of a fresh alert to its webhook POST.  Both use
-group_wait 1 s; figures are what is left after it.  The outage run uses the
-default retry (1 s doubling to 5 min, jitter) and circuit breaker (open after 5
-failures for 300 s): after a long outage the circuit is open when the
-receiver comes back, so the drain waits for the breaker's trial;
-{out['attempts']} HTTP attempts were made in all.
+group_wait 1 s; figures are what is left after it.
+
+Outages: the webhook answers 500 while a new alert group fires every 2 s (every
+fifth an uncorrectable ECC error, critical; the rest a pending memory repair,
+warning), with the default retry (1 s doubling to 30 s, jitter) and circuit
+breaker (open after 5 consecutive failures; while open, one trial, the most
+urgent message, every 30 s).  "Recovery to delivery" is from the receiver
+answering again to its first POST arriving; the bound is one trial period
+(30 s).  "While open" counts the requests the dead receiver got after the
+circuit opened: one per 30 s, no flood.
+
+{outage_notes}
 """
     write_section("alerting", text, args.output)
     progress(f"wrote the alerting section of {args.output}")
