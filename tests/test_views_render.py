@@ -159,3 +159,11 @@ def test_top_in_a_narrow_terminal_keeps_state_memory_temperature_and_ecc_and_wid
     assert full_header.startswith(header.rstrip()) and len(full_header) > width  # wider shows more of the same
     if width >= 100:
         assert "UTIL" in header and "POWER" in header
+
+
+def test_the_hung_drills_holder_is_in_the_held_by_column_as_in_its_row() -> None:
+    doc = SimHost("hung", fault_device=1).document()
+    assert [chip["holders"] for chip in doc["chips"]] == [[f"{4100 + d} (python3)"] for d in range(4)]
+    lines = plain(frame(doc, "x", 10.0, True, None)).splitlines()
+    rows = {line.split()[0]: line for line in lines if re.match(r"^\d +(ok|CRITICAL|WARNING) ", line)}
+    assert all(rows[str(d)].rstrip().endswith(f"{4100 + d} (python3)") for d in range(4)), rows

@@ -95,7 +95,7 @@ def _chip(reading: DeviceReading, sources: StatusSources, alerts: list[dict[str,
         "up": reading.up,
         "verdict": chip_verdict(reading, alerts, events, latest, view.state if view else None),
         "reading": _finite(dataclasses.asdict(reading)),
-        "holders": list(reading.owners) if reading.owners is not None else None,
+        "holders": _holders(reading),
         "leak": _leak(view, now) if view is not None else None,
         "canary": [{"finished_at": r.finished_at, "path": r.path, "status": o.status,
                     "duration_seconds": o.duration_seconds,
@@ -105,6 +105,16 @@ def _chip(reading: DeviceReading, sources: StatusSources, alerts: list[dict[str,
                    for key, name in SERIES.items()},
     }
 
+
+
+def _holders(reading: Any) -> list[str] | None:
+    """Who holds the chip, as "PID (command)": its device files' holders, else the processes the backend says use
+    it (NVML's, the hung drill's simulated job); None where neither was looked at."""
+    if reading.owners is not None:
+        return list(reading.owners)
+    if reading.processes is not None:
+        return [f"{p.pid} ({p.command})" for p in reading.processes]
+    return None
 
 def _finite(value: Any) -> Any:
     """``value`` with every NaN or infinity (a broken driver's answer) as None: JSON has neither."""
