@@ -11,7 +11,8 @@ Usage::
    webhook POST.  Median and p99 over ``--trials`` new alert groups each.
 2. Outbox throughput: ``--burst`` notifications queued in one go, time until a
    recording webhook has them all (and the queueing rate alone).
-3. Backlog after an outage, for each of ``--outages`` (10 s, 50 s, 10 min):
+3. Backlog after an outage, for each of ``--outages`` (10 s, 50 s, 10 min), of the webhook and then of a real
+   Alertmanager (killed and restarted; from its restart to it holding every alert):
    the webhook answers 500 while a new alert group fires every 2 s (every
    fifth a critical page, the rest warnings), with the default retry, backoff
    and circuit-breaker settings; then the time from recovery to the first
@@ -37,6 +38,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import requests
 import yaml
@@ -224,6 +226,70 @@ def outage(workdir: Path, seconds: float) -> dict[str, float]:
             "dead_s": dead_s}
 
 
+class StoppableAlertmanager:
+    """Debian's Alertmanager on one port, killed and started again there."""
+
+    def __init__(self, workdir: Path) -> None:
+        binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+        if binary is None:
+            raise SystemExit("prometheus-alertmanager is needed (apt-get install prometheus-alertmanager)")
+        self.binary, self.workdir, self.port = binary, workdir, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "am.yml").write_text(yaml.safe_dump({
+            "route": {"receiver": "null", "group_by": ["alertname", "device"]}, "receivers": [{"name": "null"}]}))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> float:
+        self.proc = subprocess.Popen([self.binary, f"--config.file={self.workdir / 'am.yml'}",
+                                      f"--storage.path={self.workdir / 'am'}", f"--web.listen-address=127.0.0.1:{self.port}",
+                                      "--cluster.listen-address=", "--log.level=warn"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: requests.get(f"{self.url}/-/ready", timeout=1).ok, 30, "alertmanager ready")
+        return time.time()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+    def held(self) -> list[dict[str, Any]]:
+        return list(requests.get(f"{self.url}/api/v2/alerts", timeout=5).json())
+
+
+def alertmanager_outage(workdir: Path, seconds: float) -> dict[str, float]:
+    """tpuwatch's alertmanager receiver against a real Alertmanager killed for ``seconds`` while an alert group
+    fires every 2 s; from its restart (ready) to it holding every alert."""
+    am = StoppableAlertmanager(workdir / "am")
+    am.start()
+    am.stop()  # down from the first alert on
+    config = config_module.parse(yaml.safe_dump({
+        "state_dir": str(workdir), "alerting": {"rule_files": [], "group_wait": "1s"},
+        "notify": [{"name": "am", "type": "alertmanager", "url": am.url}]}))
+    alerting = Alerting(config, config.state_dir)
+    alerting.start()
+    fired = 0
+    started = time.time()
+    end = started + seconds
+    try:
+        while time.time() < end:
+            alerting.evaluate(mixed(fired, False))
+            alerting.evaluate(mixed(fired, True))
+            fired += 1
+            time.sleep(max(0.0, min(end, started + 2.0 * fired) - time.time()))
+        opened = alerting.delivery.breakers["am"].is_open
+        back = am.start()
+        progress(f"alertmanager outage over: {fired} alerts, circuit {'open' if opened else 'closed'}; it is back")
+        wait_until(lambda: len(am.held()) >= fired, 600, "alertmanager holding every alert")
+        held = time.time() - back
+        critical = sum(1 for a in am.held() if a["labels"]["severity"] == "critical")
+    finally:
+        alerting.stop()
+        am.stop()
+    return {"seconds": seconds, "fired": fired, "held_s": held, "circuit_open": opened, "critical": critical}
+
+
 def outage_name(seconds: float) -> str:
     return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
 
@@ -239,6 +305,8 @@ def main() -> int:
                         help="receiver outages in seconds, comma-separated (issue #47: 10, 50 and 600)")
     parser.add_argument("--burst", type=int, default=2000)
     parser.add_argument("--output", type=Path, default=BENCHMARKS_MD)
+    parser.add_argument("--no-alertmanager-outages", action="store_true",
+                        help="skip the outages of a real Alertmanager (the webhook's are measured still)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run (benchmarks/run.py --quick): 5 trials, one 3 s outage, 200 notifications; "
                              "writes nothing")
@@ -260,6 +328,11 @@ def main() -> int:
         for i, seconds in enumerate(float(x) for x in args.outages.split(",")):
             progress(f"outage: {seconds:g} s")
             outages.append(outage(work / f"outage{i}", seconds))
+        am_outages = []
+        if not args.no_alertmanager_outages:
+            for i, seconds in enumerate(float(x) for x in args.outages.split(",")):
+                progress(f"alertmanager outage: {seconds:g} s")
+                am_outages.append(alertmanager_outage(work / f"am-outage{i}", seconds))
     ms = 1000.0
     outage_rows = "\n".join(
         f"| {outage_name(o['seconds'])} outage: recovery to first delivery / first critical / queue empty "
@@ -272,6 +345,10 @@ def main() -> int:
     outage_rows += "\n" + "\n".join(
         f"| {outage_name(o['seconds'])} outage: requests while the circuit was open | {o['dead_attempts']} in "
         f"{o['dead_s']:.0f} s | | | <= 1 per 30 s |" for o in outages if o["dead_s"] > 0)
+    outage_rows += "".join(
+        f"\n| {outage_name(o['seconds'])} Alertmanager outage: its restart to it holding all {o['fired']} alerts "
+        f"({o['critical']} critical; circuit {'open' if o['circuit_open'] else 'closed'} when it came back) | "
+        f"{o['held_s']:.1f} s | | | <= 30 s |" for o in am_outages)
     outage_notes = " ".join(f"{outage_name(o['seconds'])}: {o['attempts']} HTTP attempts in all." for o in outages)
     med_ours, p99_ours = statistics.median(ours) * ms, percentile(ours, 0.99) * ms
     med_am, p99_am = statistics.median(theirs) * ms, percentile(theirs, 0.99) * ms
@@ -303,7 +380,10 @@ breaker (open after 5 consecutive failures; while open, one trial, the most
 urgent message, every 30 s).  "Recovery to delivery" is from the receiver
 answering again to its first POST arriving; the bound is one trial period
 (30 s).  "While open" counts the requests the dead receiver got after the
-circuit opened: one per 30 s, no flood.
+circuit opened: one per 30 s, no flood.  The same outages of a real
+Alertmanager (killed, then started again on its port; tpuwatch's
+`alertmanager` receiver re-sends every active alert each minute): from its
+restart answering ready to it holding every alert tpuwatch had fired.
 
 {outage_notes}
 """
