@@ -12,7 +12,8 @@ from tpuwatch.kernel_log import filesource
 from tpuwatch.kernel_log import matcher as matcher_module
 from tpuwatch.kernel_log.matcher import StreamMatcher
 from tpuwatch.kernel_log.records import Record
-from tpuwatch.kernel_log.rulefile import load_rules
+from tpuwatch.kernel_log.rule import Rule
+from tpuwatch.kernel_log.rulefile import load_rules, parse_rule_file
 from tpuwatch.kernel_log.rules import RuleSet
 
 from kernellog import feed, scan
@@ -328,3 +329,183 @@ def _agree(rules: RuleSet, pieces: list[list[str]], rng: random.Random) -> None:
             if form.startswith("6,"):  # three lines per record
                 scanned = [((line - 1) // 3 + 1 if line else line, rule, sev) for line, rule, sev in scanned]
             assert scanned == fed, form
+
+
+def _only(text: str) -> RuleSet:
+    """The rules of one rule file alone, without the shipped ones."""
+    return RuleSet([r for r in parse_rule_file(text, "local.yaml") if isinstance(r, Rule)])
+
+
+# A hang reported without its device, waiting (hold) for the unit's reset lines, which may name it and may be worse.
+FROB = _only("""
+rules:
+  - name: frob_hang
+    keywords: ["frob: hang"]
+    regex: 'frob: hang code (?P<xid>\\d+)(?: at (?P<pci>[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]))?'
+    severity: warning
+    hold: 4
+    follow:
+      keywords: ["frob: unit"]
+      regex: 'frob: unit(?: at (?P<pci>[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]))? (?P<state>reset|dead)'
+      within: 4
+    severity_by: [{field: state, critical: [dead]}]
+  - name: frob_unit
+    keywords: ["frob: unit"]
+    regex: 'frob: unit(?: at \\S+)? reset'
+    severity: warning
+""")
+PCI = "0000:3b:00.0"
+
+
+def _given(stream: StreamMatcher, lines: list[str]) -> list[tuple[int | None, str, str, str | None, int | None]]:
+    out = [m for line in lines for m in stream.feed([Record(line)])] + stream.flush()
+    assert stream.errors == 0, stream.error
+    return [(m.index, m.rule, m.severity, m.pci, m.xid) for m in out]
+
+
+def test_a_waiting_event_takes_its_follow_line_with_the_device_it_names() -> None:
+    """The reset line is the hang's (no event of its own, not even for frob_unit, which it also matches), names the
+    device the hang did not, and is kept among the follow lines taken."""
+    stream = StreamMatcher(FROB)
+    assert _given(stream, ["frob: hang code 7", f"frob: unit at {PCI} reset"]) == [(1, "frob_hang", "warning", PCI, 7)]
+    assert [(line.rule, record.message) for line, record in stream.take_absorbed()] == [
+        ("frob_hang", f"frob: unit at {PCI} reset")]
+
+
+def test_a_waiting_event_is_as_bad_as_its_worst_line() -> None:
+    assert _given(StreamMatcher(FROB), ["frob: hang code 7", "frob: unit dead", "frob: unit reset"]) == [
+        (1, "frob_hang", "critical", None, 7)]
+
+
+def test_a_waiting_event_takes_the_device_of_its_follow_lines_prefix_when_it_named_none() -> None:
+    assert _given(StreamMatcher(FROB), ["frob: hang code 7", f"frobdrv {PCI}: frob: unit reset"]) == [
+        (1, "frob_hang", "warning", PCI, 7)]
+    # Its own prefix named a device (not a PCI address): another record's prefix does not replace it.
+    other = _only("""
+rules:
+  - name: frob_hang
+    keywords: ["frob: hang"]
+    regex: 'frob: hang code (?P<xid>\\d+)'
+    hold: 4
+    follow: {keywords: ["frob: unit"], regex: 'frob: unit reset', same_device: false}
+""")
+    assert _given(StreamMatcher(other), ["frobdrv frob0: frob: hang code 7", f"frobdrv {PCI}: frob: unit reset"]) == [
+        (1, "frob_hang", "warning", None, 7)]
+
+
+def test_a_waiting_event_takes_lines_to_the_end_of_its_hold_and_not_after() -> None:
+    noise = ["x"] * 3
+    assert _given(StreamMatcher(FROB), ["frob: hang code 7", *noise, f"frob: unit at {PCI} dead"]) == [
+        (1, "frob_hang", "critical", PCI, 7)]
+    assert _given(StreamMatcher(FROB), ["frob: hang code 7", *noise, "x", f"frob: unit at {PCI} dead"]) == [
+        (1, "frob_hang", "warning", None, 7)]
+
+
+def test_a_waiting_event_is_dropped_when_a_report_within_its_hold_names_its_device() -> None:
+    """nvrm_error waits 16 records for nvidia_xid, which reports the same fault better, after it as before it."""
+    xid = "NVRM: Xid (PCI:0000:68:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    assert _feed(RULES, [INIT_FAILED, xid]) == [(2, "nvidia_xid", "critical")]
+    other = "NVRM: Xid (PCI:0000:69:00): 79, pid=1, name=x, GPU has fallen off the bus."
+    assert _feed(RULES, [INIT_FAILED, other]) == [(1, "nvrm_error", "critical"), (2, "nvidia_xid", "critical")]
+    for gap, dropped in ((15, True), (16, False)):  # the report 16 records after it, or 17
+        after = _feed(RULES, [INIT_FAILED, *[NOISE] * gap, xid])
+        before = _feed(RULES, [xid, *[NOISE] * gap, INIT_FAILED])
+        assert [rule for _, rule, _ in after] == ["nvidia_xid"] if dropped else ["nvrm_error", "nvidia_xid"]
+        assert [rule for _, rule, _ in before] == ["nvidia_xid"] if dropped else ["nvidia_xid", "nvrm_error"]
+    # A report of another rule in between, after the hold: the same.
+    edac = "EDAC MC0: 1 CE Single-bit ECC on unknown memory (node:0 card:0 module:0 page:0x12345 offset:0x0)"
+    assert [rule for _, rule, _ in _feed(RULES, [INIT_FAILED, *[NOISE] * 15, edac, xid])] == [
+        "nvrm_error", "edac_corrected", "nvidia_xid"]
+
+
+LINK = _only("""
+rules:
+  - name: link_flap
+    keywords: ["lnk: flap"]
+    regex: 'lnk: flap on (?P<pci>\\S+)'
+    hold: 4
+    superseded_by: [link_down]
+  - name: link_down
+    keywords: ["lnk: down"]
+    regex: 'lnk: down on (?P<pci>\\S+)'
+""")
+
+
+@pytest.mark.parametrize(("flap", "down", "dropped"), [
+    ("0000:3b:00.1", "0000:3b:00.1", True), ("0000:3b:00.1", "0000:3b:00.0", True),  # its device's function 0
+    ("0000:3b:00.1", "0000:3b:00.2", False), ("0000:3b:00.1", "0000:3c:00.0", False)])
+def test_a_waiting_event_is_dropped_for_a_report_on_its_function_or_its_devices_function_0(
+        flap: str, down: str, dropped: bool) -> None:
+    events = [m.rule for m in feed(LINK, [f"lnk: flap on {flap}", f"lnk: down on {down}"])]
+    assert events == (["link_down"] if dropped else ["link_flap", "link_down"])
+
+
+GADGET = _only("""
+rules:
+  - name: gadget_fault
+    keywords: ["gadget: fault"]
+    regex: 'gadget: fault'
+    follow: {keywords: ["gdg detail"], regex: 'gdg detail', within: 3}
+""")
+
+
+def test_follow_lines_count_within_records_of_the_last_line_their_fault_took() -> None:
+    stream = StreamMatcher(GADGET)
+    assert _given(stream, ["gadget: fault", "x", "x", "gdg detail 1", "x", "x", "gdg detail 2", "x", "x", "x",
+                           "gdg detail 3"]) == [(1, "gadget_fault", "warning", None, None)]
+    assert [record.message for _, record in stream.take_absorbed()] == ["gdg detail 1", "gdg detail 2"]
+
+
+def test_a_boot_ends_open_faults_in_a_rule_set_without_rules_over_several_records() -> None:
+    rules = _only("""
+rules:
+  - name: widget_fault
+    keywords: ["widget: fault"]
+    regex: 'widget: fault'
+    follow: {keywords: ["wdg detail"], regex: 'wdg detail', alone: true}
+""")
+    stream = StreamMatcher(rules)
+    assert _given(stream, ["widget: fault", "wdg detail", "Linux version 6.1.0", "wdg detail"]) == [
+        (1, "widget_fault", "warning", None, None), (4, "widget_fault", "warning", None, None)]
+
+
+def test_a_waiting_event_takes_no_line_of_another_device() -> None:
+    """Its follow regex matches, but the line names another device: not this fault's (same_device, the default)."""
+    other = "0000:3c:00.0"
+    assert _given(StreamMatcher(FROB), [f"frob: hang code 7 at {PCI}", f"frob: unit at {other} dead"]) == [
+        (1, "frob_hang", "warning", PCI, 7)]
+    # With same_device: false the line is taken, but the event keeps the device its first line named.
+    anywhere = _only("""
+rules:
+  - name: frob_hang
+    keywords: ["frob: hang"]
+    regex: 'frob: hang code (?P<xid>\\d+) at (?P<pci>\\S+)'
+    hold: 4
+    follow: {keywords: ["frob: unit"], regex: 'frob: unit at (?P<pci>\\S+) reset', same_device: false}
+""")
+    assert _given(StreamMatcher(anywhere), [f"frob: hang code 7 at {PCI}", f"frob: unit at {other} reset"]) == [
+        (1, "frob_hang", "warning", PCI, 7)]
+
+
+def test_a_line_an_open_fault_took_is_still_an_event_where_it_is_worse_or_about_another_device() -> None:
+    rules = _only("""
+rules:
+  - name: gadget_fault
+    keywords: ["gadget: fault"]
+    regex: 'gadget: fault'
+    follow: {keywords: ["gdg detail"], regex: 'gdg detail'}
+  - name: gadget_dead
+    keywords: ["gdg detail"]
+    regex: 'gdg detail: dead'
+    severity: critical
+  - name: peer_down
+    keywords: ["gdg detail"]
+    regex: 'gdg detail: peer (?P<pci>\\S+) down'
+""")
+    assert _given(StreamMatcher(rules), ["gadget: fault", "gdg detail: dead"]) == [
+        (1, "gadget_fault", "warning", None, None), (2, "gadget_dead", "critical", None, None)]
+    assert _given(StreamMatcher(rules), [f"gdgdrv {PCI}: gadget: fault", f"gdgdrv {PCI}: gdg detail: peer {PCI} down"]
+                  ) == [(1, "gadget_fault", "warning", None, None)]  # the same device: that fault again
+    assert _given(StreamMatcher(rules), [f"gdgdrv {PCI}: gadget: fault",
+                                         f"gdgdrv {PCI}: gdg detail: peer 0000:3c:00.0 down"]) == [
+        (1, "gadget_fault", "warning", None, None), (2, "peer_down", "warning", "0000:3c:00.0", None)]

@@ -251,14 +251,16 @@ class StreamMatcher:
         taken: set[int] = set()
         index = self._index
         for held in list(self._held):
-            rule = self._rules[held.rule]
+            if index - held.index > self._rules[held.rule].hold:  # its hold ended with the record before this one
+                self._let_go(held, out)
+                continue
             if any(held.superseded(RANK[m.severity], m.pci) for j in self.rules.superseded_by[held.rule]
                    if (m := primaries.get(j)) is not None):
                 self._unwait(held)
                 continue
             line = next((m for i, m in follows if i == held.rule), None)
             fault = self._fault(held.rule, line, line.pci or record_key, index) if line is not None else None
-            if line is not None and fault is not None and fault.held is held and index - held.index <= rule.hold:
+            if line is not None and fault is not None and fault.held is held:
                 self._took(fault, line, record, index)
                 pci = line.pci or (pci_of_key(record_key) if fault.key is None else None)
                 if held.match.pci is None and pci is not None:  # the first line named no device, this one does
@@ -269,7 +271,7 @@ class StreamMatcher:
                 absorbed.append((fault.key, max(fault.rank, RANK[line.severity])))
                 taken.add(held.rule)
                 continue
-            if index - held.index > rule.hold or held.rule in primaries:
+            if held.rule in primaries:
                 self._let_go(held, out)
         return taken
 
