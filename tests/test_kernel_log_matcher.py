@@ -509,3 +509,58 @@ rules:
     assert _given(StreamMatcher(rules), [f"gdgdrv {PCI}: gadget: fault",
                                          f"gdgdrv {PCI}: gdg detail: peer 0000:3c:00.0 down"]) == [
         (1, "gadget_fault", "warning", None, None), (2, "peer_down", "warning", "0000:3c:00.0", None)]
+
+
+SPLIT = _only("""
+rules:
+  - name: split_banner
+    keywords: ["second half"]
+    regex: 'first half\\n(?:middle\\n)?second half'
+    lines: 2
+  - name: triple
+    keywords: ["third part"]
+    regex: '(?:one\\n)?two\\nthird part'
+    lines: 3
+""")
+
+
+def test_a_message_over_records_joins_only_adjacent_records_up_to_its_rules_lines() -> None:
+    stream = StreamMatcher(SPLIT)
+    assert stream.feed([Record("first half")]) == [] and stream.skip(0) == []
+    [event] = stream.feed([Record("second half", "+pci:0000:3b:00.0")])
+    assert (event.rule, event.index, event.record.message, event.record.kernel_device) == (
+        "split_banner", 1, "first half\nsecond half", "+pci:0000:3b:00.0")
+    stream = StreamMatcher(SPLIT)
+    assert stream.feed([Record("first half")]) == [] and stream.skip(1) == []  # a record went by unread
+    assert stream.feed([Record("second half")]) == [] and stream.errors == 0
+    # split_banner spans 2 records: not 3, though the stream keeps 2 before each for triple.
+    assert _given(StreamMatcher(SPLIT), ["first half", "middle", "second half"]) == []
+    assert [(m.index, m.rule) for m in feed(SPLIT, ["x", "two", "third part"])] == [(2, "triple")]
+    assert [(m.index, m.rule) for m in feed(SPLIT, ["one", "two", "third part"])] == [(1, "triple")]
+
+
+def test_skipping_records_in_a_rule_set_without_rules_over_several_records_is_counted() -> None:
+    stream = StreamMatcher(GADGET)
+    assert stream.skip(3) == [] and _given(stream, ["gadget: fault"]) == [(4, "gadget_fault", "warning", None, None)]
+
+
+def test_an_event_after_a_waiting_event_that_is_dropped_comes_out() -> None:
+    """The EDAC report before the mce notice stands for it; the Xid after it waits behind it, then comes out."""
+    edac = "EDAC MC0: 1 CE Single-bit ECC on unknown memory (node:0 card:0 module:0 page:0x12345 offset:0x0)"
+    logged = "mce: [Hardware Error]: Machine check events logged"
+    assert _feed(RULES, [edac, logged, XID, *[NOISE] * 9]) == [(1, "edac_corrected", "info"),
+                                                              (3, "nvidia_xid", "critical")]
+
+
+def test_a_follow_line_finds_its_fault_behind_a_newer_one_of_another_device() -> None:
+    rules = _only("""
+rules:
+  - name: widget_fault
+    keywords: ["widget: fault"]
+    regex: 'widget: fault'
+    follow: {keywords: ["wdg detail"], regex: 'wdg detail', within: 3, alone: true}
+""")
+    a, b = "wdgdrv 0000:3b:00.0: ", "wdgdrv 0000:3c:00.0: "
+    assert _given(StreamMatcher(rules), [a + "widget: fault", b + "widget: fault", a + "wdg detail", "x", "x",
+                                         a + "wdg detail"]) == [
+        (1, "widget_fault", "warning", None, None), (2, "widget_fault", "warning", None, None)]
