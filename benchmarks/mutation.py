@@ -2,14 +2,15 @@
 
 Usage::
 
-    python benchmarks/mutation.py MODULE... [--budget SECONDS] [--tests FILE...] [--jobs N]
-                                            [--json FILE] [--before FILE] [--output BENCHMARKS.md | --no-write]
+    python benchmarks/mutation.py MODULE... [--budget SECONDS] [--tests FILE...] [--exclude-tests FILE...]
+                                            [--jobs N] [--json FILE] [--before FILE] [--output BENCHMARKS.md | --no-write]
 
 Each MODULE (a path such as ``tpuwatch/alerting/dispatch.py`` or a dotted name such as
 ``tpuwatch.alerting.dispatch``) is mutated by mutmut 3 (``pip install 'mutmut==3.8.1'``; it is not part of the
 README's test command) and each mutant is run against the test files that import the module: every
-``tests/test_*.py`` that imports it, or imports a helper module of ``tests/`` that does (``--tests`` names them
-instead).  mutmut runs, for each mutant, only the tests that reached the mutated function.
+``tests/test_*.py`` that imports it itself, not through a helper of ``tests/`` (``--tests`` names files instead;
+``--exclude-tests`` leaves some out, and the report names the files run).  mutmut runs, for each mutant,
+only the tests that reached the mutated function.
 
 mutmut copies the project into ``./mutants`` and reads its settings from ``pyproject.toml``; so that neither
 touches the checkout, each module is run in a private copy of the checkout in a temporary directory (the package,
@@ -293,7 +294,8 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} %"
 
 
-def report(results: list[Result], before: dict[str, dict[str, object]], command: str, started: datetime) -> str:
+def report(results: list[Result], before: dict[str, dict[str, object]], command: str, started: datetime,
+           excluded: list[str] | None = None) -> str:
     lines = ["## Mutation testing", "",
              "mutmut 3 on each module, against the test files that import it (`benchmarks/mutation.py`). "
              "Score: mutants caught (killed, or stopped by the time limit) of those run; mutants no test reaches "
@@ -316,6 +318,8 @@ def report(results: list[Result], before: dict[str, dict[str, object]], command:
                 row += f" {_pct(b['score'])} ({b['run']} of {b['total']} run{partial}) |"  # type: ignore[arg-type]
         lines.append(row)
     lines.append("")
+    if excluded:
+        lines += [f"Left out of every module's tests (`--exclude-tests`): {', '.join(f'`{t}`' for t in excluded)}.", ""]
     for r in results:
         lines += [f"### `{r.module}`", "",
                   f"Tests: {', '.join(f'`{t}`' for t in r.tests)}. Time: {r.seconds:.0f} s.", ""]
@@ -350,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("modules", nargs="+", metavar="MODULE")
     parser.add_argument("--budget", type=float, default=3600.0, help="wall-clock seconds for the whole command")
     parser.add_argument("--tests", nargs="+", metavar="FILE", help="test files to run instead of the importers")
+    parser.add_argument("--exclude-tests", nargs="+", metavar="FILE", default=[],
+                        help="test files not to run (e.g. one too slow for the budget): said in the report")
     parser.add_argument("--jobs", type=int, default=1, help="mutmut worker processes (default 1)")
     parser.add_argument("--json", type=Path, help="save the figures to this file")
     parser.add_argument("--before", type=Path, help="a --json file of an earlier run, shown beside this one")
@@ -371,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             raise UsageError("mutmut is not installed: pip install 'mutmut==3.8.1'") from None
         before = json.loads(args.before.read_text()) if args.before else {}
-        tests = {p: args.tests or importing_tests(p) for p in paths}
+        tests = {p: [t for t in args.tests or importing_tests(p) if t not in args.exclude_tests] for p in paths}
         for p, t in tests.items():
             if not t:
                 raise UsageError(f"{p}: no test file imports it (name some with --tests)")
@@ -401,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"mutation.py: {e}", file=sys.stderr)
         return 1
     command = "python benchmarks/mutation.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    text = report(results, before, command, started)
+    text = report(results, before, command, started, args.exclude_tests)
     print(text)
     if args.json:
         args.json.write_text(json.dumps({r.module: {**asdict(r), "score": r.score} for r in results}, indent=1))
