@@ -368,6 +368,8 @@ def test_a_waiting_event_takes_its_follow_line_with_the_device_it_names() -> Non
     device the hang did not, and is kept among the follow lines taken."""
     stream = StreamMatcher(FROB)
     assert _given(stream, ["frob: hang code 7", f"frob: unit at {PCI} reset"]) == [(1, "frob_hang", "warning", PCI, 7)]
+    [event] = feed(FROB, ["frob: hang code 7", "x"])
+    assert (event.index, event.record.message) == (1, "frob: hang code 7")  # its own record, not the one after
     assert [(line.rule, record.message) for line, record in stream.take_absorbed()] == [
         ("frob_hang", f"frob: unit at {PCI} reset")]
 
@@ -410,8 +412,8 @@ def test_a_waiting_event_is_dropped_when_a_report_within_its_hold_names_its_devi
     for gap, dropped in ((15, True), (16, False)):  # the report 16 records after it, or 17
         after = _feed(RULES, [INIT_FAILED, *[NOISE] * gap, xid])
         before = _feed(RULES, [xid, *[NOISE] * gap, INIT_FAILED])
-        assert [rule for _, rule, _ in after] == ["nvidia_xid"] if dropped else ["nvrm_error", "nvidia_xid"]
-        assert [rule for _, rule, _ in before] == ["nvidia_xid"] if dropped else ["nvidia_xid", "nvrm_error"]
+        assert [rule for _, rule, _ in after] == (["nvidia_xid"] if dropped else ["nvrm_error", "nvidia_xid"])
+        assert [rule for _, rule, _ in before] == (["nvidia_xid"] if dropped else ["nvidia_xid", "nvrm_error"])
     # A report of another rule in between, after the hold: the same.
     edac = "EDAC MC0: 1 CE Single-bit ECC on unknown memory (node:0 card:0 module:0 page:0x12345 offset:0x0)"
     assert [rule for _, rule, _ in _feed(RULES, [INIT_FAILED, *[NOISE] * 15, edac, xid])] == [
@@ -521,6 +523,11 @@ rules:
     keywords: ["third part"]
     regex: '(?:one\\n)?two\\nthird part'
     lines: 3
+  - name: waiting_split
+    keywords: ["end part"]
+    regex: 'begin part\\nend part'
+    lines: 2
+    hold: 2
 """)
 
 
@@ -537,6 +544,8 @@ def test_a_message_over_records_joins_only_adjacent_records_up_to_its_rules_line
     assert _given(StreamMatcher(SPLIT), ["first half", "middle", "second half"]) == []
     assert [(m.index, m.rule) for m in feed(SPLIT, ["x", "two", "third part"])] == [(2, "triple")]
     assert [(m.index, m.rule) for m in feed(SPLIT, ["one", "two", "third part"])] == [(1, "triple")]
+    [waited] = feed(SPLIT, ["begin part", "end part"])
+    assert (waited.index, waited.record.message) == (1, "begin part\nend part")
 
 
 def test_skipping_records_in_a_rule_set_without_rules_over_several_records_is_counted() -> None:
@@ -564,3 +573,14 @@ rules:
     assert _given(StreamMatcher(rules), [a + "widget: fault", b + "widget: fault", a + "wdg detail", "x", "x",
                                          a + "wdg detail"]) == [
         (1, "widget_fault", "warning", None, None), (2, "widget_fault", "warning", None, None)]
+
+
+def test_at_most_max_held_events_wait_the_oldest_comes_out_for_a_new_one() -> None:
+    count = matcher_module.MAX_HELD
+    rules = _only("rules:\n" + "".join(f"  - {{name: e{n}, keywords: ['zq{n}:'], regex: 'zq{n}: bad', hold: 64}}\n"
+                                       for n in range(count + 1)))
+    stream = StreamMatcher(rules)
+    for n in range(count):
+        assert stream.feed([Record(f"zq{n}: bad")]) == []
+    assert [(m.index, m.rule) for m in stream.feed([Record(f"zq{count}: bad")])] == [(1, "e0")]
+    assert [m.index for m in stream.flush()] == list(range(2, count + 2)) and stream.errors == 0
