@@ -544,6 +544,13 @@ def test_a_message_over_records_joins_only_adjacent_records_up_to_its_rules_line
     assert _given(StreamMatcher(SPLIT), ["first half", "middle", "second half"]) == []
     assert [(m.index, m.rule) for m in feed(SPLIT, ["x", "two", "third part"])] == [(2, "triple")]
     assert [(m.index, m.rule) for m in feed(SPLIT, ["one", "two", "third part"])] == [(1, "triple")]
+    # A rule of one record never spans two (here one without keywords, tried on every record).
+    spaced = _only("""
+rules:
+  - {name: split_banner, keywords: ["second half"], regex: 'first half\\nsecond half', lines: 2}
+  - {name: spaced, regex: 'gap here\\s+gap there'}
+""")
+    assert feed(spaced, ["gap here", "gap there"]) == [] and len(feed(spaced, ["first half", "second half"])) == 1
     [waited] = feed(SPLIT, ["begin part", "end part"])
     assert (waited.index, waited.record.message) == (1, "begin part\nend part")
 
@@ -570,6 +577,8 @@ rules:
     follow: {keywords: ["wdg detail"], regex: 'wdg detail', within: 3, alone: true}
 """)
     a, b = "wdgdrv 0000:3b:00.0: ", "wdgdrv 0000:3c:00.0: "
+    # Another device's detail line is no line of this fault: alone, it is an event of its own.
+    assert [m.index for m in feed(rules, [a + "widget: fault", b + "wdg detail"])] == [1, 2]
     assert _given(StreamMatcher(rules), [a + "widget: fault", b + "widget: fault", a + "wdg detail", "x", "x",
                                          a + "wdg detail"]) == [
         (1, "widget_fault", "warning", None, None), (2, "widget_fault", "warning", None, None)]
