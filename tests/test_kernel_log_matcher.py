@@ -593,3 +593,24 @@ def test_at_most_max_held_events_wait_the_oldest_comes_out_for_a_new_one() -> No
         assert stream.feed([Record(f"zq{n}: bad")]) == []
     assert [(m.index, m.rule) for m in stream.feed([Record(f"zq{count}: bad")])] == [(1, "e0")]
     assert [m.index for m in stream.flush()] == list(range(2, count + 2)) and stream.errors == 0
+
+
+def test_one_line_can_be_a_line_of_two_waiting_events() -> None:
+    """Two rules' follow regexes match the same reset line: each waiting event takes it, and is as bad."""
+    rules = _only("""
+rules:
+  - name: frob_hang
+    keywords: ["frob: hang"]
+    regex: 'frob: hang'
+    hold: 4
+    follow: {keywords: ["frob: unit"], regex: 'frob: unit (?P<state>reset|dead)'}
+    severity_by: [{field: state, critical: [dead]}]
+  - name: frob_stall
+    keywords: ["frob: stall"]
+    regex: 'frob: stall'
+    hold: 4
+    follow: {keywords: ["frob: unit"], regex: 'frob: unit (?P<state>reset|dead)'}
+    severity_by: [{field: state, critical: [dead]}]
+""")
+    assert _given(StreamMatcher(rules), ["frob: hang", "frob: stall", "frob: unit dead"]) == [
+        (1, "frob_hang", "critical", None, None), (2, "frob_stall", "critical", None, None)]
