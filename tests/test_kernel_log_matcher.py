@@ -614,3 +614,21 @@ rules:
 """)
     assert _given(StreamMatcher(rules), ["frob: hang", "frob: stall", "frob: unit dead"]) == [
         (1, "frob_hang", "critical", None, None), (2, "frob_stall", "critical", None, None)]
+
+
+def test_one_event_per_record_the_worst_then_a_lost_first_line_then_the_first_rule() -> None:
+    rules = _only("""
+rules:
+  - name: zz_first
+    keywords: ["zz:"]
+    regex: 'zz: (?:same|detail)'
+  - name: zz_second
+    keywords: ["zz:"]
+    regex: 'zz: same'
+  - name: zz_fault
+    keywords: ["zz: fault"]
+    regex: 'zz: fault'
+    follow: {keywords: ["zz:"], regex: 'zz: detail', alone: true}
+""")
+    assert [m.rule for m in feed(rules, ["zz: same"])] == ["zz_first"]
+    assert [m.rule for m in feed(rules, ["zz: detail"])] == ["zz_fault"]  # the detail line of a fault not seen
