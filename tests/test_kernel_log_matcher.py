@@ -430,6 +430,11 @@ rules:
   - name: link_down
     keywords: ["lnk: down"]
     regex: 'lnk: down on (?P<pci>\\S+)'
+  - name: link_slow
+    keywords: ["lnk: slow"]
+    regex: 'lnk: slow on (?P<pci>\\S+)'
+    hold: 4
+    superseded_by: [link_down]
 """)
 
 
@@ -440,6 +445,8 @@ def test_a_waiting_event_is_dropped_for_a_report_on_its_function_or_its_devices_
         flap: str, down: str, dropped: bool) -> None:
     events = [m.rule for m in feed(LINK, [f"lnk: flap on {flap}", f"lnk: down on {down}"])]
     assert events == (["link_down"] if dropped else ["link_flap", "link_down"])
+    events = [m.rule for m in feed(LINK, [f"lnk: flap on {flap}", f"lnk: slow on {flap}", f"lnk: down on {down}"])]
+    assert events == (["link_down"] if dropped else ["link_flap", "link_slow", "link_down"])  # both waiting
 
 
 GADGET = _only("""
