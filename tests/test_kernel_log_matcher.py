@@ -639,3 +639,9 @@ rules:
 """)
     assert [m.rule for m in feed(rules, ["zz: same"])] == ["zz_first"]
     assert [m.rule for m in feed(rules, ["zz: detail"])] == ["zz_fault"]  # the detail line of a fault not seen
+
+
+def test_a_text_log_is_read_whole_for_a_rule_without_keywords() -> None:
+    rules = _only("rules: [{name: quux_failed, regex: 'quux failed'}]")
+    events = scan(b"[    1.0] x\n[    2.0] quux failed\n", rules, lambda pci: None).events
+    assert [(e.rule, e.line) for e in events] == [("quux_failed", 2)]
