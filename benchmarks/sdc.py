@@ -224,11 +224,11 @@ def main() -> int:
         args.trials, args.clean = 5, 50
     started = datetime.now(UTC)
     began = time.monotonic()
-    alarms, kinds, chip_time, wall = clean_runs(args.clean)
-    rng = np.random.default_rng(args.seed)
     baseline: History = {}
     for k in range(SCHEDULE):  # a day of clean runs: every chip's past on every entry, as a running host has
         _, baseline, _ = suite_run(Suite(jax, "cpu", SETTINGS), k, baseline)
+    alarms, kinds, chip_time, wall = clean_runs(args.clean)
+    rng = np.random.default_rng(args.seed)
     checkers = ("suite", "fixed-input canary", "self-compare")
     scores = {(kind.name, c): Score() for kind in KINDS for c in checkers}
     for kind in KINDS:

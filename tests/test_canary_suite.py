@@ -1,6 +1,6 @@
 """The canary's suite: faults read from the command line, collectives that name the chip, the judge's
-confirmation (2 of 3), speed (every chip timed again), and each chip's lasting record; then every fault class in a real run on four host
-CPU devices (tests/suitejob.py) and through ``tpuwatch canary --inject``."""
+confirmation (2 of 3), speed (every chip timed again), and each chip's lasting record; then every fault class in
+a real run on four host CPU devices (tests/suitejob.py) and through ``tpuwatch canary --inject``."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from tpuwatch.canary.checks import collective, faults
 from tpuwatch.canary.checks.suite import Suite
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.canary.judge import CanaryResult, DeviceOutcome, history_key, judge
+from tpuwatch.canary.speed import SPEED_ROUNDS
 from tpuwatch.config import Config
 
 needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="the canary extra (jax) is missing")
@@ -168,14 +169,18 @@ def _confirm(times: dict[str, list[float]]) -> tuple[dict[str, list[bool]], list
 
 
 def test_a_chip_is_slow_only_when_its_fastest_time_stays_over_its_peers() -> None:
-    fast = [0.002, 0.002, 0.002]
-    flags, timed = _confirm({"0": fast, "1": [0.006, 0.006, 0.007], "2": fast, "3": fast})
-    assert flags == {"1": [True, True, True]}
-    assert timed == ["1", "2", "3", "0", "2", "3", "0", "1"]  # every chip again, each round in another order
-    assert _confirm({"0": fast, "1": [0.006, 0.002, 0.009], "2": fast, "3": fast})[0] == {"1": [True, False, False]}
+    rounds = SPEED_ROUNDS + 1
+    fast = [0.002] * rounds
+    flags, timed = _confirm({"0": fast, "1": [0.006] * rounds, "2": fast, "3": fast})
+    assert flags == {"1": [True] * rounds}
+    assert timed[:8] == ["1", "2", "3", "0", "2", "3", "0", "1"]  # every chip again, each round in another order
+    assert len(timed) == 4 * SPEED_ROUNDS
+    # one unhurried timing clears it, and nothing more is timed after
+    flags, timed = _confirm({"0": fast, "1": [0.006, 0.006, 0.002, 0.009], "2": fast, "3": fast})
+    assert flags == {"1": [True, True, False]} and len(timed) == 8
     # peers slowed in a round do not make a chip fast: its fastest time is set against their fastest
-    assert _confirm({"0": [0.002, 0.009, 0.002], "1": [0.006, 0.006, 0.006], "2": [0.002, 0.009, 0.002],
-                     "3": fast})[0] == {"1": [True, True, True]}
+    busy = [0.002, 0.009] * rounds
+    assert _confirm({"0": busy, "1": [0.006] * rounds, "2": busy, "3": fast})[0] == {"1": [True] * rounds}
     assert _confirm({d: fast for d in "0123"}) == ({}, [])  # nobody looks slow: nothing timed again
 
 

@@ -3,15 +3,18 @@
 A chip is slow when its device time for the suite's timed check is over
 SLOW_FACTOR times the median of the host's other chips (three chips or more),
 and over it by SLOW_MIN_S: a timer's jitter on a run of a millisecond or two is
-not a slow chip.  The worker times a chip that looks slow twice more, each
-time beside its peers timed again (a busy host slows them all alike); the
-judge calls it slow when 2 of the 3 rounds say so.
+not a slow chip.  When a chip looks slow the worker times every chip up to
+SPEED_ROUNDS times more, in a rotated order, and compares each chip's fastest
+time so far after each round, stopping once no chip looks slow: a busy host
+slows some timings (by a scheduler's time slice, a few ms), not every timing of
+one chip.  The judge calls the chip slow when every round says so.
 """
 
 from __future__ import annotations
 
 SLOW_FACTOR = 2.0
 SLOW_MIN_S = 0.0005
+SPEED_ROUNDS = 8  # at most; a clean chip needs one unhurried timing to clear, a slow chip has none
 
 
 def is_slow(took: float, median: float) -> bool:

@@ -20,7 +20,7 @@ import numpy as np
 from tpuwatch.canary import spec
 from tpuwatch.canary.checks import bf16, collective, faults, gemm, memory, reference_model, transcendental
 from tpuwatch.canary.checks.base import Case, measure
-from tpuwatch.canary.speed import slow_against_peers
+from tpuwatch.canary.speed import SPEED_ROUNDS, slow_against_peers
 
 CHIP_CHECKS = {m.NAME: m for m in (reference_model, gemm, transcendental, bf16)}
 ALL = spec.CHECKS
@@ -145,13 +145,13 @@ class Suite:
         return out + self._confirm_speed(chips, results)
 
     def _confirm_speed(self, chips: Sequence[Chip], results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """When a chip looks slow, every chip is timed CONFIRM_RUNS times more, in a rotated order; each round
-        compares the chips' fastest times so far.  A busy host slows a timing, not every timing of one chip."""
+        """When a chip looks slow, every chip is timed up to SPEED_ROUNDS times more, in a rotated order; each round
+        compares the chips' fastest times so far, until no chip looks slow (speed.py)."""
         timed = {r["device"]: r for r in results if r["check"] in spec.TIMED_CHECKS}
         best = {d: r["duration_seconds"] for d, r in timed.items()}
         flags = {name: [True] for name in slow_against_peers(best)}
         by_name, order = dict(chips), list(timed)
-        for _ in range(CONFIRM_RUNS if flags else 0):
+        for _ in range(SPEED_ROUNDS if flags else 0):
             order = order[1:] + order[:1]
             for d in order:
                 best[d] = min(best[d], self.run_check(timed[d]["check"], (d, by_name[d]), timed[d]["entry"])
@@ -159,6 +159,8 @@ class Suite:
             slow = slow_against_peers(best)
             for name, seen in flags.items():
                 seen.append(name in slow)
+            if not any(all(seen) for seen in flags.values()):
+                break
         return [{"device": name, "check": SPEED, "entry": 0, "deviations": seen} for name, seen in flags.items()]
 
     def _again(self, result: dict[str, Any], chips: Sequence[Chip], by_name: dict[str, Any]) -> dict[str, Any]:
