@@ -16,7 +16,7 @@ with ``reports_per_minute: 600``) whose chips' device files this process holds o
    (``jax.jit`` over a ``Mesh``, ``NamedSharding``), Adam written by hand, random tokens from a fixed seed;
    every step blocks on ``float(loss)``, and ``probe.step()`` is called right after the train step is
    dispatched.  ``--rounds`` rounds of interleaved blocks (the order rotated each round, to cancel drift) of
-   the same loop, ``--seconds`` in all: without the probe, with it at the default cadence (``--every``, 60 s)
+   the same loop, ``--seconds`` in all: without the probe, with it at the default cadence (``--every``, 300 s)
    and at a stressed one (``--stress-every``, 1 s), 1.5 : 2.5 : 1 of each round's time (the default
    cadence's blocks longest, so that it runs several times in them).  Each probe's cadence runs on a clock
    that counts its own blocks only, so it runs as often as in a job that always has it; its compile and
@@ -34,8 +34,9 @@ with ``reports_per_minute: 600``) whose chips' device files this process holds o
 3. **The daemon's side.** Daemon CPU per accepted report (``--reports`` valid reports from this process, the
    chips' holder, less the idle CPU over as long); then ``--flood-seconds`` of hostile reports at
    ``--flood-rate`` a second from child processes (malformed JSON, 70 KB lines, reports about chips the
-   sender does not hold from a uid-65534 process, valid reports beyond the rate limit from one process, and
-   ``--slow`` connections that send nothing), the first three from a new process every 500 reports so that
+   sender does not hold, and ``--slow`` connections that send nothing, all as another user, uid 65534, as an
+   attacker on the host would be; and valid reports beyond the rate limit from one process of the holder's
+   own user), the first three from a new process every 500 reports so that
    the per-process rate limit does not absorb them, while /metrics is scraped every 0.5 s: the rate reached,
    refusals by reason (``tpuwatch_probe_reports_rejected_total``) beside the senders' own tallies, scrape
    latency before and during the flood, sampling cycles completed against expected, daemon CPU, the holder's
@@ -47,7 +48,8 @@ memory per device; the sampling cycle keeps running through the flood and the ho
 
 The default run takes about 8 minutes on 2 CPUs; ``--quick`` (about 2 minutes) is a smoke run whose figures
 are not to be quoted.  It prints the Markdown section (``probe``) for BENCHMARKS.md and writes it there only
-with ``--output``.  Needs root for the not-holder sender (it is left out otherwise).  Every child process is
+with ``--output``.  Needs root to run the hostile senders as another user (without root they run as this
+user and the not-holder sender is left out).  Every child process is
 stopped on exit (and gets SIGTERM if this script dies).
 """
 
@@ -164,7 +166,7 @@ again = probe.check()
 print(json.dumps({"init": made - started, "check": checked - made, "again": time.perf_counter() - checked,
                   "status": result.status if result else probe.error, "rss_kib": rss_kib() - before}))
 """
-# One kind of hostile sender (standard library only; runs as root or, for not_holder, drops to uid 65534).
+# One kind of hostile sender (standard library only; drops to the uid it is given, 65534 for the hostile kinds).
 FLOODER = r'''
 import ctypes, json, os, signal, socket, sys, threading, time
 spec = json.loads(sys.argv[1])
@@ -924,11 +926,11 @@ def start_senders(daemon: Daemon, report: dict[str, Any], rate: float, seconds: 
     payloads = flood_payloads(report)
     root = os.geteuid() == 0
     plan: list[tuple[str, float | None, int, int | None, int]] = [
-        (kind, rate * share, FLOOD_THREADS, NOBODY if kind == "not_holder" else None,
+        (kind, rate * share, FLOOD_THREADS, None if kind == "beyond_limit" or not root else NOBODY,
          0 if kind == "beyond_limit" else ROTATE)
         for kind, share in FLOOD_SHARES.items() if root or kind != "not_holder"]
     if slow:
-        plan.append(("slow", None, slow, None, 0))
+        plan.append(("slow", None, slow, NOBODY if root else None, 0))
     senders = []
     for kind, kind_rate, threads, uid, rotate in plan:
         spec = {"path": daemon.socket, "rate": kind_rate, "seconds": seconds, "threads": threads, "uid": uid,
@@ -1324,8 +1326,10 @@ def daemon_section(r: Results, args: argparse.Namespace) -> list[str]:
     lines += [
         f"The flood: {fl.seconds:.1f} s; malformed, oversized ({OVERSIZED_BYTES // 1024} KB lines) and not-holder "
         f"senders start a new process every {ROTATE} reports (so each process stays inside its burst of "
-        f"{REPORTS_PER_MINUTE}); the beyond-the-limit sender is one root process sending valid reports; "
-        f"{fl.slow} slow connections send nothing and reconnect when the daemon gives up on them.", "",
+        f"{REPORTS_PER_MINUTE}); the beyond-the-limit sender is one process of the holder's user sending valid "
+        f"reports; {fl.slow} slow connections send nothing and reconnect when the daemon gives up on them. "
+        + ("Every hostile sender but the beyond-the-limit one runs as another user (uid 65534)." if os.geteuid() == 0
+           else "Not root: every sender runs as this user, the holder's."), "",
         "| Sender | Target rate (/s) | Reached (/s) | Processes | Answers it got |", "|---|---:|---:|---:|---|"]
     for kind in (*FLOOD_SHARES, "slow"):
         sender = by_kind.get(kind)
