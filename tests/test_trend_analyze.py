@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from tpuwatch import cli
 from tpuwatch.analysis import analyze
 from tpuwatch.analysis.inputs import InputError, csv_points, parse_prometheus
 from tpuwatch.analysis.leak import LeakParams
@@ -83,8 +84,25 @@ def test_a_series_shorter_than_the_learning_period_is_insufficient_not_ok(
     assert series["slope_bytes_per_second"] == pytest.approx(rate, rel=1e-6)
     code, out, _ = run(capsys, str(path))
     assert code == 0
-    assert out.splitlines()[1].split()[1:4] == ["insufficient", "-", "2.4"]
+    assert out.splitlines()[1].split()[1:4] == ["insufficient", "-", "-"]  # no growth figure it cannot stand by
     assert f"{path}: insufficient: 2 h of data needed, 1 h given" in out
+
+
+@pytest.mark.parametrize(("text", "size"), [
+    ("17179869184", 16 * GIB), ("16GiB", 16 * GIB), ("16Gi", 16 * GIB), (" 16 GiB ", 16 * GIB),
+    ("1.5TiB", 1.5 * 1024 * GIB), ("17GB", 17e9), ("17G", 17e9), ("512B", 512.0), ("64KiB", 65536.0), ("2MB", 2e6)])
+def test_capacity_takes_the_units_people_write(text: str, size: float, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, str(DATA / "ok.csv"), "--capacity", text, "--json")
+    assert code == 0 and analyze.parse_bytes(text) == size
+
+
+@pytest.mark.parametrize("text", ["16XB", "GiB", "16 Gib", "-16GiB", "1e400", "16GiBs"])
+def test_a_capacity_that_is_no_size_is_a_usage_error(text: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["analyze", str(DATA / "ok.csv"), f"--capacity={text}"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2
+    assert "--capacity: invalid size" in err and "16GiB" in err and len(err.strip().splitlines()) <= 2
 
 
 def _progress_lines(argv: list[str], tty: bool) -> str:

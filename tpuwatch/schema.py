@@ -109,6 +109,23 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(?:([KMGTP])(i?)B?|B)?\s*")
+_SIZE_POWERS = {"K": 1, "M": 2, "G": 3, "T": 4, "P": 5}
+
+
+def parse_bytes(text: str) -> float:
+    """Parse a size into bytes: a number, or one with a unit as people and Kubernetes write them (``16GiB`` and
+    ``16Gi`` binary, ``17GB`` and ``17G`` decimal, ``512B``)."""
+    match = _SIZE_RE.fullmatch(text)
+    if not match:
+        raise ValueError(f"invalid size {short(text)} (bytes, or with a unit like 16GiB, 16Gi or 17GB)")
+    number, prefix, binary = float(match.group(1)), match.group(2), match.group(3)
+    value = number * ((1024 if binary else 1000) ** _SIZE_POWERS[prefix] if prefix else 1)
+    if not math.isfinite(value):
+        raise ValueError(f"size {short(text)} is too large")
+    return value
+
+
 def _no_unit(number: str) -> str:
     shown = number if len(number) <= 20 else number[:20] + "..."
     return f"{shown} has no unit: write {shown}s (or ms, m, h, d); only 0 needs none"

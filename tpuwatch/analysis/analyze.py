@@ -32,7 +32,7 @@ from tpuwatch.analysis.leak import LeakDetector, LeakParams
 from tpuwatch.analysis.robust import theil_sen
 from tpuwatch.config import Config
 from tpuwatch.hw.units import GIB, KIB, MIB
-from tpuwatch.schema import parse_duration
+from tpuwatch.schema import parse_bytes, parse_duration
 
 EXIT_OK, EXIT_LEAK, EXIT_USAGE = 0, 1, 2
 MAX_POINTS_PER_QUERY = 10_000
@@ -47,8 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", nargs="?", metavar="FILE",
                         help="CSV (timestamp,value[,capacity], optional header row) or Prometheus query_range "
                              "JSON; - for a CSV on stdin")
-    parser.add_argument("--capacity", type=float, metavar="BYTES",
-                        help="capacity of every series whose input carries none")
+    parser.add_argument("--capacity", type=_size, metavar="BYTES",
+                        help="capacity of every series whose input carries none: bytes, or like 16GiB, 16Gi, 17GB")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--prometheus", metavar="URL", help="read from this Prometheus server instead of FILE")
     parser.add_argument("--query", metavar="EXPR", help="PromQL expression (with --prometheus)")
@@ -211,6 +211,13 @@ def _lines(stream: IO[bytes], name: str, size: int, progress: Progress) -> Itera
             raise InputError(f"{name}: line {number}: not UTF-8 text") from None
 
 
+def _size(text: str) -> float:
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _duration(text: str, option: str) -> float:
     try:
         seconds = parse_duration(text)
@@ -336,7 +343,8 @@ def render(results: list[dict[str, Any]]) -> str:
         rows.append((
             describe(r["labels"]), r["verdict"],
             "-" if alert is None else datetime.fromtimestamp(alert, timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-            f"{_bytes(r['slope_bytes_per_second'] * 3600)}/h", _eta(r["exhaustion_eta_seconds"]),
+            "-" if r["verdict"] == "insufficient" else f"{_bytes(r['slope_bytes_per_second'] * 3600)}/h",
+            _eta(r["exhaustion_eta_seconds"]),
         ))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
