@@ -178,3 +178,18 @@ def test_the_readmes_venv_install_gets_a_unit_that_runs_the_venvs_tpuwatch(tmp_p
     # Wherever the README names the unit's ExecStart, it is one of these two.
     for said in re.findall(r"ExecStart=(\S+)", readme):
         assert said in ("/usr/bin/tpuwatch", "/opt/tpuwatch/bin/tpuwatch"), said
+
+
+def test_the_readme_names_the_build_tools_before_the_systemd_extra() -> None:
+    """systemd-python has no wheel on PyPI: wherever the README installs the ``systemd`` extra, the compiler and
+    headers it builds with are named first (in the same block, or once in the prose before the install table)."""
+    readme = (SYSTEMD_DIR.parent / "README.md").read_text(encoding="utf-8")
+    tools = ("gcc", "pkg-config", "libsystemd-dev", "python3-dev")
+    first = readme.index("[systemd]")
+    named = [line for line in readme.splitlines() if all(tool in line for tool in tools)]
+    assert named, "the README never names systemd-python's build tools"
+    # The install table names the extra first; the tools follow right under it, before any shell block uses it.
+    assert readme.index(named[0]) < readme.index("```", first)
+    for block in readme.split("```")[1::2]:
+        if "[systemd]" in block:
+            assert all(tool in block.split("[systemd]")[0] for tool in tools), block
