@@ -621,6 +621,16 @@ rules:
 """)
     assert _given(StreamMatcher(rules), ["frob: hang", "frob: stall", "frob: unit dead"]) == [
         (1, "frob_hang", "critical", None, None), (2, "frob_stall", "critical", None, None)]
+    # The first one's hold is over at the reset line: it ends, and the second still takes the line.
+    assert _given(StreamMatcher(rules), ["frob: hang", "x", "x", "x", "frob: stall", "frob: unit dead"]) == [
+        (1, "frob_hang", "warning", None, None), (5, "frob_stall", "critical", None, None)]
+
+
+def test_a_waiting_event_ends_when_its_rules_next_fault_begins() -> None:
+    stream = StreamMatcher(FROB)
+    assert stream.feed([Record("frob: hang code 7")]) == []
+    assert [(m.index, m.xid) for m in stream.feed([Record("frob: hang code 8")])] == [(1, 7)]
+    assert [(m.index, m.xid) for m in stream.flush()] == [(2, 8)] and stream.errors == 0
 
 
 def test_one_event_per_record_the_worst_then_a_lost_first_line_then_the_first_rule() -> None:
