@@ -13,6 +13,7 @@ from tpuwatch.devices.base import (
     Fabric,
     GpuInstance,
     LinkReading,
+    SensorTemperature,
     Summary,
     reading_samples,
     sources_line,
@@ -38,6 +39,8 @@ FULL = DeviceReading(
     instances=(GpuInstance(3, 1 << 30, 10 << 30), GpuInstance(5, None, None)),
     runtime_status=ChipStatus(positions=((0, 1, 0, 0x517, 7, 3),), queued=2, errors=((0, "halted"),)),
     hang=HangVerdict(hung=True, stalled_seconds=700.0, pid=4101, command="python3"),
+    sensors=(SensorTemperature("edge", 60.0, 40.0, {"crit": 100.0, "emergency": 105.0}, "temp1_crit"),
+             SensorTemperature("junction", 101.5, -2.5, {}, "default")),
 )
 
 

@@ -52,6 +52,11 @@ def device_problems(readings: Iterable[DeviceReading]) -> list[str]:
         if r.temperature_celsius is not None and r.temperature_celsius >= TEMPERATURE_LIMIT_C:
             problems.append(f"{where}: temperature {celsius(r.temperature_celsius)} "
                             f"(limit {celsius(TEMPERATURE_LIMIT_C)})")
+        for sensor in r.sensors or ():
+            if sensor.margin_celsius <= 0:
+                limit = sensor.celsius + sensor.margin_celsius
+                problems.append(f"{where}: {sensor.sensor} temperature {celsius(sensor.celsius)} at or over its "
+                                f"limit {celsius(limit)} ({sensor.limit_source})")
         if r.memory_used_bytes is not None and r.memory_total_bytes:
             ratio = r.memory_used_bytes / r.memory_total_bytes
             if ratio >= MEMORY_FULL_RATIO:

@@ -8,9 +8,10 @@ its PCI function ``paths.sysfs``/bus/pci/devices/DBDF (the directory /sys/class/
 - VRAM total and used (bytes): ``mem_info_vram_total``, ``mem_info_vram_used``; busy: ``gpu_busy_percent``;
   ``unique_id`` (GFX9 and later) is named in the reading's sources (amdgpu_pm.c, amdgpu_device.c; the
   kernel's Documentation/gpu/amdgpu/driver-misc.rst);
-- temperatures by label (``tempN_label`` edge, junction, mem; ``tempN_input`` in millidegrees) and power
+- temperatures by label (``tempN_label`` edge, junction, mem; ``tempN_input`` in millidegrees), each with the
+  limits its ``tempN_crit``/``tempN_emergency`` show and judged against its own (``amd_thermal``), and power
   (``power1_average``, else ``power1_input``, microwatts) of ``hwmon/hwmonM`` (Documentation/gpu/amdgpu/
-  thermal.rst); the chip's temperature is edge, else junction (the MI300 series hides edge);
+  thermal.rst); the chip's temperature is edge, else junction (the MI300 series hides edge), as before;
 - RAS error counts per block: ``ras/<block>_err_count``, ``ue: N``, ``ce: N`` and, on UMC and the MI300
   series, ``de: N`` (deferred) (amdgpu_ras.c ``amdgpu_ras_sysfs_read``; Documentation/gpu/amdgpu/ras.rst).
   Uncorrectable counts summed over the blocks are the chip's uncorrected ECC errors, correctable ones its
@@ -36,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from tpuwatch.config import Config
-from tpuwatch.devices.base import DeviceReading, ProcessUse
+from tpuwatch.devices.amd_thermal import SensorReading, chip_sensor, parse_temperatures
+from tpuwatch.devices.base import DeviceReading, ProcessUse, SensorTemperature
 from tpuwatch.hw.deadline import CallTimeout, Lanes
 from tpuwatch.hw.pci import PciDevice, pci_root, scan_pci
 from tpuwatch.hw.procfs import scan_holders
@@ -53,7 +55,6 @@ PROCESSING_ACCELERATOR = "0x12"  # PCI base class of the MI300 series (0x1200); 
 INSTINCT = {"0x738c": "MI100", "0x738e": "MI100", "0x740f": "MI210", "0x740c": "MI250", "0x7408": "MI250X",
             "0x74a0": "MI300A", "0x74a1": "MI300X", "0x74a5": "MI325X"}
 READ_TIMEOUT = 2.0  # at most; half the collector deadline when that is shorter
-TEMPERATURES = ("edge", "junction", "mem")
 RAS_KINDS = {"ue": "uncorrected", "ce": "corrected", "de": "deferred"}
 _NUMBER = re.compile(r"-?\d{1,20}")
 _RAS_LINE = re.compile(r"(ue|ce|de): (\d{1,20})")
@@ -120,30 +121,36 @@ def parse_ras(text: str) -> dict[str, int] | None:
 
 @dataclass(frozen=True)
 class Sensors:
-    """What one amdgpu hwmon device says: temperatures by label (°C) and power (W), each None if hidden."""
+    """What one amdgpu hwmon device says: temperature sensors by label and power (W), each None if hidden."""
 
-    temperatures: dict[str, float]
+    sensors: dict[str, SensorReading]
     power_watts: float | None
+
+    @property
+    def temperatures(self) -> dict[str, float]:
+        """°C by label."""
+        return {label: sensor.celsius for label, sensor in self.sensors.items()}
 
     @property
     def chip_temperature(self) -> tuple[str, float] | None:
         """(label, °C) of the chip's temperature: edge, else junction, else memory."""
-        return next(((label, self.temperatures[label]) for label in TEMPERATURES if label in self.temperatures),
-                    None)
+        sensor = chip_sensor(self.sensors)
+        return (sensor.label, sensor.celsius) if sensor is not None else None
 
 
 def parse_hwmon(files: Mapping[str, str]) -> Sensors:
     """Sensors from a hwmon directory's files (name -> text): ``tempN_label``/``tempN_input`` pairs whose
-    label amdgpu writes, ``power1_average`` else ``power1_input``; unreadable values are left out."""
-    temperatures = {}
-    for name, label in files.items():
-        match = re.fullmatch(r"temp(\d{1,2})_label", name)
-        value = parse_number(files.get(f"temp{match[1]}_input")) if match else None
-        if value is not None and label.strip() in TEMPERATURES:
-            temperatures[label.strip()] = value / 1000.0
+    label amdgpu writes with their ``tempN_crit``/``tempN_emergency``, ``power1_average`` else
+    ``power1_input``; unreadable values are left out."""
     power = parse_number(files.get("power1_average"))
     power = power if power is not None else parse_number(files.get("power1_input"))
-    return Sensors(temperatures, power / 1e6 if power is not None else None)
+    return Sensors(parse_temperatures(files), power / 1e6 if power is not None else None)
+
+
+def sensor_temperatures(sensors: Mapping[str, SensorReading]) -> tuple[SensorTemperature, ...]:
+    """The reading's sensors, each with its hardware limits and its margin to the limit it is judged against."""
+    return tuple(SensorTemperature(s.label, s.celsius, s.margin, dict(s.limits), s.limit[1])
+                 for s in sensors.values())
 
 
 # --- reading: I/O ---------------------------------------------------------------------------------------
@@ -195,8 +202,9 @@ def read_gpu(root: Path, current: dict[str, str]) -> _Read:
         reader.text(name)
     hwmons = sorted((root / "hwmon").glob("hwmon[0-9]*"), key=lambda p: int(p.name[5:]))
     for hwmon in hwmons[:1]:
-        for path in sorted(hwmon.glob("temp*_label")) + sorted(hwmon.glob("temp*_input")):
-            reader.text(f"hwmon/{hwmon.name}/{path.name}")
+        for pattern in ("temp*_label", "temp*_input", "temp*_crit", "temp*_emergency"):
+            for path in sorted(hwmon.glob(pattern)):
+                reader.text(f"hwmon/{hwmon.name}/{path.name}")
         for name in ("power1_average", "power1_input"):
             if (hwmon / name).exists():
                 reader.text(f"hwmon/{hwmon.name}/{name}")
@@ -294,6 +302,8 @@ class AmdBackend:
         if sensors.chip_temperature is not None:
             label, fields["temperature_celsius"] = sensors.chip_temperature
             sources["temperature_celsius"] = f"hwmon:{hwmon_dir} ({label})"
+            fields["sensors"] = sensor_temperatures(sensors.sensors)
+            sources["sensors"] = f"hwmon:{hwmon_dir} ({', '.join(sensors.sensors)})"
         if sensors.power_watts is not None:
             fields["power_watts"] = sensors.power_watts
             sources["power_watts"] = f"hwmon:{hwmon_dir}"

@@ -47,6 +47,18 @@ class LinkReading:
 
 
 @dataclass(frozen=True)
+class SensorTemperature:
+    """One of a chip's temperature sensors (AMD: edge, junction, mem): its reading, the limits the hardware shows
+    (kind -> °C, e.g. {"crit": 105.0}), and its margin to the limit it is judged against (negative: over it)."""
+
+    sensor: str
+    celsius: float
+    margin_celsius: float
+    limits: dict[str, float] = field(default_factory=dict)
+    limit_source: str = ""  # whence the judged limit: "temp2_crit", "default", ...
+
+
+@dataclass(frozen=True)
 class GpuInstance:
     """One MIG GPU instance (NVIDIA): its id and device memory."""
 
@@ -91,6 +103,8 @@ class DeviceReading:
     memory_total_bytes: float | None = None
     utilization_ratio: float | None = None
     temperature_celsius: float | None = None
+    # Every temperature sensor the chip shows, each judged against its own limit (AMD); None: one sensor only.
+    sensors: tuple[SensorTemperature, ...] | None = None
     power_watts: float | None = None
     ecc_corrected_total: float | None = None
     ecc_uncorrected_total: float | None = None
@@ -206,6 +220,9 @@ _LABELLED = (
     ("remapped_rows_uncorrected", "tpuwatch_device_remapped_rows", "kind", "uncorrected"),
 )
 
+SENSOR_TEMPERATURE = "tpuwatch_device_sensor_temperature_celsius"
+SENSOR_LIMIT = "tpuwatch_device_temperature_limit_celsius"
+SENSOR_MARGIN = "tpuwatch_device_temperature_margin_celsius"
 DRIVER_STATUSES = ("ALIVE", "LAMED", "DEAD", "DRIVER_EXITING")
 HLO_EXECUTION = "tpuwatch_device_hlo_execution_seconds"
 QUEUED_PROGRAMS = "tpuwatch_device_queued_programs"
@@ -223,7 +240,7 @@ HARDWARE_ONLY_FAMILIES = frozenset(
     | {"tpuwatch_device_driver_status", "tpuwatch_device_throttle_active", HLO_EXECUTION, MEGASCALE,
        QUEUED_PROGRAMS, RUNTIME_ERROR, STALLED,
        "tpuwatch_device_nvlink_up", "tpuwatch_device_nvlink_errors_total", "tpuwatch_device_recovery_action",
-       "tpuwatch_device_fabric_info"}
+       "tpuwatch_device_fabric_info", SENSOR_TEMPERATURE, SENSOR_LIMIT, SENSOR_MARGIN}
 )
 
 
@@ -243,6 +260,11 @@ def reading_samples(reading: DeviceReading, backend: str) -> list[Sample]:
         value = getattr(reading, attribute)
         if value is not None:
             out.append(sample(metric, value, device=device, **{label: label_value}))
+    for sensor in reading.sensors or ():
+        out.append(sample(SENSOR_TEMPERATURE, sensor.celsius, device=device, sensor=sensor.sensor))
+        out += [sample(SENSOR_LIMIT, value, device=device, sensor=sensor.sensor, kind=kind)
+                for kind, value in sorted(sensor.limits.items())]
+        out.append(sample(SENSOR_MARGIN, sensor.margin_celsius, device=device, sensor=sensor.sensor))
     if reading.status is not None:
         statuses = DRIVER_STATUSES if reading.status in DRIVER_STATUSES else (*DRIVER_STATUSES, reading.status)
         out += [sample("tpuwatch_device_driver_status", 1 if s == reading.status else 0, device=device, status=s)
