@@ -9,7 +9,8 @@ caller switches to the new parts and then ``retire()``s what was replaced.
 
 The pipeline the sampler runs, in order within each cycle:
 
-    sources (host, devices, kernel log, canary results, probe reports) -> store
+    devices (this cycle's chips, the inventory every later stage reads) -> store
+    sources (host, kernel log, canary results, probe reports) -> store
     analysis (trend detectors; tpuwatch's own metrics)   -> store
     alerting (rules over the store; delivery runs in its own threads)
     actions (the Kubernetes node agent, fed the alert state)
@@ -169,7 +170,12 @@ def _pipeline(config: Config, store: SeriesStore, trend: TrendAnalyzer, trend_st
             action.feed(alerts, pci)
         return []
 
-    stages: list[list[Any]] = [[*sources, *(part for part in (canary, reports) if part is not None)],
+    # The chips first: every later part of the cycle (host holders, kernel-log attribution, the canary's chips,
+    # actions) reads this cycle's readings, never a devices collector still running beside it.
+    devices = [sources.devices] if sources.devices is not None else []
+    stages: list[list[Any]] = [devices,
+                               [*(c for c in sources if c is not sources.devices),
+                                *(part for part in (canary, reports) if part is not None)],
                                [own, Stage("trend", lambda: trend.observe(store.current(), time.time()))],
                                [Stage("alerting", evaluate)]]
     if actions:

@@ -1,7 +1,7 @@
 """One sampling cycle: the pipeline's stages in order, each part behind its guard, everything into the store.
 
-A cycle runs its stages one after the other: the sources (host, devices,
-kernel log, canary results), then analysis (trend detectors, tpuwatch's own
+A cycle runs its stages one after the other: the devices, then the other
+sources (host, kernel log, canary results), then analysis (trend detectors, tpuwatch's own
 metrics), then alerting, then actions.  The collectors of one stage run
 concurrently under one deadline; a stage starts once the samples of the
 stages before it are in the store, so it sees this cycle's data.
