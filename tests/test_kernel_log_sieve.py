@@ -232,3 +232,14 @@ def test_storms_are_learned_and_let_go_when_their_lines_stop() -> None:
         reader.read()
         devices.append({storm.pieces[1] for storm in reader.sieve.storms})
     assert {"0000:10:00"} in devices and devices[-1] == {"0000:11:00"}
+
+
+def test_the_matcher_passes_over_journal_records_of_a_storm_it_is_given() -> None:
+    lines = _storm_lines(300)
+    sieve = _learned(lines[:100])
+    records = [Record(line.split("] ", 1)[1]) for line in lines[100:]]
+    records.insert(50, Record(OTHERS["same code, other GPU"].split("] ", 1)[1]))
+    stream = StreamMatcher(RULES)
+    events = stream.feed(records, sieve) + stream.flush()
+    assert [m.record.message for m in events if m.record is not None] == [records[50].message]
+    assert stream.feed(records[:3]) != []  # without the sieve they are read
