@@ -83,7 +83,7 @@ def test_each_sensor_takes_its_limit_from_crit_else_emergency_else_the_default()
 
 # --- MI210: junction hot under a cool edge ------------------------------------------------------------------
 
-def test_a_junction_under_its_own_crit_raises_no_alert_and_every_sensor_is_exported(tmp_path: Path) -> None:
+def test_a_junction_near_its_own_crit_warns_under_a_cool_edge_and_every_sensor_is_exported(tmp_path: Path) -> None:
     paths = mi210(tmp_path, temp1_input=60, temp1_crit=100, temp2_input=100, temp2_crit=105, temp2_emergency=110,
                   temp3_input=80, temp3_crit=95)
     reading, samples = samples_of(paths)
@@ -96,16 +96,21 @@ def test_a_junction_under_its_own_crit_raises_no_alert_and_every_sensor_is_expor
                                       (("device", "0"), ("kind", "emergency"), ("sensor", "junction")): 110.0,
                                       (("device", "0"), ("kind", "crit"), ("sensor", "mem")): 95.0}
     assert series(samples, MARGIN)[(("device", "0"), ("sensor", "junction"))] == 5.0
-    assert temperature_alerts(samples) == []
+    ((severity, labels, annotations),) = temperature_alerts(samples)  # the case: 100 °C under a 60 °C edge
+    assert (severity, labels["sensor"]) == ("warning", "junction") and "within 5 °C" in annotations["summary"]
     assert not [p for p in device_problems([reading]) if "temperature" in p]
+    hwmon(paths, temp2_input=99)
+    assert temperature_alerts(samples_of(paths)[1]) == []  # 6 °C under its limit: quiet
 
 
 def test_a_junction_over_its_crit_fires_naming_the_junction_under_a_cool_edge(tmp_path: Path) -> None:
     paths = mi210(tmp_path, temp1_input=60, temp1_crit=100, temp2_input=107, temp2_crit=105, temp3_input=80)
     reading, samples = samples_of(paths)
     assert reading.temperature_celsius == 60.0
-    ((severity, labels, annotations),) = temperature_alerts(samples)
-    assert severity == "critical" and labels["sensor"] == "junction" and labels["device"] == "0"
+    alerts = temperature_alerts(samples)
+    assert sorted((a[0], a[1]["sensor"]) for a in alerts) == [("critical", "junction"), ("warning", "junction")]
+    ((severity, labels, annotations),) = [a for a in alerts if a[0] == "critical"]
+    assert labels["device"] == "0"
     assert "junction" in annotations["summary"] and "junction" in annotations["description"]
     assert "margin -2 °C" in annotations["description"]
     assert [p for p in device_problems([reading]) if "temperature" in p] == [
@@ -114,23 +119,23 @@ def test_a_junction_over_its_crit_fires_naming_the_junction_under_a_cool_edge(tm
 
 def test_memory_over_its_crit_fires_naming_mem(tmp_path: Path) -> None:
     paths = mi210(tmp_path, temp1_input=55, temp2_input=90, temp3_input=96, temp3_crit=95)
-    ((severity, labels, _),) = temperature_alerts(samples_of(paths)[1])
-    assert (severity, labels["sensor"]) == ("critical", "mem")
+    assert sorted((a[0], a[1]["sensor"]) for a in temperature_alerts(samples_of(paths)[1])) == [
+        ("critical", "mem"), ("warning", "mem")]  # junction, 9 °C under its limit, stays quiet
 
 
 # --- cards without limits, or with edge alone ---------------------------------------------------------------
 
 def test_a_card_without_crit_files_is_judged_against_the_default_and_exports_no_limit(tmp_path: Path) -> None:
     no_limits = {f"temp{n}_{kind}": None for n in (1, 2, 3) for kind in ("crit", "emergency")}
-    paths = mi210(tmp_path, temp1_input=60, temp2_input=97, temp3_input=80, **no_limits)
+    paths = mi210(tmp_path, temp1_input=60, temp2_input=93, temp3_input=80, **no_limits)
     reading, samples = samples_of(paths)
     assert series(samples, LIMIT) == {}, "a limit the hardware does not show is not exported"
-    assert series(samples, MARGIN)[(("device", "0"), ("sensor", "junction"))] == DEFAULT_LIMIT_C - 97
+    assert series(samples, MARGIN)[(("device", "0"), ("sensor", "junction"))] == DEFAULT_LIMIT_C - 93
     assert temperature_alerts(samples) == []
     hwmon(paths, temp2_input=DEFAULT_LIMIT_C + 1)
     reading, samples = samples_of(paths)
-    ((severity, labels, _),) = temperature_alerts(samples)
-    assert (severity, labels["sensor"]) == ("critical", "junction")
+    assert sorted((severity, labels["sensor"]) for severity, labels, _ in temperature_alerts(samples)) == [
+        ("critical", "junction"), ("warning", "junction")]
     assert any("limit 99 °C (default)" in p for p in device_problems([reading]))
 
 
