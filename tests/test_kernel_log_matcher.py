@@ -233,6 +233,7 @@ def test_state_stays_bounded(monkeypatch: object) -> None:
         stream.feed([Record(f"{{{index}}}[Hardware Error]: event severity: corrected")])
     assert all(len(faults) <= matcher_module.MAX_OPEN_FAULTS for faults in stream._open.values())
     assert len(stream._held) <= matcher_module.MAX_HELD and len(stream._last) <= len(RULES.rules)
+    assert stream._context is not None and len(stream._context) == RULES.max_lines - 1  # the last lines - 1 records
 
 
 def test_reading_blocks_agrees_with_feeding_every_record() -> None:
@@ -359,7 +360,7 @@ PCI = "0000:3b:00.0"
 
 def _given(stream: StreamMatcher, lines: list[str]) -> list[tuple[int | None, str, str, str | None, int | None]]:
     out = [m for line in lines for m in stream.feed([Record(line)])] + stream.flush()
-    assert stream.errors == 0, stream.error
+    assert stream.errors == 0 and stream.error is None, stream.error
     return [(m.index, m.rule, m.severity, m.pci, m.xid) for m in out]
 
 
