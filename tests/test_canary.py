@@ -320,6 +320,24 @@ def test_an_open_device_file_names_its_holder(tmp_path: Path) -> None:
         proc.wait()
 
 
+@pytest.mark.parametrize(("vendor", "device", "pci_class", "platform"), [
+    ("0x1002", "0x740f", "0x038000", "gpu"),  # MI210: jax's ROCm build, not the CPU
+    ("0x1002", "0x74a1", "0x120000", "gpu"),  # MI300X, a processing accelerator by class
+    ("0x10de", "0x2330", "0x030200", "gpu"),  # H100
+    ("0x1002", "0x73bf", "0x030000", "cpu"),  # a Radeon display card is no accelerator
+])
+def test_the_plan_names_the_platform_of_the_hosts_accelerators(tmp_path: Path, vendor: str, device: str,
+                                                               pci_class: str, platform: str) -> None:
+    function = tmp_path / "sys/bus/pci/devices/0000:c1:00.0"
+    function.mkdir(parents=True)
+    for name, value in (("vendor", vendor), ("device", device), ("class", pci_class)):
+        (function / name).write_text(value + "\n")
+    args = argparse.Namespace(sysfs=str(tmp_path / "sys"), dev=str(tmp_path), procfs="/proc",
+                              lockfile=str(tmp_path / "none"))
+    decided = worker.plan(args)
+    assert (decided.platform, decided.skips) == (platform, {})
+
+
 def test_a_tpu_host_with_one_chip_held_runs_one_idle_chip_alone(tmp_path: Path) -> None:
     sysfs, dev = tmp_path / "sys", tmp_path / "dev"
     dev.mkdir()

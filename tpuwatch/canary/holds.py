@@ -26,7 +26,7 @@ _TPU_DEVICE_FILES = ("accel*", "vfio/*")
 
 
 def accelerator_functions(sysfs: str) -> dict[str, list[str]]:
-    """PCI addresses of the accelerators under ``sysfs`` by kind (tpu, nvidia), sorted: index i is chip i."""
+    """PCI addresses of the accelerators under ``sysfs`` by kind (tpu, nvidia, amd), sorted: index i is chip i."""
     return {kind: [d.address for d in found] for kind, found in accelerators(scan_pci(sysfs)).items()}
 
 

@@ -74,7 +74,7 @@ def plan(args: argparse.Namespace) -> Plan:
     """Look at sysfs, the libtpu lockfile and device file holders; keep jax off every held TPU chip."""
     found = holds.accelerator_functions(args.sysfs)
     tpus = found["tpu"]
-    platform = "tpu" if tpus else "gpu" if found["nvidia"] else "cpu"
+    platform = "tpu" if tpus else "gpu" if found["nvidia"] or found["amd"] else "cpu"  # jax's CUDA or ROCm
     env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.05"}
     if platform != "tpu":  # jax for CUDA or ROCm runs deterministic GPU ops; a CPU-only jax ignores the flag
         env["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_deterministic_ops=true").strip()

@@ -3,7 +3,7 @@
 What each GPU (each PCI function: an MI250X's two dies are two GPUs) reports, and where from, all under
 its PCI function ``paths.sysfs``/bus/pci/devices/DBDF (the directory /sys/class/drm/cardN/device links to):
 
-- presence, product, PCI address: ``vendor`` 0x1002 and a ``device`` id of ``INSTINCT``, or any 0x1002
+- presence, product, PCI address: ``vendor`` 0x1002 and a ``device`` id of ``hw.chips.INSTINCT``, or any 0x1002
   function of PCI class 0x12 (processing accelerator: the MI300 series, which amdgpu binds by class);
 - VRAM total and used (bytes): ``mem_info_vram_total``, ``mem_info_vram_used``; busy: ``gpu_busy_percent``;
   ``unique_id`` (GFX9 and later) is named in the reading's sources (amdgpu_pm.c, amdgpu_device.c; the
@@ -39,34 +39,19 @@ from typing import Any
 from tpuwatch.config import Config
 from tpuwatch.devices.amd_thermal import SensorReading, chip_sensor, parse_temperatures
 from tpuwatch.devices.base import DeviceReading, ProcessUse, SensorTemperature
+from tpuwatch.hw.chips import instinct_product
 from tpuwatch.hw.deadline import CallTimeout, Lanes
-from tpuwatch.hw.pci import PciDevice, pci_root, scan_pci
+from tpuwatch.hw.pci import pci_root, scan_pci
 from tpuwatch.hw.procfs import scan_holders
 from tpuwatch.logsetup import Once
 from tpuwatch.samples import Sample, sample
 
 log = logging.getLogger(__name__)
 
-VENDOR_AMD = "0x1002"  # the kernel's include/linux/pci_ids.h: PCI_VENDOR_ID_ATI
-PROCESSING_ACCELERATOR = "0x12"  # PCI base class of the MI300 series (0x1200); earlier Instincts are 0x0380
-# PCI device id -> product.  MI100 and MI200: amdgpu_drv.c ``pciidlist`` (CHIP_ARCTURUS 0x738C, 0x738E;
-# CHIP_ALDEBARAN 0x7408, 0x740C, 0x740F); MI300 series (bound by class, IP discovery) and the product of
-# every id: the PCI ID Repository (pci.ids, https://pci-ids.ucw.cz/read/PC/1002).
-INSTINCT = {"0x738c": "MI100", "0x738e": "MI100", "0x740f": "MI210", "0x740c": "MI250", "0x7408": "MI250X",
-            "0x74a0": "MI300A", "0x74a1": "MI300X", "0x74a5": "MI325X"}
 READ_TIMEOUT = 2.0  # at most; half the collector deadline when that is shorter
 RAS_KINDS = {"ue": "uncorrected", "ce": "corrected", "de": "deferred"}
 _NUMBER = re.compile(r"-?\d{1,20}")
 _RAS_LINE = re.compile(r"(ue|ce|de): (\d{1,20})")
-
-
-def product(device: PciDevice) -> str | None:
-    """The Instinct product of a PCI function, or None when it is not one."""
-    if device.vendor != VENDOR_AMD:
-        return None
-    if device.device in INSTINCT:
-        return INSTINCT[device.device]
-    return f"Instinct {device.device}" if device.pci_class.startswith(PROCESSING_ACCELERATOR) else None
 
 
 @dataclass(frozen=True)
@@ -83,7 +68,7 @@ def discover(sysfs: str) -> list[AmdGpu]:
     """The Instinct GPUs under ``sysfs`` by PCI address, with their DRM nodes where the driver made them."""
     gpus = []
     for device in scan_pci(sysfs):
-        name = product(device)
+        name = instinct_product(device)
         if name is not None:
             drm = pci_root(sysfs) / device.address / "drm"
             nodes = sorted(p.name for p in drm.glob("*[0-9]"))

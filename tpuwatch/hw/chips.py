@@ -51,6 +51,14 @@ CHIPS: dict[str, Chip] = {chip.name: chip for chip in (
 # The chips the simulator can play (it needs a power range); config.SimChip lists the same names.
 SIMULATED = tuple(name for name, chip in CHIPS.items() if chip.idle_watts is not None and chip.max_watts is not None)
 
+VENDOR_AMD = "0x1002"  # the kernel's include/linux/pci_ids.h: PCI_VENDOR_ID_ATI
+PROCESSING_ACCELERATOR = "0x12"  # PCI base class of the MI300 series (0x1200); earlier Instincts are 0x0380
+# AMD PCI device id -> Instinct product.  MI100 and MI200: amdgpu_drv.c ``pciidlist`` (CHIP_ARCTURUS 0x738C,
+# 0x738E; CHIP_ALDEBARAN 0x7408, 0x740C, 0x740F); MI300 series (bound by class, IP discovery) and the product of
+# every id: the PCI ID Repository (pci.ids, https://pci-ids.ucw.cz/read/PC/1002).
+INSTINCT = {"0x738c": "MI100", "0x738e": "MI100", "0x740f": "MI210", "0x740c": "MI250", "0x7408": "MI250X",
+            "0x74a0": "MI300A", "0x74a1": "MI300X", "0x74a5": "MI325X"}
+
 # Google PCI device id -> TPU chip.  v2 and v3 share 0x0027; their subsystem device tells them apart.
 TPU_DEVICE_IDS = {"0x005e": "v4", "0x0056": "plc", "0x0063": "v5e", "0x0062": "v5p", "0x006f": "v6e",
                   "0x0076": "7x"}
@@ -67,9 +75,19 @@ def tpu_chip(device: PciDevice) -> Chip | None:
     return CHIPS[name] if name is not None else None
 
 
+def instinct_product(device: PciDevice) -> str | None:
+    """The AMD Instinct product of a PCI function, or None when it is not one."""
+    if device.vendor != VENDOR_AMD:
+        return None
+    if device.device in INSTINCT:
+        return INSTINCT[device.device]
+    return f"Instinct {device.device}" if device.pci_class.startswith(PROCESSING_ACCELERATOR) else None
+
+
 def accelerators(devices: list[PciDevice]) -> dict[str, list[PciDevice]]:
-    """The PCI functions that are accelerators, by kind: TPU chips tpu-info knows, and NVIDIA display-class
-    functions (3D or VGA controllers).  Google's vendor id also covers its gVNIC network card (0x0042), and
-    NVIDIA's its NVSwitch bridges: neither is an accelerator."""
+    """The PCI functions that are accelerators, by kind: TPU chips tpu-info knows, NVIDIA display-class
+    functions (3D or VGA controllers) and AMD Instinct GPUs.  Google's vendor id also covers its gVNIC network
+    card (0x0042), NVIDIA's its NVSwitch bridges, AMD's its Radeon display cards: none is an accelerator."""
     return {"tpu": [d for d in devices if tpu_chip(d) is not None],
-            "nvidia": [d for d in devices if d.vendor == VENDOR_NVIDIA and d.pci_class.startswith("0x03")]}
+            "nvidia": [d for d in devices if d.vendor == VENDOR_NVIDIA and d.pci_class.startswith("0x03")],
+            "amd": [d for d in devices if instinct_product(d) is not None]}
