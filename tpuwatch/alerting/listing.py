@@ -73,11 +73,6 @@ def not_answering(exc: BaseException) -> str:
     return f"does not answer ({type(exc).__name__})"
 
 
-def endpoint_url(config: Config) -> str:
-    """Where the daemon of ``config`` serves /api/alerts (https when its web config has TLS)."""
-    return daemon_url(config) + "/api/alerts"
-
-
 def _order(alert: dict[str, Any]) -> tuple[int, str]:
     return _SEVERITY_ORDER.get(alert["labels"].get("severity", ""), 3), alert.get("activeAt") or ""
 

@@ -56,24 +56,21 @@ _RAS_LINE = re.compile(r"(ue|ce|de): (\d{1,20})")
 
 @dataclass(frozen=True)
 class AmdGpu:
-    """One GPU (PCI function) under sysfs: its product and DRM nodes (``card0``, ``renderD128``)."""
+    """One GPU (PCI function) under sysfs: its product and render node (``renderD128``: what compute opens)."""
 
     pci: str
     product: str
-    card: str | None
     render: str | None
 
 
 def discover(sysfs: str) -> list[AmdGpu]:
-    """The Instinct GPUs under ``sysfs`` by PCI address, with their DRM nodes where the driver made them."""
+    """The Instinct GPUs under ``sysfs`` by PCI address, with their render nodes where the driver made them."""
     gpus = []
     for device in scan_pci(sysfs):
         name = instinct_product(device)
         if name is not None:
             drm = pci_root(sysfs) / device.address / "drm"
-            nodes = sorted(p.name for p in drm.glob("*[0-9]"))
-            gpus.append(AmdGpu(device.address, name, next((n for n in nodes if n.startswith("card")), None),
-                               next((n for n in nodes if n.startswith("renderD")), None)))
+            gpus.append(AmdGpu(device.address, name, min((p.name for p in drm.glob("renderD[0-9]*")), default=None)))
     return gpus
 
 

@@ -30,7 +30,6 @@ from tpuwatch.devices.base import DeviceReading
 from tpuwatch.devices.progress import ChipStatus, HangVerdict, Position
 
 Signal = Literal["progress", "stalled"]
-SIGNALS = ("sequencers", "duty_cycle", "tensorcore_idle", "hlo_execution")
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,6 @@ class JournalSource(Source):
         state = self.position.load()
         self._cursor: str | None = state["cursor"] if state else None
         self._on_unread = False  # the reader stands on an entry not read yet
-        self._on_entry = False  # the reader stands on an entry (the last one read)
         if self._cursor is not None and not self._resume(self._cursor):
             self._cursor = None
         if self._cursor is None:
@@ -83,10 +82,8 @@ class JournalSource(Source):
             self._reader.seek_cursor(cursor)
             if not self._reader._next():  # nothing at or after the cursor: continue from the end
                 self._reader.seek_tail()
-                self._on_entry = bool(self._reader._previous())
-            elif self._reader.test_cursor(cursor):
-                self._on_entry = True
-            else:
+                self._reader._previous()  # on the last entry: the next read starts after it
+            elif not self._reader.test_cursor(cursor):
                 self._on_unread = True  # the saved entry was vacuumed: this is the next one
         except (OSError, ValueError) as exc:
             log.warning("kernel log: ignoring the saved journal cursor: %s; starting as if none was saved", exc)
@@ -105,7 +102,7 @@ class JournalSource(Source):
             elif not self._reader._next():
                 self.caught_up = True
                 break
-            moved = self._on_entry = self._seen = True
+            moved = self._seen = True
             self._take(out)
         if moved:
             self._cursor = self._reader._get_cursor()
