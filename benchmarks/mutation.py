@@ -314,7 +314,7 @@ def report(results: list[Result], before: dict[str, dict[str, object]], command:
             if b is None:
                 row += " - |"
             else:
-                partial = " (partial)" if b["partial"] else ""
+                partial = ", partial" if b["partial"] else ""
                 row += f" {_pct(b['score'])} ({b['run']} of {b['total']} run{partial}) |"  # type: ignore[arg-type]
         lines.append(row)
     lines.append("")
