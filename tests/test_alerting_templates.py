@@ -24,7 +24,7 @@ EXAMPLES = {"device": "0", "pci": "0000:00:04.0", "pid": "4101", "command": "pyt
             "reason": "jax is not installed", "action": "node_reboot", "state": "completed", "status": "timeout",
             "health": "unhealthy", "clique_id": "7", "cluster_uuid": "0123456789abcdef0123456789abcdef",
             "field": "nvmlDeviceGetPowerUsage", "gpu_instance": "3", "core": "1",
-            "message": "TensorCore 1 halted",
+            "message": "TensorCore 1 halted", "sensor": "junction",
             "cloud": "gce", "event": "TERMINATE_ON_HOST_MAINTENANCE",
             "event_id": "instance-event-0d59937288b749b32", "window": "2026-12-06 03:00-07:00 UTC",
             "start": "1796526000", "path": "job"}
