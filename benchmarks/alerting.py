@@ -32,13 +32,11 @@ import platform
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import requests
 import yaml
@@ -47,12 +45,14 @@ from common import BENCHMARKS_MD, REPO_ROOT, cpu_model, write_section
 
 sys.path.insert(0, str(REPO_ROOT / "tests"))
 
+from alertmanager import RealAlertmanager  # noqa: E402
+
 from tpuwatch import config as config_module  # noqa: E402
 from tpuwatch.alerting import Alerting  # noqa: E402
 from tpuwatch.alerting.db import Notification  # noqa: E402
 from tpuwatch.samples import Sample, sample  # noqa: E402
 
-from conftest import free_port, wait_until  # noqa: E402
+from conftest import wait_until  # noqa: E402
 from http_receiver import Receiver  # noqa: E402
 
 GROUP_WAIT_S = 1.0
@@ -134,34 +134,23 @@ def tpuwatch_latency(workdir: Path, trials: int) -> list[float]:
 
 
 def alertmanager_latency(workdir: Path, trials: int) -> tuple[list[float], str]:
-    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-    if binary is None:
-        raise SystemExit("prometheus-alertmanager is needed (apt-get install prometheus-alertmanager)")
-    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     hook = Receiver()
-    port = free_port()
-    (workdir / "am.yml").write_text(yaml.safe_dump({
-        "route": {"receiver": "hook", "group_by": ["alertname", "device"], "group_wait": "1s",
-                  "group_interval": "5m", "repeat_interval": "4h"},
-        "receivers": [{"name": "hook", "webhook_configs": [{"url": hook.url()}]}]}))
-    am = subprocess.Popen([binary, f"--config.file={workdir / 'am.yml'}", f"--storage.path={workdir / 'am'}",
-                           f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-                           "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    am = RealAlertmanager(workdir, hook.url(), binary=alertmanager_binary(),
+                          route={"group_wait": "1s", "group_interval": "5m", "repeat_interval": "4h"})
     delays = []
     try:
-        wait_until(lambda: requests.get(f"http://127.0.0.1:{port}/-/ready", timeout=1).ok, 20, "alertmanager")
+        am.start(20)
         for i in range(trials):
             fired = time.time()
             stamp = datetime.fromtimestamp(fired, timezone.utc).isoformat()
-            requests.post(f"http://127.0.0.1:{port}/api/v2/alerts", timeout=5, json=[
+            requests.post(f"{am.url}/api/v2/alerts", timeout=5, json=[
                 {"labels": {"alertname": "AcceleratorEccUncorrectable", "device": str(i)}, "startsAt": stamp}])
             wait_until(lambda n=i + 1: len(hook.requests) == n, 10, "alertmanager's webhook POST")
             delays.append(hook.requests[i]["at"] - fired - GROUP_WAIT_S)
     finally:
-        am.terminate()
-        am.wait(10)
+        am.stop()
         hook.close()
-    return delays, version
+    return delays, am.version()
 
 
 def throughput(workdir: Path, burst: int) -> tuple[float, float]:
@@ -226,42 +215,17 @@ def outage(workdir: Path, seconds: float) -> dict[str, float]:
             "dead_s": dead_s}
 
 
-class StoppableAlertmanager:
-    """Debian's Alertmanager on one port, killed and started again there."""
-
-    def __init__(self, workdir: Path) -> None:
-        binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
-        if binary is None:
-            raise SystemExit("prometheus-alertmanager is needed (apt-get install prometheus-alertmanager)")
-        self.binary, self.workdir, self.port = binary, workdir, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        workdir.mkdir(parents=True, exist_ok=True)
-        (workdir / "am.yml").write_text(yaml.safe_dump({
-            "route": {"receiver": "null", "group_by": ["alertname", "device"]}, "receivers": [{"name": "null"}]}))
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> float:
-        self.proc = subprocess.Popen([self.binary, f"--config.file={self.workdir / 'am.yml'}",
-                                      f"--storage.path={self.workdir / 'am'}", f"--web.listen-address=127.0.0.1:{self.port}",
-                                      "--cluster.listen-address=", "--log.level=warn"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: requests.get(f"{self.url}/-/ready", timeout=1).ok, 30, "alertmanager ready")
-        return time.time()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
-
-    def held(self) -> list[dict[str, Any]]:
-        return list(requests.get(f"{self.url}/api/v2/alerts", timeout=5).json())
+def alertmanager_binary() -> str:
+    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    if binary is None:
+        raise SystemExit("prometheus-alertmanager is needed (apt-get install prometheus-alertmanager)")
+    return binary
 
 
 def alertmanager_outage(workdir: Path, seconds: float) -> dict[str, float]:
     """tpuwatch's alertmanager receiver against a real Alertmanager killed for ``seconds`` while an alert group
     fires every 2 s; from its restart (ready) to it holding every alert."""
-    am = StoppableAlertmanager(workdir / "am")
+    am = RealAlertmanager(workdir / "am", binary=alertmanager_binary())
     am.start()
     am.stop()  # down from the first alert on
     config = config_module.parse(yaml.safe_dump({

@@ -210,23 +210,15 @@ def make_alerting(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 @pytest.fixture
 def alertmanager(tmp_path: Path) -> Iterator[tuple[str, Receiver]]:
     """A real Alertmanager grouping by alertname and device, notifying a recording webhook: (its URL, the hook)."""
-    binary = require_tool("prometheus-alertmanager")
+    from alertmanager import RealAlertmanager
+
     hook = Receiver()
-    port = free_port()
-    (tmp_path / "am.yml").write_text(yaml.safe_dump({
-        "route": {"receiver": "hook", "group_by": ["alertname", "device"], "group_wait": "100ms",
-                  "group_interval": "1s", "repeat_interval": "1h"},
-        "receivers": [{"name": "hook", "webhook_configs": [{"url": hook.url(), "send_resolved": True}]}]}))
-    am = subprocess.Popen([binary, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am'}",
-                           f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
-                           "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    am = RealAlertmanager(tmp_path, hook.url(), send_resolved=True)
     try:
-        wait_until(lambda: requests.get(f"{url}/-/ready", timeout=1).ok, 20, "alertmanager")
-        yield url, hook
+        am.start(20)
+        yield am.url, hook
     finally:
-        am.terminate()
-        am.wait(10)
+        am.stop()
         hook.close()
 
 

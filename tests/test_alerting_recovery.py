@@ -6,20 +6,18 @@ benchmarks/alerting.py measures 10 s, 50 s and 10 min on the real clock."""
 from __future__ import annotations
 
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
-import yaml
+from alertmanager import RealAlertmanager
 
 from tpuwatch.alerting.db import DB_NAME, Notification
 from tpuwatch.alerting.dbopen import open_db
 from tpuwatch.samples import Sample, sample
 
-from conftest import free_port, require_tool, wait_until
+from conftest import wait_until
 
 SCALE = 30.0
 TRIAL_S = 30.0 / SCALE
@@ -149,44 +147,15 @@ def test_a_webhook_that_stays_dead_gets_one_trial_per_period_and_then_its_backlo
 # --- a real Alertmanager --------------------------------------------------------------------------------------
 
 
-class Alertmanager:
-    """Debian's Alertmanager on a fixed port, stopped and started again on it, notifying ``hook``."""
-
-    def __init__(self, workdir: Path, hook_url: str) -> None:
-        self.binary = require_tool("prometheus-alertmanager")
-        self.workdir = workdir
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        (workdir / "am.yml").write_text(yaml.safe_dump({
-            "route": {"receiver": "hook", "group_by": ["alertname", "device"], "group_wait": "100ms",
-                      "group_interval": "1s", "repeat_interval": "1h"},
-            "receivers": [{"name": "hook", "webhook_configs": [{"url": hook_url}]}]}))
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> float:
-        """Start it; when it answered ready."""
-        self.proc = subprocess.Popen([self.binary, f"--config.file={self.workdir / 'am.yml'}",
-                                      f"--storage.path={self.workdir / 'am'}", f"--web.listen-address={self.url[7:]}",
-                                      "--cluster.listen-address=", "--log.level=warn"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: requests.get(f"{self.url}/-/ready", timeout=1).ok, 20, "alertmanager ready")
-        return time.time()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
-
-    def alertnames(self) -> list[str]:
-        return sorted(a["labels"]["alertname"] for a in requests.get(f"{self.url}/api/v2/alerts", timeout=2).json())
+def names(am: RealAlertmanager) -> list[str]:
+    return sorted(a["labels"]["alertname"] for a in am.held())
 
 
 @pytest.mark.parametrize("outage_s", [10 / SCALE, 50 / SCALE], ids=["10s", "50s"])
 def test_a_restarted_alertmanager_gets_the_alerts_within_a_trial(receivers: Any, make_alerting: Any,
                                                                 tmp_path: Path, outage_s: float) -> None:
     hook = receivers()
-    am = Alertmanager(tmp_path, hook.url())
+    am = RealAlertmanager(tmp_path, hook.url())
     try:
         am.start()
         am.stop()  # down from the start: what fires is queued for it
@@ -198,7 +167,7 @@ def test_a_restarted_alertmanager_gets_the_alerts_within_a_trial(receivers: Any,
                    >= 1, 5, "a failed attempt")
         wait_until(lambda: time.time() >= down + outage_s, outage_s + 1, "the outage")
         back = am.start()
-        got = wait_until(lambda: am.alertnames() == ["AcceleratorEccUncorrectable", "AcceleratorMemoryRepairPending"],
+        got = wait_until(lambda: names(am) == ["AcceleratorEccUncorrectable", "AcceleratorMemoryRepairPending"],
                          TRIAL_S + SLACK_S, "Alertmanager holding both alerts within one trial period")
         assert got and time.time() - back <= TRIAL_S + SLACK_S + 0.5
         # And Alertmanager does its own job with them: its webhook hears the page.
