@@ -41,6 +41,11 @@ growth on a floor when
   (Yue-Wang, significant lags), rejects "no upward trend" at ``alpha``.
 
 Nothing fires before ``min_history`` of data (a full load cycle must be seen).
+
+Every minute the fast-exhaustion check (``fast.py``) also reads the bucket's
+lows and the 3 and 8 min floors: a steady climb that would fill the chip
+within 20 min fires at once (critical), with its own slope and time to
+exhaustion, and holds the finding while it lasts.
 Growth found in ``persistence`` of the last ``persistence_of`` analyses fires a
 warning, critical when the time to exhaustion is below ``critical_eta``; the
 finding clears after ``clear_after`` analyses without growth.
@@ -57,6 +62,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from tpuwatch import statefile
+from tpuwatch.analysis.fast import FastCheck, FastFinding, FastParams
 from tpuwatch.analysis.floors import SlidingValues, pack, unpack
 from tpuwatch.analysis.robust import mann_kendall_p, median, theil_sen
 from tpuwatch.store import History
@@ -101,6 +107,7 @@ class LeakParams:
     clear_after: int = 6
     critical_eta: float = 4 * 3600.0
     max_eta: float = 7 * 86400.0
+    fast: FastParams | None = FastParams()
 
 
 @dataclass(frozen=True)
@@ -144,7 +151,7 @@ class LeakDetector:
 
     __slots__ = ("params", "state", "first_alert_at", "_bucket_end", "_lo1", "_lo2", "_hi1", "_hi2",
                  "_capacity", "_lows", "_highs", "_keep", "_floors", "_floor_times", "_next_analysis", "_recent",
-                 "_quiet", "_high", "_plan")
+                 "_quiet", "_high", "_plan", "_fast")
 
     def __init__(self, params: LeakParams | None = None) -> None:
         self.params = params or LeakParams()
@@ -165,6 +172,7 @@ class LeakDetector:
         self._recent: deque[bool] = deque(maxlen=self.params.persistence_of)
         self._quiet = 0
         self._high = math.nan
+        self._fast = FastCheck(self.params.fast) if self.params.fast is not None else None
         # What each analysis tests, shortest scale first: (history needed, buckets in the scale, floor history,
         # largest jump as a share of the rise).  It holds the floor arrays themselves: trimming and restore()
         # change them in place, never replace them.
@@ -203,6 +211,10 @@ class LeakDetector:
             self._highs.add(end, (-self._hi1,) if self._hi2 == -math.inf else (-self._hi1, -self._hi2))
             self._high = -self._highs.low(0.0)
             self._floor_times.append(end)
+            if self._fast is not None:
+                found = self._fast.close(lows, self._floors[:2], self._high, self._capacity, p.bucket)
+                if found is not None:
+                    self._fast_found(timestamp, found)
             if len(self._floor_times) >= self._keep + TRIM_SLACK:
                 for history in (*self._floors, self._floor_times):
                     history.drop(len(history) - self._keep)
@@ -302,6 +314,16 @@ class LeakDetector:
         if self.first_alert_at is None:
             self.first_alert_at = now
 
+    def _fast_found(self, now: float, found: FastFinding) -> None:
+        """The fast check sees a climb that fills the chip within its horizon: fire (critical under
+        ``critical_eta``) with its slope and time to exhaustion, and hold the finding while it lasts."""
+        self._quiet = 0
+        since = self.state.since if self.state.firing else now
+        severity = "critical" if found.eta < self.params.critical_eta else "warning"
+        self.state = LeakState(True, severity, found.slope, None, found.eta, since)
+        if self.first_alert_at is None:
+            self.first_alert_at = now
+
     def snapshot(self) -> dict[str, Any]:
         """What the detector has learned, as JSON data (with inf and NaN, which Python's json reads back)."""
         return {
@@ -318,6 +340,7 @@ class LeakDetector:
             "high": self._high,
             "state": dataclasses.asdict(self.state),
             "first_alert_at": self.first_alert_at,
+            "fast": self._fast.snapshot() if self._fast is not None else None,
         }
 
     @classmethod
@@ -348,6 +371,8 @@ class LeakDetector:
             raise ValueError("a firing state without a slope")
         first = snapshot["first_alert_at"]
         detector.first_alert_at = None if first is None else float(first)
+        if detector._fast is not None and snapshot.get("fast") is not None:  # a snapshot from before it has none
+            detector._fast.restore(snapshot["fast"])
         return detector
 
     def view(self, since: float) -> LeakView:

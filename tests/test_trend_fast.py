@@ -1,0 +1,131 @@
+"""The leak detector's fast-exhaustion check: a leak that fills the chip in 20 min is paged 10 min before it is
+full; a cache warming up and levelling off, a model loading at once or in steps, are not."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from tpuwatch.analysis.fast import FastCheck
+from tpuwatch.analysis.leak import LeakDetector, LeakParams
+
+GIB = 1024.0**3
+CAPACITY = 16 * GIB
+START = 1_700_000_000.0
+STEP = 10.0
+BEFORE = 3 * 3600.0  # normal use before the event: the detector's learning and the fast check's reference
+MINUTE = 60.0
+
+
+def jitter(i: int) -> float:
+    """A small, repeatable wobble of a few MiB (0.1 % of the chip at most)."""
+    return 0.001 * CAPACITY * math.sin(i * 1.7) * math.cos(i * 0.31)
+
+
+def series(after: float, shape) -> list[tuple[float, float]]:
+    """3 h at 30 % of the chip, then ``shape(seconds since the event)`` (bytes over the base) for ``after`` s."""
+    out = []
+    for i in range(int((BEFORE + after) / STEP)):
+        t = i * STEP
+        since = max(0.0, t - BEFORE)
+        out.append((START + t, min(CAPACITY, 0.3 * CAPACITY + shape(since) + jitter(i))))
+    return out
+
+
+def first_page(points: list[tuple[float, float]], params: LeakParams | None = None) -> float | None:
+    detector = LeakDetector(params)
+    for t, v in points:
+        detector.update(t, v, CAPACITY)
+    return detector.first_alert_at
+
+
+def full_at(points: list[tuple[float, float]]) -> float:
+    return next(t for t, v in points if v >= CAPACITY)
+
+
+def leak(minutes_to_full: float):
+    return lambda since: 0.7 * CAPACITY * since / (minutes_to_full * MINUTE)
+
+
+def test_a_leak_that_fills_the_chip_in_20_minutes_is_paged_10_minutes_before_it_is_full() -> None:
+    points = series(25 * MINUTE, leak(20))
+    page = first_page(points)
+    assert page is not None and page >= START + BEFORE
+    assert full_at(points) - page >= 10 * MINUTE
+    # Without the fast check the detector pages after the chip is full, if at all.
+    slow = first_page(points, dataclasses.replace(LeakParams(), fast=None))
+    assert slow is None or slow > full_at(points) - 10 * MINUTE
+
+
+@pytest.mark.parametrize("minutes", [30, 45])
+def test_slower_fast_leaks_are_paged_10_minutes_before_full(minutes: int) -> None:
+    points = series((minutes + 5) * MINUTE, leak(minutes))
+    page = first_page(points)
+    assert page is not None and START + BEFORE <= page <= full_at(points) - 10 * MINUTE
+
+
+def test_the_page_is_critical_with_the_time_to_full() -> None:
+    points = series(10 * MINUTE, leak(20))
+    detector = LeakDetector()
+    for t, v in points:
+        detector.update(t, v, CAPACITY)
+    state = detector.state
+    assert state.firing and state.severity == "critical"
+    assert state.eta is not None and 5 * MINUTE < state.eta < 15 * MINUTE  # full at 20 min, read at 10
+    assert state.slope == pytest.approx(0.7 * CAPACITY / (20 * MINUTE), rel=0.25)
+
+
+@pytest.mark.parametrize("ease", [
+    lambda x: 1 - (1 - x) ** 2,  # quadratic ease-out
+    lambda x: (1 - math.exp(-4 * x)) / (1 - math.exp(-4)),  # exponential
+    lambda x: 1 - (1 - x) ** 3,  # cubic
+])
+def test_a_cache_warming_up_and_levelling_off_below_full_is_not_paged(ease) -> None:
+    # 15 min from 30 % to 80 %: its first minutes climb as steeply as a 20 min leak, then it bends.
+    points = series(90 * MINUTE, lambda since: 0.5 * CAPACITY * ease(min(1.0, since / (15 * MINUTE))))
+    assert first_page(points) is None
+
+
+def test_a_model_loading_within_a_minute_is_not_paged() -> None:
+    points = series(60 * MINUTE, lambda since: 0.55 * CAPACITY * min(1.0, since / 40.0))
+    assert first_page(points) is None
+
+
+def test_a_second_model_loaded_in_steps_is_not_paged() -> None:
+    # Five steps of 11 % of the chip, 45 s apart: a staircase for 3 minutes, then flat.
+    points = series(60 * MINUTE, lambda since: 0.11 * CAPACITY * min(5, int(since // 45) + 1))
+    assert first_page(points) is None
+
+
+def test_the_fast_check_carries_over_a_restart() -> None:
+    points = series(25 * MINUTE, leak(20))
+    reference = LeakDetector()
+    for t, v in points:
+        reference.update(t, v, CAPACITY)
+    cut = len(points) - int(17 * MINUTE / STEP)  # 8 min into the leak, its streak begun
+    before = LeakDetector()
+    for t, v in points[:cut]:
+        before.update(t, v, CAPACITY)
+    after = LeakDetector.restore(json.loads(json.dumps(before.snapshot())))
+    for t, v in points[cut:]:
+        after.update(t, v, CAPACITY)
+    assert after.first_alert_at == reference.first_alert_at
+
+
+def test_a_snapshot_without_the_fast_check_is_restored_and_one_with_nan_is_refused() -> None:
+    detector = LeakDetector()
+    for t, v in series(10 * MINUTE, leak(20)):
+        detector.update(t, v, CAPACITY)
+    old = {k: v for k, v in detector.snapshot().items() if k != "fast"}
+    assert LeakDetector.restore(old).state == detector.state
+    damaged = detector.snapshot()
+    damaged["fast"]["lows"][3] = math.nan
+    with pytest.raises(ValueError):
+        LeakDetector.restore(damaged)
+    check = FastCheck()
+    check.restore(detector.snapshot()["fast"])
+    assert check.snapshot() == detector.snapshot()["fast"]
+

@@ -1,0 +1,222 @@
+"""The leak detector's fast-exhaustion check: a steady climb that fills the chip within half an hour.
+
+Run once a minute (when the detector closes a one-minute bucket), in
+O(``reference`` + longest window) and bounded memory, on three floors of the
+detector: the minute's second-lowest reading (no lag), and the 3 and 8 min
+floors (through an allocator sawtooth of up to 3 or 8 min).  On each, shortest
+first, and for each window (6 to 24 min, three equal segments):
+
+* the floor rose in every segment, the rises balanced (the smallest at least
+  ``min_ratio`` of the largest): a model load or a second model loaded in
+  steps rises in one or two segments of a window and then stays flat;
+* no one-minute jump carries more than ``max_jump`` of the window's rise, and
+  the rise is at least ``min_rise`` of the capacity;
+* the floor stands above everything it showed in the ``reference`` before the
+  window by ``new_high`` times that reference's own range (at least the noise
+  floor ``min_rise``): an allocator that climbs for many minutes and releases,
+  over and over, has shown such climbs before, and a floor that swings with a
+  sawtooth longer than its window is not calm enough to judge;
+* the shape says where the climb goes: a steady one (the newest segment rose
+  at least ``steady`` of the one before) is projected straight, at the
+  window's slope; a decelerating one to where it levels off, the nearer of two
+  estimates (the segment rises shrinking geometrically: level + rise q/(1-q);
+  the slope falling linearly: level + slope^2/2a);
+* projected from the high (the sawtooth's top, which is what fills the chip),
+  it reaches the capacity within ``horizon``.
+
+A finding on ``persistence`` consecutive minutes is reported; a look-alike
+load ends within about 4 min and a window that has gone flat fails the
+segment check, so it never lasts that long.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FastParams:
+    """Tuning of the fast check (minutes are one-minute buckets)."""
+
+    shortest: int = 6
+    longest: int = 30
+    reference: int = 60
+    min_rise: float = 0.03
+    min_ratio: float = 0.2
+    max_jump: float = 0.5
+    new_high: float = 1.0
+    decelerating: float = 3.0
+    horizon: float = 1200.0
+    bend: float = 1.0
+    onset: float = 0.33
+    closing: float = 0.5
+    persistence: int = 3
+
+
+@dataclass(frozen=True)
+class FastFinding:
+    """A climb that would fill the chip: its slope (bytes/s) and the time until it does (s)."""
+
+    slope: float
+    eta: float
+
+
+FIVE = 5  # buckets of the floor between the 3 and 8 min ones (a sawtooth of a 4-5 min period)
+VETO = 0.0  # rising, then falling in the newest third: it has levelled off
+LEVELS = FastFinding(0.0, math.inf)  # a climb that bends and levels off below capacity
+
+
+class FastCheck:
+    """Feed ``close(lo1, lo2, floors, high, capacity)`` once per one-minute bucket; it returns a finding or None."""
+
+    __slots__ = ("params", "_window", "_lows", "_fives", "_etas")
+
+    def __init__(self, params: FastParams | None = None) -> None:
+        self.params = params or FastParams()
+        keep = self.params.reference + self.params.longest + 1
+        self._window: deque[tuple[float, ...]] = deque(maxlen=FIVE)  # the last buckets' lows
+        self._lows: deque[float] = deque(maxlen=keep)  # per bucket, its second-lowest reading
+        self._fives: deque[float] = deque(maxlen=keep)  # and the second-lowest of the last five buckets'
+        self._etas: deque[float] = deque(maxlen=self.params.persistence)
+
+    def close(self, lows: tuple[float, ...], floors: list[Any], high: float, capacity: float | None,
+              bucket: float) -> FastFinding | None:
+        """One bucket closed with ``lows`` (its lowest and second-lowest readings); ``floors`` are the detector's 3
+        and 8 min floor histories, ``high`` its high."""
+        self._window.append(lows)
+        self._lows.append(lows[-1])
+        self._fives.append(sorted(v for low in self._window for v in low)[1] if len(self._window) > 1 else lows[-1])
+        finding = None if capacity is None or capacity <= 0 else self._find(floors, high, capacity, bucket)
+        if finding is None:
+            self._etas.clear()
+            return None
+        self._etas.append(finding.eta)
+        # A leak's projected full time stays put while it is watched (its ETA falls a minute a minute); a climb
+        # that levels off pushes it away.
+        p = self.params
+        if len(self._etas) < p.persistence:
+            return None
+        if self._etas[-1] > self._etas[0] - p.closing * (p.persistence - 1) * bucket:
+            return None
+        return finding
+
+    def snapshot(self) -> dict[str, Any]:
+        """The bounded state, as JSON data."""
+        return {"window": [list(lows) for lows in self._window], "lows": list(self._lows),
+                "fives": list(self._fives), "etas": list(self._etas)}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Carry on from ``snapshot()`` (into a fresh check); ValueError for a value that is not finite."""
+        window = [tuple(float(v) for v in lows) for lows in snapshot["window"]]
+        lows, fives, etas = ([float(v) for v in snapshot[key]] for key in ("lows", "fives", "etas"))
+        if not all(math.isfinite(v) for v in (*lows, *fives, *(v for low in window for v in low))):
+            raise ValueError("the fast check holds a value that is not finite")
+        if len(lows) != len(fives):
+            raise ValueError("the fast check's floors differ in length")
+        self._window.extend(window)
+        self._lows.extend(lows)
+        self._fives.extend(fives)
+        self._etas.extend(etas)
+
+    def _find(self, floors: list[Any], high: float, capacity: float, bucket: float) -> FastFinding | None:
+        p = self.params
+        need = p.reference + p.longest + 1
+        least = p.min_rise * capacity
+        finding = None
+        for series in (self._lows, floors[0], self._fives, floors[1]):
+            if len(series) < need:
+                return None
+            values = list(series)[-need:] if isinstance(series, deque) else list(series[-need:])
+            if values[-1] - max(values[:p.reference]) < least:
+                continue  # the cheap test first: no new high on this floor
+            found = self._climb(values, high, capacity, bucket)
+            if found is LEVELS:
+                return None  # any floor that sees the climb bend to below capacity vetoes
+            if found is not None and finding is None:
+                finding = found
+        return finding
+
+    def _climb(self, values: list[float], high: float, capacity: float, bucket: float) -> FastFinding | None:
+        """The climb of one floor since it left the range of its reference, judged; ``values`` hold the reference
+        then the newest ``longest`` + 1 floors."""
+        p = self.params
+        now = values[-1]
+        reference = values[:p.reference]
+        top, bottom = max(reference), min(reference)
+        margin = max(p.new_high * (top - bottom), p.min_rise * capacity)
+        if now - top < margin:
+            return None
+        recent = values[p.reference:]
+        onset = len(recent) - 1
+        while onset > 0 and recent[onset - 1] > top + p.onset * margin:
+            onset -= 1
+        climb = recent[onset:]
+        span = len(climb) - 1
+        if span < p.shortest:
+            return None
+        rise = now - climb[0]
+        cuts = (0, round(span / 3.0), round(2.0 * span / 3.0), span)
+        rates = [(climb[b] - climb[a]) / (b - a) for a, b in zip(cuts, cuts[1:])]  # per bucket, each third
+        if min(rates) <= 0 or min(rates) < p.min_ratio * max(rates):
+            # Rising ever slower, the newest third far slower than the first: it levels off.
+            return LEVELS if rates[0] >= rates[1] >= rates[2] and rates[2] < VETO * rates[0] else None
+        if max(b - a for a, b in zip(climb, climb[1:])) > p.max_jump * rise:
+            return None
+        diffs = sorted(b - a for a, b in zip(reference, reference[1:]))
+        center = diffs[len(diffs) // 2]
+        spread = sorted(abs(d - center) for d in diffs)[len(diffs) // 2]
+        noise = max(1.4826 * spread / math.sqrt(2.0), 1e-4 * capacity)  # of one floor value
+        fit_m, fit_a, fit_b, fit_c, norm_c = _fits(span)
+        slope = sum(w * y for w, y in zip(fit_m, climb)) / bucket  # the straight line's, per second
+        level = sum(w * y for w, y in zip(fit_a, climb))  # the quadratic's level, slope and half its
+        current = sum(w * y for w, y in zip(fit_b, climb))  # acceleration at the newest floor, per bucket
+        curvature = sum(w * y for w, y in zip(fit_c, climb))
+        if span > 3:  # what the quadratic leaves unexplained (a staircase's steps, a sawtooth's teeth)
+            squares = sum((y - level - current * t - curvature * t * t) ** 2 for t, y in zip(range(-span, 1), climb))
+            noise = max(noise, math.sqrt(squares / (span - 2)))
+        resolution = p.decelerating * noise * norm_c  # the least curvature told from noise
+        if resolution > p.bend * slope * bucket / span:
+            return None  # too rough yet to see the climb bend, if it does: wait for a longer one
+        if curvature < -resolution:
+            # Slowing down: where does it level off?  Slope falling linearly (s^2 / 2a), or the segment rises
+            # shrinking geometrically (r q / (1 - q)); the nearer of the two.
+            linear = current * current / (4.0 * -curvature) if current > 0 else 0.0
+            q = rates[2] / rates[1]
+            geometric = rates[2] * span / 3.0 * q / (1.0 - q) if q < 1.0 else math.inf
+            if high + min(linear, geometric) < capacity:
+                return LEVELS
+            slope = current / bucket
+            if slope <= 0:
+                return None
+        eta = max(0.0, (capacity - high) / slope)
+        if eta > p.horizon or not math.isfinite(eta):
+            return None
+        return FastFinding(slope, eta)
+
+
+@lru_cache(maxsize=64)
+def _fits(span: int) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...], tuple[float, ...], float]:
+    """Least-squares weights over t = -span..0: the straight line's slope; the quadratic a + b t + c t^2's a, b
+    (the slope at the newest point) and c (half the acceleration); and the norm of c's weights (its standard
+    error per unit of noise)."""
+    ts = [float(t) for t in range(-span, 1)]
+    mean = sum(ts) / len(ts)
+    spread = sum((t - mean) ** 2 for t in ts)
+    line = tuple((t - mean) / spread for t in ts)
+    sums = [sum(t**k for t in ts) for k in range(5)]
+    inverse = _inverse3([[sums[i + j] for j in range(3)] for i in range(3)])
+    a, b, c = ([sum(inverse[r][k] * t**k for k in range(3)) for t in ts] for r in range(3))
+    return line, tuple(a), tuple(b), tuple(c), math.sqrt(sum(w * w for w in c))
+
+
+def _inverse3(m: list[list[float]]) -> list[list[float]]:
+    (a, b, c), (d, e, f), (g, h, i) = m
+    det = a * (e * i - f * h) - b * (d * i - f * g) + c * (d * h - e * g)
+    cof = [[e * i - f * h, c * h - b * i, b * f - c * e],
+           [f * g - d * i, a * i - c * g, c * d - a * f],
+           [d * h - e * g, b * g - a * h, a * e - b * d]]
+    return [[v / det for v in row] for row in cof]
