@@ -1,32 +1,35 @@
-"""The leak detector's fast-exhaustion check: a steady climb that fills the chip within half an hour.
+"""The leak detector's fast-exhaustion check: a steady climb that fills the chip within 20 minutes.
 
-Run once a minute (when the detector closes a one-minute bucket), in
-O(``reference`` + longest window) and bounded memory, on three floors of the
-detector: the minute's second-lowest reading (no lag), and the 3 and 8 min
-floors (through an allocator sawtooth of up to 3 or 8 min).  On each, shortest
-first, and for each window (6 to 24 min, three equal segments):
+Run once a minute (when the detector closes a one-minute bucket), in O(91)
+per floor and bounded memory, on four floors, each the second-lowest reading
+of its window: the minute's own (no lag), the detector's 3 min floor, a 5 min
+floor of its own and the detector's 8 min floor (an allocator sawtooth of up
+to 3, 5 or 8 min is seen through, at the price of that much lag).  On each:
 
-* the floor rose in every segment, the rises balanced (the smallest at least
-  ``min_ratio`` of the largest): a model load or a second model loaded in
-  steps rises in one or two segments of a window and then stays flat;
-* no one-minute jump carries more than ``max_jump`` of the window's rise, and
-  the rise is at least ``min_rise`` of the capacity;
-* the floor stands above everything it showed in the ``reference`` before the
-  window by ``new_high`` times that reference's own range (at least the noise
-  floor ``min_rise``): an allocator that climbs for many minutes and releases,
-  over and over, has shown such climbs before, and a floor that swings with a
-  sawtooth longer than its window is not calm enough to judge;
-* the shape says where the climb goes: a steady one (the newest segment rose
-  at least ``steady`` of the one before) is projected straight, at the
-  window's slope; a decelerating one to where it levels off, the nearer of two
-  estimates (the segment rises shrinking geometrically: level + rise q/(1-q);
-  the slope falling linearly: level + slope^2/2a);
-* projected from the high (the sawtooth's top, which is what fills the chip),
-  it reaches the capacity within ``horizon``.
+* a new high: the floor stands above everything it showed in the
+  ``reference`` before the last ``longest`` minutes by ``new_high`` times that
+  reference's range, at least ``min_rise`` of the capacity (an allocator that
+  has climbed and released like this before, or a floor that swings with a
+  sawtooth longer than its window, does not pass);
+* a climb: from its onset (where the floor left that range) to now, at least
+  ``shortest`` minutes, rising in every third, the slowest third at least
+  ``min_ratio`` as steep as the steepest, no one-minute rise over ``max_jump``
+  of the climb (a model load is a jump, not a climb).  A climb that rose and
+  fell back in its newest third has levelled off;
+* its shape: a quadratic fitted by least squares gives the slope now and the
+  acceleration.  A deceleration over ``decelerating`` standard errors is a
+  bend: the climb is projected to where it levels off (the nearer of the slope
+  falling linearly, slope^2/2a, and the thirds' rises shrinking geometrically,
+  r q/(1-q)); if that is below capacity the climb is a warm-up and vetoes the
+  other floors' findings.  No bend: projected straight at its fitted slope.
+  While the least bend the fit could tell from noise is over ``bend`` times
+  the slope falling to nothing over the climb, it waits;
+* projected from the high (the sawtooth's top is what fills the chip), it
+  reaches the capacity within ``horizon``.
 
-A finding on ``persistence`` consecutive minutes is reported; a look-alike
-load ends within about 4 min and a window that has gone flat fails the
-segment check, so it never lasts that long.
+A finding on ``persistence`` minutes in a row whose time to full falls by at
+least ``closing`` of the time passed (the projected full time stays put, as a
+leak's does; a climb that levels off pushes it away) is reported.
 """
 
 from __future__ import annotations
@@ -71,7 +74,7 @@ LEVELS = FastFinding(0.0, math.inf)  # a climb that bends and levels off below c
 
 
 class FastCheck:
-    """Feed ``close(lo1, lo2, floors, high, capacity)`` once per one-minute bucket; it returns a finding or None."""
+    """Feed ``close(lows, floors, high, capacity, bucket)`` once per one-minute bucket; it returns a finding or None."""
 
     __slots__ = ("params", "_window", "_lows", "_fives", "_etas")
 
