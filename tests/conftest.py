@@ -32,6 +32,8 @@ def saved_state(path: Path) -> Any:
 
 
 _HANDED_OUT: set[int] = set()
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]) % _WORKERS
 
 
 def free_port() -> int:
@@ -39,12 +41,13 @@ def free_port() -> int:
 
     A port handed to a child that has not bound it yet is free again to the kernel; without the memory, two
     daemons started in a row can be given the same port, and the second one's readiness check is answered by
-    the first."""
+    the first.  Under pytest-xdist each worker keeps to its own residue of half the port number (Linux hands bind()
+    even ports first), so two workers never hand out the same port."""
     while True:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port: int = sock.getsockname()[1]
-        if port not in _HANDED_OUT:
+        if port not in _HANDED_OUT and (port >> 1) % _WORKERS == _WORKER:
             _HANDED_OUT.add(port)
             return port
 

@@ -45,6 +45,7 @@ from conftest import SIM_FAST, DaemonProcess, wait_until
 SEED = int(os.environ.get("TPUWATCH_FUZZ_SEED", "14"))
 CASES = int(os.environ.get("TPUWATCH_FUZZ_CASES", "1000"))
 SUBPROCESS_EVERY = max(1, CASES // 8)  # this many cases per kind also go through the real command line
+PARTS = 4  # each kind's cases in four tests, so that pytest-xdist's workers share them
 ONE_LINE = re.compile(r"tpuwatch: config error: [^\n]+: [^\n]+")
 QUIET = {"alerting": {"default_rules": False, "rule_files": []}, "kernel_log": {"rules_dirs": []}}
 
@@ -265,8 +266,9 @@ KINDS: dict[str, tuple[Callable[[Path], list[Any]], Callable[[str], dict[str, An
 }
 
 
+@pytest.mark.parametrize("part", range(PARTS))
 @pytest.mark.parametrize("kind", KINDS)
-def test_fuzzed_files_are_accepted_or_refused_in_one_line(kind: str, tls: Path, tmp_path: Path) -> None:
+def test_fuzzed_files_are_accepted_or_refused_in_one_line(kind: str, part: int, tls: Path, tmp_path: Path) -> None:
     bases_of, referencing = KINDS[kind]
     bases = bases_of(tls)
     fuzzed, config = tmp_path / "fuzzed.yaml", tmp_path / "config.yaml"
@@ -274,7 +276,8 @@ def test_fuzzed_files_are_accepted_or_refused_in_one_line(kind: str, tls: Path, 
         config.write_text(yaml.safe_dump(referencing(str(fuzzed))))
     target = fuzzed if kind == "config" else config
     outcomes = {0: 0, 2: 0}
-    for index in range(CASES):
+    cases = range(part, CASES, PARTS)
+    for index in cases:
         case = generate(bases, index, kind)
         fuzzed.write_bytes(case if isinstance(case, bytes) else case.encode("utf-8", "surrogatepass"))
         where = f"TPUWATCH_FUZZ_SEED={SEED} {kind} case {index}: {case[:300]!r}"
@@ -290,7 +293,7 @@ def test_fuzzed_files_are_accepted_or_refused_in_one_line(kind: str, tls: Path, 
             raise AssertionError(f"{where}\n{type(exc).__name__}: {exc}") from exc
         outcomes[answer[0]] += 1
     # The mutations reach both sides: some files stay valid, most are refused.
-    assert outcomes[0] > CASES // 50 and outcomes[2] > CASES // 2, outcomes
+    assert outcomes[0] > len(cases) // 50 and outcomes[2] > len(cases) // 2, outcomes
 
 
 # --- bombs, huge files, odd files -----------------------------------------------------------------------------
