@@ -38,6 +38,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import islice
 from typing import Any
 
 
@@ -131,11 +132,15 @@ class FastCheck:
         least = p.min_rise * capacity
         finding = None
         for series in (self._lows, floors[0], self._fives, floors[1]):
-            if len(series) < need:
+            start = len(series) - need
+            if start < 0:
                 return None
-            values = list(series)[-need:] if isinstance(series, deque) else list(series[-need:])
-            if values[-1] - max(values[:p.reference]) < least:
-                continue  # the cheap test first: no new high on this floor
+            # The cheap test first, without a copy: no new high on this floor, nothing to judge.
+            reference = islice(series, start, start + p.reference) if isinstance(series, deque) \
+                else series[start:start + p.reference]
+            if series[-1] - max(reference) < least:
+                continue
+            values = list(series)[start:] if isinstance(series, deque) else list(series[start:])
             found = self._climb(values, high, capacity, bucket)
             if found is LEVELS:
                 return None  # any floor that sees the climb bend to below capacity vetoes
