@@ -2,7 +2,7 @@
 
 For each fault (``clean`` for none), one run of the suite exactly as the worker runs it (Suite.run, then
 Suite.confirm, then the judge), the fault on chip 2; prints one JSON line per fault: the run's status, every chip
-whose status is not pass, and the reason.
+whose status is not pass, the reason, and which checks were timed beside the host reference (check, runs, references).
 """
 
 from __future__ import annotations
@@ -32,4 +32,6 @@ for text in sys.argv[1:]:
     verdict, _ = judge(lines, None, {})
     print(json.dumps({"fault": text, "status": verdict.status, "reason": verdict.reason,
                       "chips": {o.device: o.status for o in verdict.devices if o.status != "pass"},
-                      "checks": sorted({r["check"] for r in results})}), flush=True)
+                      "checks": sorted({r["check"] for r in results}),
+                      "paced": sorted({(r["check"], len(r.get("runs_seconds", ())), len(r.get("host_seconds", ())))
+                                       for r in results if "host_seconds" in r})}), flush=True)

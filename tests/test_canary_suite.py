@@ -20,8 +20,8 @@ from tpuwatch.canary import record
 from tpuwatch.canary.checks import collective, faults
 from tpuwatch.canary.checks.suite import Suite
 from tpuwatch.canary.collector import CanaryCollector
-from tpuwatch.canary.judge import CanaryResult, DeviceOutcome, history_key, judge
-from tpuwatch.canary.speed import SPEED_ROUNDS
+from tpuwatch.canary.judge import CanaryResult, DeviceOutcome, Drill, history_key, judge
+from tpuwatch.canary.speed import BUSY_ROUNDS, MIN_CONCLUSIVE, SPEED_ROUNDS, beyond_host
 from tpuwatch.config import Config
 
 needs_jax = pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="the canary extra (jax) is missing")
@@ -184,6 +184,91 @@ def test_a_chip_is_slow_only_when_its_fastest_time_stays_over_its_peers() -> Non
     assert _confirm({d: fast for d in "0123"}) == ({}, [])  # nobody looks slow: nothing timed again
 
 
+class _Paced(_Timings):
+    """Scripted timings with the host reference beside them: chip -> [(its device time, the reference's time
+    beside each of its runs)], first run first."""
+
+    def __init__(self, paced: dict[str, list[tuple[float, float]]]) -> None:
+        super().__init__({d: [took for took, _ in p] for d, p in paced.items()})
+        self.host = {d: [host for _, host in p] for d, p in paced.items()}
+
+    def run_check(self, check: str, chip: Any, entry: int) -> dict[str, Any]:
+        out = super().run_check(check, chip, entry)
+        host = self.host[chip[0]].pop(0)
+        return {**out, "max_abs_error": 1e-6, "runs_seconds": [out["duration_seconds"]] * 3, "host_seconds": [host] * 4}
+
+
+def _paced(paced: dict[str, list[tuple[float, float]]]) -> list[dict[str, Any]]:
+    """The judge's lines for one run of the timed check with these timings, the worker's speed rounds included."""
+    suite = _Paced(paced)
+    first = [suite.run_check("gemm", (d, None), 5) for d in paced]
+    confirms = suite.confirm([(d, None) for d in paced], first, {})
+    return [START, *({"event": "result", **r} for r in first), *({"event": "confirm", **c} for c in confirms)]
+
+
+CALM, BUSY = 0.0005, 0.0015  # the host reference's time: at its pace, three times slower
+ROUNDS = 1 + SPEED_ROUNDS + BUSY_ROUNDS  # timings at most: the first, the rounds, the rounds while the host is busy
+
+
+def test_a_chip_slow_only_while_the_host_beside_it_ran_slow_is_inconclusive_not_slow() -> None:
+    # Chip 1 is 3x its peers in every round, but each of its timings fell while the host itself ran 3x slow (the
+    # peers were timed at the host's pace): the old rule (slow in every round) called it slow.
+    lines = _paced({"0": [(0.002, CALM)] * ROUNDS, "1": [(0.006, BUSY)] * ROUNDS,
+                    "2": [(0.002, CALM)] * ROUNDS, "3": [(0.002, CALM)] * ROUNDS})
+    [speed] = [line for line in lines if line["event"] == "confirm"]
+    assert speed["deviations"] == [True] * ROUNDS and speed["conclusive"] == [False] * ROUNDS
+    result, _ = judge(lines, None, {})
+    [one] = [o for o in result.devices if o.device == "1"]
+    assert (result.status, one.status, one.check) == ("pass", "pass", "speed")  # never paged...
+    assert one.reason is not None and one.reason.startswith("speed inconclusive: 6 ms of device time, 3.0x")
+    assert f"0 slow beyond the host's pace, {MIN_CONCLUSIVE} needed" in one.reason
+    assert result.reason == f"device 1: {one.reason}"  # ...but recorded with the run
+    old = [{k: v for k, v in line.items() if k != "conclusive"} for line in lines]  # a worker before the reference
+    assert judge(old, None, {})[0].status == "slow"
+
+
+def test_a_slow_chip_beside_a_calm_host_is_slow_and_a_busy_host_does_not_hide_a_much_slower_one() -> None:
+    peers = [(0.002, CALM)] * ROUNDS
+    calm, _ = judge(_paced({"0": peers, "1": [(0.006, CALM)] * ROUNDS, "2": peers, "3": peers}), None, {})
+    assert statuses(calm)["1"] == "slow" and calm.status == "slow"
+    # the host twice slower beside every timing of a chip 8x its peers: its slowdown explains 2x, not 8x
+    busy, _ = judge(_paced({"0": peers, "1": [(0.016, 2 * CALM)] * ROUNDS, "2": peers, "3": peers}), None, {})
+    assert statuses(busy)["1"] == "slow"
+    # a busy host in some rounds only: the calm ones decide
+    mixed = [(0.006, BUSY)] * (ROUNDS - MIN_CONCLUSIVE) + [(0.006, CALM)] * MIN_CONCLUSIVE
+    assert statuses(judge(_paced({"0": peers, "1": mixed, "2": peers, "3": peers}), None, {})[0])["1"] == "slow"
+    fewer = [(0.006, BUSY)] * (ROUNDS - MIN_CONCLUSIVE + 1) + [(0.006, CALM)] * (MIN_CONCLUSIVE - 1)
+    assert statuses(judge(_paced({"0": peers, "1": fewer, "2": peers, "3": peers}), None, {})[0])["1"] == "pass"
+
+
+def test_a_fast_timing_clears_a_chip_even_beside_a_busy_host() -> None:
+    peers = [(0.002, CALM)] * ROUNDS
+    lines = _paced({"0": peers, "1": [(0.006, CALM), (0.002, BUSY)] + [(0.006, CALM)] * (ROUNDS - 2),
+                    "2": peers, "3": peers})
+    [speed] = [line for line in lines if line["event"] == "confirm"]
+    assert speed["deviations"] == [True, False]  # cleared in its second timing, and nothing more timed
+    result, _ = judge(lines, None, {})
+    assert result.status == "pass" and result.reason is None
+
+
+def test_each_run_is_set_against_the_host_reference_just_before_and_after_it() -> None:
+    f = 0.0005
+    assert beyond_host([0.006, 0.009, 0.009], [f] * 4, f) == 0.006  # a calm host: the fastest run as it was timed
+    assert beyond_host([0.006, 0.009, 0.009], [3 * f, f, f, f], f) == pytest.approx(0.002)  # before the fastest run
+    assert beyond_host([0.009, 0.006, 0.009], [f, f, 3 * f, f], f) == pytest.approx(0.002)  # after it
+    assert beyond_host([0.009, 0.006, 0.009], [3 * f, f, f, 3 * f], f) == 0.006  # beside other runs: no matter
+    assert beyond_host([0.006, 0.009, 0.009], [0.9 * f] * 4, f) == 0.006  # faster than before: never below 1
+    assert beyond_host([0.006], None, f) == 0.006  # no reference (no CPU backend): as it was timed
+
+
+def test_a_slow_drill_judged_inconclusive_says_so_and_is_not_caught() -> None:
+    lines = _paced({"0": [(0.002, CALM)] * ROUNDS, "1": [(0.006, BUSY)] * ROUNDS,
+                    "2": [(0.002, CALM)] * ROUNDS, "3": [(0.002, CALM)] * ROUNDS})
+    result, _ = judge(lines, None, {}, Drill("slow", "1"))
+    assert result.status == "undetected" and result.drill is not None and not result.drill.caught
+    assert result.drill.reason.startswith("not judged: device 1: speed inconclusive")
+
+
 # --- the chip's lasting record ------------------------------------------------------------------------------------
 
 
@@ -235,6 +320,7 @@ def test_every_fault_class_is_caught_on_its_chip_only_and_a_clean_run_passes() -
     assert [f["fault"] for f in found] == ["clean", *CLASSES, "clean"]
     assert found[0]["status"] == found[-1]["status"] == "pass"
     assert found[0]["checks"] == ["bf16", "collective", "gemm", "memory", "model", "transcendental"]
+    assert found[0]["paced"] == [["gemm", 3, 4]]  # the timed check: the host reference before each run, after the last
     for f in found[1:-1]:
         expected = "slow" if f["fault"].startswith("slow") else "fail"
         assert f["chips"] == {"2": expected}, f

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tpuwatch.canary import spec
-from tpuwatch.canary.speed import slow_against_peers
+from tpuwatch.canary.speed import INCONCLUSIVE, MIN_CONCLUSIVE, SLOW, slow_against_peers, speed_verdict
 
 History = dict[str, dict[str, str]]
 KEPT_STACKS = 256  # keys kept in the history (a stack has a key per check and schedule entry), the newest
@@ -130,8 +130,9 @@ def judge(lines: list[dict[str, Any]], ended: str | None, history: History,
             problems.setdefault(device, []).extend((prefix + check, prefix + text) for check, text in found)
     confirmed = _confirmed(lines, problems)
     ran = {device for results in groups.values() for device in results}
-    slow = _slow({d: sum(r["duration_seconds"] or 0.0 for (check, _), results in groups.items()
-                         for dd, r in results.items() if dd == d and check in spec.TIMED_CHECKS) for d in ran}, lines)
+    slow, unsure = _slow({d: sum(r["duration_seconds"] or 0.0 for (check, _), results in groups.items()
+                                 for dd, r in results.items() if dd == d and check in spec.TIMED_CHECKS) for d in ran},
+                         lines)
     running = [line["device"] for line in lines if line["event"] == "running"]
     died_on = running[-1] if ended and running and running[-1] not in ran else None
     outcomes, judged = [], set()
@@ -140,7 +141,7 @@ def judge(lines: list[dict[str, Any]], ended: str | None, history: History,
             outcomes.append(DeviceOutcome(line["device"], "skipped", reason=line["reason"]))
         elif line["event"] == "result" and line["device"] not in judged:
             judged.add(line["device"])
-            outcomes.append(_outcome(line["device"], groups, problems[line["device"]], confirmed, slow))
+            outcomes.append(_outcome(line["device"], groups, problems[line["device"]], confirmed, slow, unsure))
         elif line["event"] == "running" and line["device"] == died_on:
             outcomes.append(DeviceOutcome(died_on, "error", reason=ended))
     seen = {o.device for o in outcomes}
@@ -163,8 +164,9 @@ def judge(lines: list[dict[str, Any]], ended: str | None, history: History,
 
 
 def _outcome(device: str, groups: dict[Group, dict[str, dict[str, Any]]], found: list[tuple[str, str]],
-             confirmed: dict[str, bool], slow: dict[str, str]) -> DeviceOutcome:
-    """One chip's verdict over every check it ran; its figures are the reference model's where it ran."""
+             confirmed: dict[str, bool], slow: dict[str, str], unsure: dict[str, str]) -> DeviceOutcome:
+    """One chip's verdict over every check it ran; its figures are the reference model's where it ran.  A chip
+    whose speed was inconclusive passes, the reason saying so (check ``speed``): recorded, never paged."""
     lines = [results[device] for results in groups.values() if device in results]
     main = groups.get((MODEL, 0), {}).get(device, lines[0])
     took = sum(line["duration_seconds"] or 0.0 for line in lines) if any(
@@ -175,6 +177,8 @@ def _outcome(device: str, groups: dict[Group, dict[str, dict[str, Any]]], found:
                              "; ".join(text for _, text in found), found[0][0])
     if device in slow:
         return DeviceOutcome(device, "slow", main["max_abs_error"], main["fingerprint"], took, slow[device], "speed")
+    if device in unsure:
+        return DeviceOutcome(device, "pass", main["max_abs_error"], main["fingerprint"], took, unsure[device], "speed")
     return DeviceOutcome(device, "pass", main["max_abs_error"], main["fingerprint"], took)
 
 
@@ -192,16 +196,25 @@ def _confirmed(lines: list[dict[str, Any]], problems: dict[str, list[tuple[str, 
     return out
 
 
-def _slow(took: dict[str, float], lines: list[dict[str, Any]]) -> dict[str, str]:
-    """device -> why it is slow: its device time over SLOW_FACTOR x its peers' median (three chips or more), and
-    so in every round where the worker timed the chips again."""
-    again = {line["device"]: all(line["deviations"]) for line in lines
-             if line["event"] == "confirm" and line["check"] == SPEED}
-    out = {}
+def _slow(took: dict[str, float], lines: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, str]]:
+    """(device -> why it is slow, device -> why its speed is inconclusive).  Slow: its device time over
+    SLOW_FACTOR x its peers' median (three chips or more), so in every round where the worker timed the chips
+    again, and in at least MIN_CONCLUSIVE of them beyond what the host's own slowdown explains (speed.py).
+    Inconclusive: slow in every round, but in too few of them beyond the host's slowdown."""
+    again = {line["device"]: line for line in lines if line["event"] == "confirm" and line["check"] == SPEED}
+    slow, unsure = {}, {}
     for device, median in slow_against_peers(took).items():
-        if again.get(device, True):
-            out[device] = f"{took[device] * 1000:.3g} ms of device time, {took[device] / median:.1f}x its peers' median"
-    return out
+        line = again.get(device)
+        found = SLOW if line is None else speed_verdict(line["deviations"], line.get("conclusive"))
+        seen = f"{took[device] * 1000:.3g} ms of device time, {took[device] / median:.1f}x its peers' median"
+        if found == SLOW:
+            slow[device] = seen
+        elif found == INCONCLUSIVE and line is not None:
+            calm, timed = sum(bool(c) for c in line["conclusive"]), len(line["deviations"])
+            unsure[device] = (f"speed inconclusive: {seen}, slow in all {timed} timings, but the host's own "
+                              f"reference ran slow enough beside {timed - calm} of them to explain it; "
+                              f"{calm} slow beyond the host's pace, {MIN_CONCLUSIVE} needed to call it slow")
+    return slow, unsure
 
 
 def _problems(line: dict[str, Any], tolerance: float | None, majority: tuple[str | None, int], ran: int,
@@ -263,6 +276,8 @@ def _drill_verdict(drill: Drill, result: CanaryResult, problems: dict[str, list[
         return verdict(True, checks, f"caught by {', '.join(checks)}{how}")
     if outcome.status == "error":
         return verdict(False, (), f"not judged: device {device} ended in error: {outcome.reason}")
+    if drill.kind == "slow" and outcome.check == "speed":  # its speed went unjudged: the host too busy to tell
+        return verdict(False, (), f"not judged: device {device}: {outcome.reason}")
     if drill.kind == "nan" or ran > 1 or previous is not None:
         seen_by = ["the reference"] + ["its peers"] * (ran > 1) + ["its history"] * (previous is not None)
         return verdict(False, (), f"missed: device {device} passed although {drill.kind} was injected: "
@@ -300,6 +315,9 @@ def _overall(outcomes: list[DeviceOutcome], failure: str | None, start: dict[str
     else:
         reason = "; ".join(f"device {o.device}: {o.reason}" for o in outcomes
                            if o.status in ("fail", "error", "suspect", "slow")) or None
+        if status == "pass":  # a pass that says why a chip's speed went unjudged
+            reason = "; ".join(f"device {o.device}: {o.reason}" for o in outcomes
+                               if o.status == "pass" and o.reason) or None
     start = start or {}
     return CanaryResult(status, reason, tuple(outcomes), start.get("platform"), start.get("chip"),
                         start.get("stack"), tolerance, time.time())

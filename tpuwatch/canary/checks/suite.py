@@ -20,7 +20,7 @@ import numpy as np
 from tpuwatch.canary import spec
 from tpuwatch.canary.checks import bf16, collective, faults, gemm, memory, reference_model, transcendental
 from tpuwatch.canary.checks.base import Case, measure
-from tpuwatch.canary.speed import SPEED_ROUNDS, slow_against_peers
+from tpuwatch.canary.speed import BUSY_ROUNDS, MIN_CONCLUSIVE, SPEED_ROUNDS, beyond_host, is_slow, slow_against_peers
 
 CHIP_CHECKS = {m.NAME: m for m in (reference_model, gemm, transcendental, bf16)}
 ALL = spec.CHECKS
@@ -31,6 +31,7 @@ CONFIRM_RUNS = 2  # extra runs of a deviating check: deviating in 2 of 3 confirm
 MEMORY_SEED = 0x7A11
 _PROGRAMS: dict[tuple[Any, ...], Any] = {}  # compiled once per process: per check, fault class (and shape)
 _WARM: set[tuple[Any, ...]] = set()  # (check, class, chip) already run once: compiled for that chip
+HOST_SHAPE = (128, 256)  # the host reference: two (128x256)@(256x256) products on the host's CPU backend, ~0.5 ms
 DISPUTED = "disputed"  # expected bits where the chips disagree with no majority: every one of them deviates
 Chip = tuple[str, Any]  # (name, jax device)
 
@@ -91,18 +92,44 @@ class Suite:
         if (check, kind, name) not in _WARM:  # compile outside the timing, the fault asleep
             self.jax.block_until_ready(program(False, knob, *args))
             _WARM.add((check, kind, name))
-        took, outputs = float("inf"), []
+        timed = check in spec.TIMED_CHECKS
+        runs, outputs, host = [], [], [self._host_pace()] if timed else []
         for _ in range(REPEATS):  # the fastest is what the chip can do, not what the host's scheduler did
             fires = self._fires(name)
             started = time.perf_counter()
             outputs.append(np.asarray(self.jax.block_until_ready(program(fires, knob, *args))))
-            took = min(took, time.perf_counter() - started)
+            runs.append(time.perf_counter() - started)
+            host += [self._host_pace()] if timed else []  # the host's pace beside each run (speed.py)
         found = [measure(output, case) for output in outputs]
         seen = Counter(f["fingerprint"] for f in found)
         odd = min(found, key=lambda f: seen[f["fingerprint"]])  # a run unlike the others is the one to judge
         note = f"{len(seen)} different answers in {REPEATS} runs of the same program" if len(seen) > 1 else None
         return {"device": name, "check": check, "entry": 0 if CHIP_CHECKS[check].FIXED else entry, **odd,
-                "duration_seconds": took, **({"note": note, "error_ratio": float("inf")} if note else {})}
+                "duration_seconds": min(runs), **({"note": note, "error_ratio": float("inf")} if note else {}),
+                **({"runs_seconds": runs, "host_seconds": host} if host and None not in host else {})}
+
+    def _host_pace(self) -> float | None:
+        """Seconds one run of the host reference takes: a fixed program on the host's CPU backend (the host's pace,
+        not a chip's: a slow accelerator does not slow it); None where jax has no CPU backend."""
+        def build() -> Any:
+            try:
+                cpu = self.jax.devices("cpu")[0]
+            except RuntimeError:
+                return None
+            rng = np.random.default_rng(MEMORY_SEED)
+            x = self.jax.device_put(rng.random(HOST_SHAPE, dtype=np.float32), cpu)
+            w = self.jax.device_put(rng.random((HOST_SHAPE[1],) * 2, dtype=np.float32) / HOST_SHAPE[1], cpu)
+            program = self.jax.jit(lambda x, w: (x @ w) @ w)
+            self.jax.block_until_ready(program(x, w))  # compiled outside any timing
+            return program, x, w
+
+        reference = self._program(("host reference",), build)
+        if reference is None:
+            return None
+        program, x, w = reference
+        started = time.perf_counter()
+        self.jax.block_until_ready(program(x, w))
+        return time.perf_counter() - started
 
     def run(self, chips: Sequence[Chip], entry: int, on_chip: Callable[[str], None] = lambda name: None,
             on_result: Callable[[dict[str, Any]], None] = lambda result: None) -> list[dict[str, Any]]:
@@ -145,23 +172,40 @@ class Suite:
         return out + self._confirm_speed(chips, results)
 
     def _confirm_speed(self, chips: Sequence[Chip], results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """When a chip looks slow, every chip is timed up to SPEED_ROUNDS times more, in a rotated order; each round
-        compares the chips' fastest times so far, until no chip looks slow (speed.py)."""
+        """When a chip looks slow, every chip is timed up to SPEED_ROUNDS times more (BUSY_ROUNDS more while the
+        host is too busy to tell), in a rotated order; each round compares the chips' fastest times so far, until
+        no chip looks slow (speed.py).  A round that says slow is conclusive when the chip's timing in it is still
+        slow with the host's own slowdown beside it divided out (the host reference against its fastest so far)."""
         timed = {r["device"]: r for r in results if r["check"] in spec.TIMED_CHECKS}
         best = {d: r["duration_seconds"] for d, r in timed.items()}
-        flags = {name: [True] for name in slow_against_peers(best)}
+        refs = [t for r in timed.values() for t in r.get("host_seconds", ())]  # the host reference's times so far
+        flags: dict[str, list[bool]] = {}
+        conclusive: dict[str, list[bool]] = {}
+
+        def judge_round(now: dict[str, dict[str, Any]]) -> None:
+            slow, fastest = slow_against_peers(best), min(refs, default=0.0)
+            for name in flags:
+                r = now[name]
+                flags[name].append(name in slow)
+                conclusive[name].append(name not in slow or is_slow(beyond_host(
+                    r.get("runs_seconds") or [r["duration_seconds"]], r.get("host_seconds"), fastest), slow[name]))
+
+        for name in slow_against_peers(best):
+            flags[name], conclusive[name] = [], []
+        judge_round(timed)
         by_name, order = dict(chips), list(timed)
-        for _ in range(SPEED_ROUNDS if flags else 0):
-            order = order[1:] + order[:1]
-            for d in order:
-                best[d] = min(best[d], self.run_check(timed[d]["check"], (d, by_name[d]), timed[d]["entry"])
-                              ["duration_seconds"])
-            slow = slow_against_peers(best)
-            for name, seen in flags.items():
-                seen.append(name in slow)
-            if not any(all(seen) for seen in flags.values()):
+        for done in range(SPEED_ROUNDS + BUSY_ROUNDS if flags else 0):
+            open_ = [n for n, seen in flags.items() if all(seen)]
+            if not open_ or (done >= SPEED_ROUNDS and all(sum(conclusive[n]) >= MIN_CONCLUSIVE for n in open_)):
                 break
-        return [{"device": name, "check": SPEED, "entry": 0, "deviations": seen} for name, seen in flags.items()]
+            order = order[1:] + order[:1]
+            now = {d: self.run_check(timed[d]["check"], (d, by_name[d]), timed[d]["entry"]) for d in order}
+            for d, r in now.items():
+                best[d] = min(best[d], r["duration_seconds"])
+                refs.extend(r.get("host_seconds", ()))
+            judge_round(now)
+        return [{"device": name, "check": SPEED, "entry": 0, "deviations": flags[name],
+                 "conclusive": conclusive[name]} for name in flags]
 
     def _again(self, result: dict[str, Any], chips: Sequence[Chip], by_name: dict[str, Any]) -> dict[str, Any]:
         name, check = result["device"], result["check"]
