@@ -28,6 +28,12 @@ anchor is the bare install in the same run: first alerts are also given after
 serving.  Every daemon gets SIGTERM when its scenario ends, on Ctrl-C, on
 SIGTERM, and (``PR_SET_PDEATHSIG``) when this script dies.
 
+``--extras`` also runs each of the README's per-host install commands (the
+extras: ``pip install '.[tpu,canary,systemd]'`` and the rest) in a fresh
+container after the first command's install, and ``tpuwatch check`` after it;
+the build tools the README names for the ``systemd`` extra are looked up with
+``dpkg-query`` first (they are the machine's: the container shares ``/usr``).
+
 Needs root and util-linux's ``unshare`` and ``nsenter``; rewrites the
 ``quickstart`` section of BENCHMARKS.md.
 """
@@ -106,6 +112,16 @@ def readme_steps(readme: str) -> list[str]:
 def for_scenario(steps: list[str], scenario: str) -> list[str]:
     """``steps`` with the daemon's ``--simulate`` scenario replaced."""
     return [*steps[:-1], re.sub(r"--simulate \S+$", f"--simulate {scenario}", steps[-1])]
+
+
+def readme_extras(readme: str) -> tuple[list[str], list[str]]:
+    """The README's per-host install commands (each once, in its order) and the Debian packages it names for
+    building the ``systemd`` extra."""
+    commands = list(dict.fromkeys(re.findall(r"`(/opt/tpuwatch/bin/pip install '\.\[[a-z,]+\]')`", readme)))
+    tools = re.search(r"`apt-get install -y ([a-z0-9 .+-]+)`", readme)
+    if not commands or tools is None:
+        raise BenchmarkError("README.md names no per-host install command or no build tools for the systemd extra")
+    return commands, tools.group(1).split()
 
 
 def pip_sources(log: str) -> dict[str, int]:
@@ -317,6 +333,69 @@ def watch(box: Container, daemon: subprocess.Popen[bytes], daemon_step: str, sta
     progress(f"{outcome.scenario}: no alert in {outcome.watched_s:.0f} s")
 
 
+@dataclass
+class Extra:
+    """One per-host install command run after the first command's install in a fresh container."""
+
+    command: str
+    install_s: float | None = None
+    pip: dict[str, int] = field(default_factory=dict)
+    check_rc: int | None = None
+    error: str | None = None
+
+
+def run_extra(steps: list[str], command: str) -> Extra:
+    """The README's venv and ``pip install .``, then ``command`` timed, then ``tpuwatch check`` (its exit status:
+    0 healthy, 1 unhealthy; anything else, or a traceback, is a failure)."""
+    extra = Extra(command)
+    with container() as box:
+        for step in steps[:2]:
+            done = box.output(step, 1800)
+            if done.returncode != 0:
+                extra.error = f"{step} failed: {(done.stdout + done.stderr)[-300:]}"
+                return extra
+        start = time.monotonic()
+        done = box.output(command, 1800)
+        extra.install_s = time.monotonic() - start
+        extra.pip = pip_sources(done.stdout)
+        if done.returncode != 0:
+            extra.error = f"failed: {(done.stdout + done.stderr)[-300:]}"
+            return extra
+        check = box.output(shlex.split(steps[-1])[0] + " check", 300)
+        extra.check_rc = check.returncode
+        if check.returncode not in (0, 1) or "Traceback" in check.stderr:
+            extra.error = f"tpuwatch check exited {check.returncode}: {check.stderr.strip()[-300:]}"
+    progress(f"{command}: {'ok' if extra.error is None else extra.error} in {extra.install_s:.1f} s")
+    return extra
+
+
+def installed(packages: list[str]) -> dict[str, str]:
+    """package -> its installed version, or "not installed"."""
+    out = {}
+    for package in packages:
+        done = subprocess.run(["dpkg-query", "-W", "-f", "${Status} ${Version}", package], capture_output=True,
+                              text=True, check=False)
+        out[package] = done.stdout.split()[-1] if "install ok installed" in done.stdout else "not installed"
+    return out
+
+
+def render_extras(extras: list[Extra], tools: dict[str, str]) -> list[str]:
+    """The section's lines on the per-host install commands."""
+    lines = ["### The README's per-host install commands", "",
+             "Each after the first command's venv and `pip install .`, in a fresh container of its own; then "
+             "`tpuwatch check` (exit 0 healthy or 1 unhealthy: no accelerator here). The build tools the README "
+             "names for the `systemd` extra, as installed on this machine (the container shares its `/usr`): "
+             + ", ".join(f"{p} {v}" for p, v in tools.items()) + ".", "",
+             "| Command | result | install (s) | pip: downloaded / from cache | `tpuwatch check` exit |",
+             "|---|---|---|---|---|"]
+    for e in extras:
+        result = "ok" if e.error is None else f"**failed**: {e.error.splitlines()[0][:160]}"
+        pip = f"{e.pip.get('downloaded', 0)} / {e.pip.get('cached', 0)}" if e.pip else "-"
+        rc = "-" if e.check_rc is None else str(e.check_rc)
+        lines.append(f"| `{e.command}` | {result} | {seconds(e.install_s)} | {pip} | {rc} |")
+    return [*lines, ""]
+
+
 # --- the report ------------------------------------------------------------------------------------------------
 
 
@@ -325,7 +404,8 @@ def seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def render(outcomes: list[Outcome], facts: dict[str, str], started: datetime, command: str) -> str:
+def render(outcomes: list[Outcome], facts: dict[str, str], started: datetime, command: str,
+           extras: list[str] | None = None) -> str:
     """The BENCHMARKS.md section."""
     lines = ["## Quick start: install to first alert", "",
              "README.md's first command, less `apt-get`, run as a new user runs it, once per `--simulate` scenario, "
@@ -372,7 +452,7 @@ def render(outcomes: list[Outcome], facts: dict[str, str], started: datetime, co
         if not o.alerts and o.warnings:
             lines.append(f"{o.scenario}: the daemon's log said: " + "; ".join(f"`{w}`" for w in o.warnings[:4]))
     lines.append("")
-    return "\n".join(lines + machine_and_command(facts, started, command))
+    return "\n".join(lines + (extras or []) + machine_and_command(facts, started, command))
 
 
 def machine_facts(steps: list[str]) -> dict[str, str]:
@@ -398,6 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--deadline", type=float, default=600.0, help="seconds after serving to wait for an alert")
     parser.add_argument("--healthy-window", type=float, default=120.0, help="seconds healthy is watched")
     parser.add_argument("--quick", action="store_true", help="ecc-errors only")
+    parser.add_argument("--extras", action="store_true", help="also run the README's per-host install commands")
     parser.add_argument("--output", type=Path, default=BENCHMARKS_MD)
     args = parser.parse_args(argv)
     if args.quick:
@@ -408,26 +489,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = datetime.now(timezone.utc)
     command = shlex.join(["python", "benchmarks/quickstart.py", *(sys.argv[1:] if argv is None else argv)])
     try:
-        steps = readme_steps(subprocess.run(["git", "-C", str(REPO_ROOT), "show", "HEAD:README.md"],
-                                            capture_output=True, text=True, check=True).stdout)
+        readme = subprocess.run(["git", "-C", str(REPO_ROOT), "show", "HEAD:README.md"], capture_output=True,
+                                text=True, check=True).stdout
+        steps = readme_steps(readme)
         facts = machine_facts(steps)
         outcomes = []
         for scenario in args.scenarios:
             progress(f"{scenario}: {' && '.join(for_scenario(steps, scenario))}")
             window = args.healthy_window if scenario == "healthy" else args.deadline
             outcomes.append(run_scenario(steps, scenario, window))
+        extras: list[Extra] = []
+        if args.extras:
+            commands, tools = readme_extras(readme)
+            extras = [run_extra(steps, c) for c in commands]
     except KeyboardInterrupt:
         progress("interrupted: daemons stopped, no report written")
         return 130
     except (BenchmarkError, OSError, subprocess.SubprocessError) as exc:
         progress(f"benchmark failed: {exc}")
         return 1
-    section = render(outcomes, facts, started, command)
+    section = render(outcomes, facts, started, command,
+                     render_extras(extras, installed(tools)) if args.extras else None)
     if args.quick:
         section = section.replace("## Quick start:", "## (quick run: ecc-errors only) Quick start:", 1)
     write_section("quickstart", section, args.output)
     progress(f"wrote {args.output}")
-    return 1 if any(o.error for o in outcomes) else 0
+    return 1 if any(o.error for o in outcomes) or any(e.error for e in extras) else 0
 
 
 if __name__ == "__main__":
