@@ -306,7 +306,6 @@ def test_rules_that_look_outside_the_message_are_tried_on_the_parsed_record(tmp_
   - {name: anchored, keywords: ["wedged"], regex: '^chip wedged$', severity: warning}
   - {name: behind, keywords: ["stalled"], regex: '(?<!not )stalled', severity: info}
 """)
-    assert [c is None for c in (rules.checks["wedged"], rules.checks["stalled"])] == [True, True]
     lines = ["chip wedged", "it is not stalled", "queue stalled", "the chip wedged"]
     _agree(rules, [[line] for line in lines], random.Random(3))
     text = "".join(f"[{n:6d}.000000] {line}\n" for n, line in enumerate(lines)).encode()

@@ -555,3 +555,25 @@ def test_a_users_rule_anchored_to_the_message_matches_in_every_log_format(regex:
     log = "\n".join(["[   1.000000] x mydrv: fatal y", *lines]).encode() + b"\n"
     assert [(e.rule, e.line) for e in scan(log, rules).events] == [("mydrv", n) for n in range(2, 6)]
     assert _events(rules, ["x mydrv: fatal y", "mydrv: fatal"]) == [(2, "mydrv")]
+
+
+def test_anchored_and_unanchored_rules_sharing_a_keyword_each_match_their_own_lines() -> None:
+    """Rules with anchors or a lookbehind and a plain one behind one keyword, in every log format: each matches
+    its own messages, and a message an anchor rules out matches nothing (the regexes are searched together)."""
+    rules = _only("""
+rules:
+  - {name: start, keywords: ["mydrv:"], regex: '^mydrv: fatal (?P<code>\\d+)'}
+  - {name: end, keywords: ["mydrv:"], regex: 'mydrv: halt$'}
+  - {name: behind, keywords: ["mydrv:"], regex: '(?<!not )mydrv: stall'}
+  - {name: plain, keywords: ["mydrv:"], regex: 'mydrv: \\w+ later'}
+""")
+    messages = {"mydrv: fatal 3": "start", "x mydrv: fatal 3": None, "mydrv: halt": "end", "mydrv: halt now": None,
+                "not mydrv: stall": None, "mydrv: stall": "behind", "mydrv: stop later": "plain"}
+    for message, rule in messages.items():
+        assert [m.rule for m in rules.match(message)] == ([rule] if rule else []), message
+    wanted = [(n, rule) for n, rule in enumerate(messages.values(), 1) if rule]
+    assert _events(rules, list(messages)) == wanted
+    for head in ("[  12.345678] ", "Nov 30 04:37:39 gpu-node-a kernel: [  12.345678] ",
+                 "Nov 30 04:37:39 gpu-node-a kernel: ", "<3>[  12.345678] "):
+        log = "".join(f"{head}{message}\n" for message in messages).encode()
+        assert [(e.line, e.rule) for e in scan(log, rules).events] == wanted, head

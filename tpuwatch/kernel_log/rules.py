@@ -26,7 +26,6 @@ Checks = tuple[tuple[Callable[[str], object], ...], tuple[tuple[tuple[int, ...],
 Analysis = tuple[tuple[tuple[int, Match | None], ...], tuple[tuple[int, Match], ...]]
 # Rule indexes -> True if one of them has a fault open that follow lines may still belong to.
 Expects = Callable[[tuple[int, ...]], bool]
-_CHAR_CLASS_RE = re.compile(r"\[\^?\]?[^\]]*\]")
 # What keeps a regex out of a combined search: a named or numbered back reference, a conditional on a group number
 # (both would count the groups of the regexes before it), an inline flag.
 _BY_NUMBER_OR_FLAG = re.compile(r"\(\?P=|\\[1-9]|\(\?\(\d|\(\?[aiLmsux]|\\\(\?P")
@@ -70,7 +69,9 @@ class RuleSet:
         """What decides whether a line holding one of ``keywords`` can match anything: the searches of the rule
         regexes (and of the follow regexes that stand alone) those keywords lead to, and of their other follow
         regexes with the rules' indexes (a follow line counts only while its rule has a fault open); None when
-        only the parsed record can tell (a rule over several records, a regex that looks outside the message)."""
+        one message alone cannot tell (a rule over several records, a restart banner).  A check is only ever run on
+        a record's message, the text the rules' regexes are searched in (``Rule.match``), so an anchor or a
+        lookbehind sees the same ends in both and needs no exception."""
         searches: dict[str, re.Pattern[str]] = {}
         follows: dict[str, tuple[set[int], Callable[[str], object]]] = {}
         for keyword in keywords:
@@ -83,8 +84,6 @@ class RuleSet:
                 assert rule_follow is not None
                 patterns.append((None if rule_follow.alone else i, rule_follow.regex))
             for index, pattern in patterns:
-                if looks_outside(pattern.pattern):
-                    return None
                 key = pattern.pattern + str(pattern.flags)
                 if index is None:
                     searches[key] = pattern
@@ -139,8 +138,8 @@ class RuleSet:
         return [m for _, m in self.analyse(message)[0] if m is not None]
 
     def can_match(self, message: str, expects: Expects | None = None) -> bool:
-        """False if no rule's regex or follow regex can match ``message`` (a record's whole message, or one raw
-        line of the forms ``checks`` hold for): its keywords lead only to regexes that do not match it.  With
+        """False if no rule's regex or follow regex can match ``message`` (a record's whole message, never a raw
+        line): its keywords lead only to regexes that do not match it.  With
         ``expects`` (rule indexes -> one of them has a fault open), a follow regex counts only for rules that expect
         it (``StreamMatcher.expects_any``)."""
         if self.prefilter is None or self.unkeyed or self.unkeyed_follow:
@@ -192,11 +191,3 @@ def passes(checks: Checks, text: str, expects: Expects | None = None) -> bool:
             return True
     return False
 
-
-def looks_outside(pattern: str) -> bool:
-    """True if ``pattern`` may see past the message's ends (anchors, lookbehind), so that searching a raw line
-    holding the message could differ from searching the message."""
-    if re.search(r"\\[AZ]", pattern.replace("\\\\", "")):
-        return True
-    bare = _CHAR_CLASS_RE.sub("", re.sub(r"\\.", "_", pattern))
-    return "^" in bare or "$" in bare or "(?<=" in bare or "(?<!" in bare
