@@ -14,6 +14,7 @@ from tpuwatch.catalog import CATALOG
 from tpuwatch.collectors.guard import GuardedCollector
 from tpuwatch.config import parse
 from tpuwatch.devices import DeviceReading
+from tpuwatch.hw.procfs import read_boot_id
 from tpuwatch.kernel_log.attribution import device_lookup
 from tpuwatch.kernel_log.collector import (
     MAX_RECENT_EVENTS,
@@ -30,7 +31,7 @@ from tpuwatch.kernel_log.position import Position
 from tpuwatch.kernel_log.records import Record
 from tpuwatch.kernel_log.rule import Match
 from tpuwatch.kernel_log.rulefile import load_rules
-from tpuwatch.kernel_log.sources import KmsgSource, Source, read_boot_id
+from tpuwatch.kernel_log.sources import KmsgSource, Source
 
 from conftest import saved_state, wait_until, write_selftest_rule
 

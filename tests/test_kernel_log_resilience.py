@@ -18,6 +18,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from tpuwatch.hw.procfs import read_boot_id
 from tpuwatch.kernel_log.attribution import device_lookup
 from tpuwatch.kernel_log.collector import KernelLogCollector
 from tpuwatch.kernel_log.filesource import FileSource
@@ -25,7 +26,7 @@ from tpuwatch.kernel_log.journal import JournalSource
 from tpuwatch.kernel_log.position import Position
 from tpuwatch.kernel_log.records import MAX_MESSAGE_CHARS, Record
 from tpuwatch.kernel_log.rulefile import load_rules
-from tpuwatch.kernel_log.sources import KmsgSource, read_boot_id
+from tpuwatch.kernel_log.sources import KmsgSource
 
 from conftest import SIM_FAST, DaemonProcess, require_tool, saved_state, wait_until, write_selftest_rule
 from kernellog import records as records_of

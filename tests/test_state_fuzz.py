@@ -30,9 +30,10 @@ from tpuwatch.analysis.trend import TrendAnalyzer
 from tpuwatch.canary.history import FingerprintHistory
 from tpuwatch.canary.judge import history_key, judge
 from tpuwatch.config import TrendConfig
+from tpuwatch.hw.procfs import read_boot_id
 from tpuwatch.kernel_log.filesource import FileSource
 from tpuwatch.kernel_log.journal import JournalSource
-from tpuwatch.kernel_log.sources import KmsgSource, read_boot_id
+from tpuwatch.kernel_log.sources import KmsgSource
 
 import statefuzz
 from kernellog import drain

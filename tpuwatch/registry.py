@@ -31,11 +31,11 @@ from tpuwatch.devices import DeviceBackend, DeviceReading, select_backend
 from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.devices.expected import expect
 from tpuwatch.devices.seen import SeenThisBoot
+from tpuwatch.hw.procfs import read_boot_id
 from tpuwatch.kernel_log.attribution import device_lookup
 from tpuwatch.kernel_log.collector import BUDGET_SHARE, KernelLogCollector
 from tpuwatch.kernel_log.collector import build_collector as build_kernel_log
 from tpuwatch.kernel_log.lastboot import PreviousBootCollector
-from tpuwatch.kernel_log.sources import read_boot_id
 from tpuwatch.pods import PodLookup
 from tpuwatch.samples import Sample
 

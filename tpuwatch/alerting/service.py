@@ -5,7 +5,6 @@ from __future__ import annotations
 import ipaddress
 import logging
 import operator
-import os
 import socket
 import threading
 import time
@@ -29,6 +28,7 @@ from tpuwatch.alerting.state import Alert, AlertBook, Changes
 from tpuwatch.alerting.template import human_duration
 from tpuwatch.alerting.tracker import Tracker
 from tpuwatch.config import Config
+from tpuwatch.hw.procfs import read_boot_id
 from tpuwatch.logsetup import redact_data
 from tpuwatch.notifiers import Notifier, build_notifiers
 from tpuwatch.samples import Sample, sample
@@ -80,8 +80,7 @@ def rules_and_notifiers(config: Config, tls: bool = False) -> tuple[list[Rule], 
 def boot_id(procfs: str) -> str:
     """This boot's id (a driver's counters start again at every boot); "" when it cannot be read."""
     try:
-        with open(os.path.join(procfs, "sys", "kernel", "random", "boot_id"), encoding="ascii") as f:
-            return f.read(64).strip()
+        return read_boot_id(procfs)
     except (OSError, ValueError):
         return ""
 

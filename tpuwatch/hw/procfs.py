@@ -16,6 +16,13 @@ MAX_HOLDERS = 256
 MAX_CGROUP_BYTES = 64 * 1024  # /proc/PID/cgroup: one short line per hierarchy
 
 
+def read_boot_id(procfs: str = "/proc") -> str:
+    """This boot's id (kmsg sequence numbers and a driver's counters start again at every boot); OSError if it
+    cannot be read."""
+    with open(os.path.join(procfs, "sys", "kernel", "random", "boot_id"), encoding="ascii") as f:
+        return f.read(64).strip()
+
+
 def pids(procfs: str) -> list[int]:
     """The process ids under ``procfs``, in directory order; OSError if ``procfs`` cannot be listed."""
     return [int(name) for name in os.listdir(procfs) if name.isdigit()]

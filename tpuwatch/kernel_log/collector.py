@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tpuwatch.config import Config
+from tpuwatch.hw.procfs import read_boot_id
 from tpuwatch.kernel_log.events import KernelEvent, StormFilter
 from tpuwatch.kernel_log.filesource import FileSource, absent, open_regular
 from tpuwatch.kernel_log.journal import JournalSource
@@ -37,7 +38,6 @@ from tpuwatch.kernel_log.sources import (
     NoSource,
     Source,
     SourceError,
-    read_boot_id,
 )
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError

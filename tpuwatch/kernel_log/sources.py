@@ -95,11 +95,6 @@ class Source:
         """Release what the source holds open."""
 
 
-def read_boot_id(procfs: str = "/proc") -> str:
-    """This boot's id; kmsg sequence numbers restart at every boot."""
-    return Path(procfs, "sys", "kernel", "random", "boot_id").read_text().strip()
-
-
 class SequenceTracker:
     """Which kmsg sequence numbers are new after ``last``, and how many were skipped over (lost)."""
 
