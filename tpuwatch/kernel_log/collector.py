@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tpuwatch.config import Config
 from tpuwatch.hw.procfs import read_boot_id
+from tpuwatch.kernel_log.attribution import Attribution, as_attribution
 from tpuwatch.kernel_log.events import KernelEvent, StormFilter
 from tpuwatch.kernel_log.filesource import FileSource, absent, open_regular
 from tpuwatch.kernel_log.journal import JournalSource
@@ -78,11 +79,11 @@ class KernelLogCollector:
 
     name = "kernel_log"
 
-    def __init__(self, source: Source, rules: RuleSet, device_for_pci: DeviceLookup, storm_window: float,
+    def __init__(self, source: Source, rules: RuleSet, device_for_pci: Attribution | DeviceLookup, storm_window: float,
                  clock: Callable[[], float] = time.monotonic, deadline: float = DEFAULT_DEADLINE,
                  timer: Callable[[], float] = time.monotonic) -> None:
         self.source = source
-        self.reader = LogReader(source, rules, device_for_pci)  # type: ignore[arg-type]
+        self.reader = LogReader(source, rules, as_attribution(device_for_pci))
         self._budget = deadline * BUDGET_SHARE
         self._timer = timer
         self._storms = StormFilter(storm_window, clock=clock)
@@ -389,7 +390,7 @@ def build_collector(config: Config, device_for_pci: DeviceLookup,
     Raises ConfigError (RuleError is one) for a broken rule file or an
     explicitly configured source that cannot be opened.
     """
-    from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver
+    from tpuwatch.kernel_log.attribution import SysfsResolver
 
     rules = load_rules(config.kernel_log.rules_dirs)
     source, note = open_source(config, persist)
