@@ -129,3 +129,50 @@ def test_a_snapshot_without_the_fast_check_is_restored_and_one_with_nan_is_refus
     check.restore(detector.snapshot()["fast"])
     assert check.snapshot() == detector.snapshot()["fast"]
 
+
+
+def teeth(plan: list[tuple[float, float]]):
+    """An allocator that climbs for ``minutes`` to ``rise`` of the chip over its base, then releases, tooth after
+    tooth: ``plan`` holds (minutes, rise) per tooth, repeated from the start of the series."""
+    period = sum(minutes for minutes, _ in plan) * MINUTE
+
+    def shape(t: float) -> float:
+        t %= period
+        for minutes, rise in plan:
+            if t < minutes * MINUTE:
+                return rise * CAPACITY * t / (minutes * MINUTE)
+            t -= minutes * MINUTE
+        return 0.0
+    return shape
+
+
+def test_an_allocator_climbing_to_a_height_it_reached_and_released_within_hours_is_not_paged() -> None:
+    # Teeth of 10-30 min, some climbing 25-28 % of the chip before they release, then an hour of low teeth, then one
+    # tooth of 32 % in 16 min: at its rate it would fill the chip in 16 min, but the allocator has climbed as high,
+    # as fast, and released, within the last three hours.  The slow benchmark's irregular sawtooth does this.
+    plan = [(20, 0.27), (15, 0.26), (25, 0.15), (15, 0.25), (20, 0.18), (12, 0.12), (25, 0.05), (28, 0.05),
+            (23, 0.05), (20, 0.05)]
+    history = teeth(plan)
+    period = sum(minutes for minutes, _ in plan) * MINUTE
+    tall = teeth([(16, 0.32)])
+    points = []
+    for i in range(int((period * 2 + 20 * MINUTE) / STEP)):
+        t = i * STEP
+        extra = history(t) if t < 2 * period else tall(t - 2 * period)
+        points.append((START + t, 0.37 * CAPACITY + extra + jitter(i)))
+    detector = LeakDetector()
+    for t, v in points:
+        detector.update(t, v, CAPACITY)
+    assert detector.first_alert_at is None
+
+
+def test_a_leak_after_an_allocator_of_low_teeth_is_still_paged_10_minutes_before_full() -> None:
+    # An allocator whose teeth climb 5-8 % every 5-20 min, then a leak that fills the chip in 25 min.
+    history = teeth([(20, 0.08), (5, 0.05), (12, 0.06)])
+    points = []
+    for i in range(int((BEFORE + 30 * MINUTE) / STEP)):
+        t = i * STEP
+        extra = history(t) + (0.6 * CAPACITY * max(0.0, t - BEFORE) / (25 * MINUTE))
+        points.append((START + t, min(CAPACITY, 0.3 * CAPACITY + extra + jitter(i))))
+    page = first_page(points)
+    assert page is not None and START + BEFORE <= page <= full_at(points) - 10 * MINUTE

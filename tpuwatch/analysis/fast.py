@@ -10,7 +10,13 @@ to 3, 5 or 8 min is seen through, at the price of that much lag).  On each:
   ``reference`` before the last ``longest`` minutes by ``new_high`` times that
   reference's range, at least ``min_rise`` of the capacity (an allocator that
   has climbed and released like this before, or a floor that swings with a
-  sawtooth longer than its window, does not pass);
+  sawtooth longer than its window, does not pass).  The reference's top is
+  raised to the allocator's precedent: over the ``memory`` minutes before the
+  climb, the second-highest excursion of the 3 min floor (8 min floor, for
+  the 5 and 8 min floors) above its lowest value that fell back there (a
+  sawtooth of teeth up to 30 min and 30 % of the chip tall, one far taller
+  than the last hour's, is no new high; one excursion, a job that ran higher
+  and was replaced, is no precedent);
 * a climb: from its onset (where the floor left that range) to now, at least
   ``shortest`` minutes, rising in every third, the slowest third at least
   ``min_ratio`` as steep as the steepest, no one-minute rise over ``max_jump``
@@ -49,6 +55,7 @@ class FastParams:
     shortest: int = 6
     longest: int = 30
     reference: int = 60
+    memory: int = 180
     min_rise: float = 0.03
     min_ratio: float = 0.2
     max_jump: float = 0.5
@@ -131,7 +138,8 @@ class FastCheck:
         need = p.reference + p.longest + 1
         least = p.min_rise * capacity
         finding = None
-        for series in (self._lows, floors[0], self._fives, floors[1]):
+        precedents: dict[int, float] = {}
+        for series, held in ((self._lows, 0), (floors[0], 0), (self._fives, 1), (floors[1], 1)):
             start = len(series) - need
             if start < 0:
                 return None
@@ -140,21 +148,28 @@ class FastCheck:
                 else series[start:start + p.reference]
             if series[-1] - max(reference) < least:
                 continue
+            if held not in precedents:  # read on the detector's 3 or 8 min floor (it holds them for hours)
+                history = floors[held]
+                end = len(history) - p.longest - 1
+                precedents[held] = _precedent(history[max(0, end - p.memory):end], least)
+            precedent = precedents[held]
             values = list(series)[start:] if isinstance(series, deque) else list(series[start:])
-            found = self._climb(values, high, capacity, bucket)
+            found = self._climb(values, precedent, high, capacity, bucket)
             if found is LEVELS:
                 return None  # any floor that sees the climb bend to below capacity vetoes
             if found is not None and finding is None:
                 finding = found
         return finding
 
-    def _climb(self, values: list[float], high: float, capacity: float, bucket: float) -> FastFinding | None:
+    def _climb(self, values: list[float], precedent: float, high: float, capacity: float,
+               bucket: float) -> FastFinding | None:
         """The climb of one floor since it left the range of its reference, judged; ``values`` hold the reference
-        then the newest ``longest`` + 1 floors."""
+        then the newest ``longest`` + 1 floors; ``precedent`` is the height the allocator has climbed to and
+        released from before (``_precedent``)."""
         p = self.params
         now = values[-1]
         reference = values[:p.reference]
-        top, bottom = max(reference), min(reference)
+        top, bottom = max(max(reference), precedent), min(reference)
         margin = max(p.new_high * (top - bottom), p.min_rise * capacity)
         if now - top < margin:
             return None
@@ -204,6 +219,25 @@ class FastCheck:
         if eta > p.horizon or not math.isfinite(eta):
             return None
         return FastFinding(slope, eta)
+
+
+def _precedent(values: list[float], tolerance: float) -> float:
+    """The height this floor climbed to and fell back from before: of its excursions above its lowest value
+    (plus ``tolerance``) that ended back there, the second-highest peak (an allocator's sawtooth repeats; one
+    excursion that ended, a job that ran higher and was replaced, is no precedent); -inf with fewer than two."""
+    if not values:
+        return -math.inf
+    base = min(values) + tolerance
+    peaks = [-math.inf, -math.inf]
+    peak = -math.inf
+    for v in values:
+        if v > base:
+            peak = max(peak, v)
+        elif peak > -math.inf:
+            if peak > peaks[0]:
+                peaks = sorted((peak, peaks[1]))
+            peak = -math.inf
+    return peaks[0]
 
 
 @lru_cache(maxsize=64)
