@@ -1,5 +1,5 @@
 """A fresh "container" for benchmarks/quickstart.py: a ``git archive HEAD`` copy of this checkout, an empty HOME,
-Debian's PATH, and a private mount namespace in which ``/opt``, ``/var/lib`` and ``/etc`` are overlays on
+Debian's PATH, and a private mount namespace in which ``/opt``, ``/var/lib``, ``/etc`` and ``/run`` are overlays on
 temporary directories, each ``tpuwatch`` in them an empty directory hiding whatever the host has there."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from daemon import BenchmarkError, die_with_parent
 from common import REPO_ROOT
 
 DEBIAN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-OVERLAID = ("/opt", "/var/lib", "/etc")  # the parents of the venv, the default state_dir and the default config
+# The parents of the venv, the default state_dir, the default config and the runtime directory (the probe's socket).
+OVERLAID = ("/opt", "/var/lib", "/etc", "/run")
 
 
 def mount_points(mountinfo: str) -> list[str]:

@@ -11,11 +11,12 @@ It runs README.md's first command, less its ``apt-get`` steps, once per
 copy of this checkout (what a clone gives) as the working directory, an empty
 ``HOME`` (so pip's cache is empty; pip keeps the machine's ``PIP_*`` variables
 and ``/etc`` files), Debian's ``PATH`` (``python3`` is ``/usr/bin/python3``)
-and a private mount namespace in which ``/opt``, ``/var/lib`` and ``/etc`` are
-overlays on temporary directories, each ``tpuwatch`` in them an empty directory
-hiding whatever the host has or later puts there (someone installing the
-Debian package): the venv, the default ``state_dir`` and the absent config
-file are the container's alone.  The network is the host's, so the daemons
+and a private mount namespace in which ``/opt``, ``/var/lib``, ``/etc`` and
+``/run`` are overlays on temporary directories, each ``tpuwatch`` in them an
+empty directory hiding whatever the host has or later puts there (someone
+installing the Debian package, a daemon running): the venv, the default
+``state_dir``, the absent config file and the probe's socket directory are
+the container's alone.  The network is the host's, so the daemons
 take the default port 9847 one after another.
 
 Each step runs in the container as typed (``nsenter`` into its namespace, as
@@ -322,8 +323,8 @@ def render(outcomes: list[Outcome], facts: dict[str, str], started: datetime, co
     lines = ["## Quick start: install to first alert", "",
              "README.md's first command, less `apt-get`, run as a new user runs it, once per `--simulate` scenario, "
              "each in a fresh container (a `git archive HEAD` copy as the working directory, an empty HOME so pip's "
-             "cache is empty, Debian's PATH, `/opt`, `/var/lib` and `/etc` private overlays so that `/opt/tpuwatch`, "
-             "the default state directory `/var/lib/tpuwatch` and `/etc/tpuwatch` are new and empty and the host's "
+             "cache is empty, Debian's PATH, `/opt`, `/var/lib`, `/etc` and `/run` private overlays so that `/opt/tpuwatch`, "
+             "the default state directory `/var/lib/tpuwatch`, `/etc/tpuwatch` and `/run/tpuwatch` are new and empty and the host's "
              "untouched, no config file, the default port 9847, one scenario after another). Times are seconds from the start of `python3 -m venv "
              "/opt/tpuwatch`: `pip install .` done, the daemon answering `/healthz`, and the first alert as the user "
              "sees it: `/opt/tpuwatch/bin/tpuwatch alerts --json` started every 0.5 s from the container. The anchor "
