@@ -402,7 +402,8 @@ def test_a_woken_thread_sends_at_once_an_idle_one_looks_again_within_its_poll(
     wait_until(lambda: hook.bodies == ["a", "b"], 10, "the next message, woken again")
 
 
-def test_a_message_made_due_without_a_wake_goes_within_the_idle_poll(make: Any) -> None:
+def test_a_message_made_due_without_a_wake_goes_within_the_idle_poll(make: Any,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """A thread waiting on a long backoff looks at the outbox again every IDLE_POLL_S: a message that becomes
     due meanwhile without a wake (here: released by hand; a wall-clock step does the same) is not left waiting
     for the backoff's whole length."""
@@ -411,7 +412,10 @@ def test_a_message_made_due_without_a_wake_goes_within_the_idle_poll(make: Any) 
     queue(db, time.time(), "a")
     delivery.step("hook", time.time())
     hook.answer = OK
+    claims = CountingClaims(db)
+    monkeypatch.setattr(db, "claim", claims)
     delivery.start()
+    wait_until(lambda: claims.calls >= 1, 10, "the thread waiting on the backoff")
     db.release("hook", time.time())
     wait_until(lambda: hook.bodies == ["a", "a"], 10, "the message, due again")
 
