@@ -118,10 +118,12 @@ def start_canary(tmp_path: Path, marker: dict[str, str]) -> Iterator[Callable[..
 @needs_jax
 def test_a_hang_ends_as_an_error_at_the_timeout_leaving_no_process(
         start_canary: Callable[..., subprocess.Popen[bytes]], marker: dict[str, str]) -> None:
-    proc = start_canary("--json", "--timeout", "5s")
-    data = json.loads(proc.communicate(timeout=60)[0])
+    # The timeout covers the worker's start too (jax's import, the first compile): 20 s leaves a loaded host
+    # time to reach the chip, so the hang is what the timeout ends.
+    proc = start_canary("--json", "--timeout", "20s")
+    data = json.loads(proc.communicate(timeout=90)[0])
     assert proc.returncode == 3
-    assert data["status"] == "error" and data["reason"].startswith("timed out after 5s")
+    assert data["status"] == "error" and data["reason"].startswith("timed out after 20s")
     assert data["devices"][0]["status"] == "error" and data["drill"]["checks"] == ["timeout"]
     # The hang waits on a child of the worker: killing the group must take both.
     wait_until(lambda: not marked("TPUWATCH_TEST_MARKER=" + marker["TPUWATCH_TEST_MARKER"]), timeout=5,
@@ -207,13 +209,13 @@ def test_on_a_terminal_a_progress_line_shows_what_it_waits_for(
         start_canary: Callable[..., subprocess.Popen[bytes]]) -> None:
     master, slave = pty.openpty()
     try:
-        proc = start_canary("--timeout", "6s", stderr=slave)
+        proc = start_canary("--timeout", "20s", stderr=slave)  # time to reach the chip on a loaded host
         os.close(slave)
         terminal = read_pty(master, proc)
     finally:
         os.close(master)
     assert proc.returncode == 3
-    assert "\rcanary: device 0 running for " in terminal and " s of the 6 s timeout)\x1b[K" in terminal
+    assert "\rcanary: device 0 running for " in terminal and " s of the 20 s timeout)\x1b[K" in terminal
     assert terminal.endswith("\r\x1b[K")  # erased before the report
 
 
