@@ -241,6 +241,18 @@ def test_a_slow_chip_beside_a_calm_host_is_slow_and_a_busy_host_does_not_hide_a_
     assert statuses(judge(_paced({"0": peers, "1": fewer, "2": peers, "3": peers}), None, {})[0])["1"] == "pass"
 
 
+def test_a_quiet_hosts_jitter_does_not_excuse_a_slow_chip() -> None:
+    # One lucky reference (the host's fastest, well under its usual pace) and a reference a little over its usual
+    # pace beside the slow chip's timings: against the fastest that read as a 3x slowdown and excused a chip 3x
+    # its peers in every round; against the usual pace it is a 1.3x slowdown, and the chip is slow.
+    peers = [(0.002, CALM)] * ROUNDS
+    lucky = [(0.002, 0.4 * CALM)] + [(0.002, CALM)] * (ROUNDS - 1)
+    lines = _paced({"0": lucky, "1": [(0.006, 1.3 * CALM)] * ROUNDS, "2": peers, "3": peers})
+    [speed] = [line for line in lines if line["event"] == "confirm"]
+    assert all(speed["conclusive"])
+    assert statuses(judge(lines, None, {})[0])["1"] == "slow"
+
+
 def test_a_fast_timing_clears_a_chip_even_beside_a_busy_host() -> None:
     peers = [(0.002, CALM)] * ROUNDS
     lines = _paced({"0": peers, "1": [(0.006, CALM), (0.002, BUSY)] + [(0.006, CALM)] * (ROUNDS - 2),

@@ -59,14 +59,14 @@ def slow_against_peers(took: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def beyond_host(runs: Sequence[float], host: Sequence[float] | None, fastest: float) -> float:
+def beyond_host(runs: Sequence[float], host: Sequence[float] | None, usual: float) -> float:
     """A chip's timing with the host's slowdown beside it divided out: its fastest run (the one that is its
-    timing) over the slower of the host references just before and after that run, relative to ``fastest``,
-    the reference's fastest so far (never below 1).  Without references (or a mismatch): the fastest run."""
+    timing) over the slower of the host references just before and after that run, relative to ``usual``,
+    the reference's median so far (never below 1).  Without references (or a mismatch): the fastest run."""
     quickest = min(range(len(runs)), key=lambda i: runs[i])
-    if not host or len(host) != len(runs) + 1 or fastest <= 0:
+    if not host or len(host) != len(runs) + 1 or usual <= 0:
         return runs[quickest]
-    return runs[quickest] / max(1.0, max(host[quickest], host[quickest + 1]) / fastest)
+    return runs[quickest] / max(1.0, max(host[quickest], host[quickest + 1]) / usual)
 
 
 def speed_verdict(deviations: Sequence[bool], conclusive: Sequence[bool] | None) -> str:

@@ -9,6 +9,7 @@ duration_seconds, and a note where the check has one.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -175,7 +176,7 @@ class Suite:
         """When a chip looks slow, every chip is timed up to SPEED_ROUNDS times more (BUSY_ROUNDS more while the
         host is too busy to tell), in a rotated order; each round compares the chips' fastest times so far, until
         no chip looks slow (speed.py).  A round that says slow is conclusive when the chip's timing in it is still
-        slow with the host's own slowdown beside it divided out (the host reference against its fastest so far)."""
+        slow with the host's own slowdown beside it divided out (the host reference against its median so far)."""
         timed = {r["device"]: r for r in results if r["check"] in spec.TIMED_CHECKS}
         best = {d: r["duration_seconds"] for d, r in timed.items()}
         refs = [t for r in timed.values() for t in r.get("host_seconds", ())]  # the host reference's times so far
@@ -183,12 +184,12 @@ class Suite:
         conclusive: dict[str, list[bool]] = {}
 
         def judge_round(now: dict[str, dict[str, Any]]) -> None:
-            slow, fastest = slow_against_peers(best), min(refs, default=0.0)
+            slow, usual = slow_against_peers(best), statistics.median(refs) if refs else 0.0
             for name in flags:
                 r = now[name]
                 flags[name].append(name in slow)
                 conclusive[name].append(name not in slow or is_slow(beyond_host(
-                    r.get("runs_seconds") or [r["duration_seconds"]], r.get("host_seconds"), fastest), slow[name]))
+                    r.get("runs_seconds") or [r["duration_seconds"]], r.get("host_seconds"), usual), slow[name]))
 
         for name in slow_against_peers(best):
             flags[name], conclusive[name] = [], []
