@@ -655,3 +655,18 @@ def test_a_text_log_is_read_whole_for_a_rule_without_keywords() -> None:
     rules = _only("rules: [{name: quux_failed, regex: 'quux failed'}]")
     events = scan(b"[    1.0] x\n[    2.0] quux failed\n", rules, lambda pci: None).events
     assert [(e.rule, e.line) for e in events] == [("quux_failed", 2)]
+
+
+def test_of_lone_detail_lines_of_several_rules_on_one_record_the_first_rule_gives_the_event() -> None:
+    rules = _only("""
+rules:
+  - name: yy_first_fault
+    keywords: ["yy: one"]
+    regex: 'yy: one'
+    follow: {keywords: ["yy:"], regex: 'yy: detail', alone: true}
+  - name: yy_second_fault
+    keywords: ["yy: two"]
+    regex: 'yy: two'
+    follow: {keywords: ["yy:"], regex: 'yy: detail', alone: true}
+""")
+    assert [m.rule for m in feed(rules, ["yy: detail"])] == ["yy_first_fault"]  # one event, in rule order
