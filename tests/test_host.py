@@ -12,11 +12,18 @@ from pathlib import Path
 import pytest
 
 from tpuwatch.collectors.host import HostCollector, parse_statm_rss
-from tpuwatch.hw.procfs import match_device_file, scan_holders
+from tpuwatch.devices.inventory import Inventory
+from tpuwatch.hw.procfs import HolderScan, match_device_file, scan_holders
 
 from conftest import wait_until
 
 PATTERNS = ["accel[0-9]*", "vfio/[0-9]*", "nvidia[0-9]*"]
+
+
+def host_collector(dev: Path, interval: float) -> HostCollector:
+    """A host collector with no devices stage: holders from a scan of its own (as the registry builds it)."""
+    scan = HolderScan("/proc", str(dev), PATTERNS, interval)
+    return HostCollector("/proc", lambda: Inventory(holders=scan.scan()))
 
 
 def test_parse_statm() -> None:
@@ -59,7 +66,7 @@ def test_scan_finds_the_real_holder(holder: tuple[subprocess.Popen[bytes], Path]
 
 def test_host_collector_reports_memory_cpu_and_holders(holder: tuple[subprocess.Popen[bytes], Path]) -> None:
     proc, dev = holder
-    collector = HostCollector("/proc", str(dev), PATTERNS, holder_scan_interval=60.0)
+    collector = host_collector(dev, 60.0)
     first = {s.name: s for s in collector.collect()}
     assert first["tpuwatch_host_memory_total_bytes"].value > first["tpuwatch_host_memory_available_bytes"].value > 0
     assert "tpuwatch_host_cpu_utilization_ratio" not in first, "no CPU ratio before there is a previous sample"
@@ -75,7 +82,7 @@ def test_host_collector_reports_memory_cpu_and_holders(holder: tuple[subprocess.
 
 def test_an_exited_holder_disappears(holder: tuple[subprocess.Popen[bytes], Path]) -> None:
     proc, dev = holder
-    collector = HostCollector("/proc", str(dev), PATTERNS, holder_scan_interval=3600.0)
+    collector = host_collector(dev, 3600.0)
     assert any(s.name == "tpuwatch_holder_process_resident_memory_bytes" for s in collector.collect())
     proc.kill()
     proc.wait()

@@ -23,6 +23,7 @@ from test_jobreports_message import report
 from tpuwatch import config as config_module
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.devices.base import DeviceReading
+from tpuwatch.devices.inventory import Board
 from tpuwatch.jobreports.collector import JobReports
 from tpuwatch.probe.channel import exchange
 
@@ -58,7 +59,9 @@ def serve(place: Path) -> Iterator[Callable[..., JobReports]]:
     def start(**probe: Any) -> JobReports:
         config = config_module.parse(yaml.safe_dump({
             "state_dir": str(place / "state"), "probe": {"socket": str(place / "probe.sock"), **probe}}))
-        made.append(JobReports(config, CanaryCollector(config), lambda: readings(place)))
+        chips = Board()  # the cycle's inventory, as the devices stage publishes it
+        chips.publish(readings(place), {})
+        made.append(JobReports(config, CanaryCollector(config), chips))
         return made[-1]
 
     yield start

@@ -1,4 +1,5 @@
-"""The pipeline's order within one cycle, and a collector's bad output failing that collector alone."""
+"""The pipeline's order within one cycle, and a collector's bad output failing that collector alone (the inventory
+the devices stage hands every later part: tests/test_inventory.py)."""
 
 from __future__ import annotations
 
@@ -55,36 +56,3 @@ def test_output_outside_the_catalogue_fails_its_collector_alone() -> None:
     assert not statuses["stray"].success and "'tpuwatch_made_up' is not in the catalogue" in stray_error
     assert not statuses["odd"].success and "returned str, not a Sample" in odd_error
     assert sampler.last_cycle_end is not None and sampler.last_cycle_end <= time.time()
-
-
-def test_every_part_after_the_devices_sees_this_cycles_chips(tmp_path: Path) -> None:
-    # The host collector (device holders), kernel-log attribution, the canary's chip list and the actions read the
-    # devices collector's readings.  Run beside it, the host saw none on a fresh start whenever the chips took
-    # longer to read than the host; the devices now run as a stage of their own, first.
-    config = config_module.parse(f"""
-state_dir: {tmp_path}
-interval: 1s
-kernel_log: {{source: none}}
-canary: {{enabled: false}}
-probe: {{enabled: false}}
-devices: {{backend: sim, sim: {{count: 8}}}}
-""")
-    for start in range(5):  # fresh starts
-        parts = assemble(config, None, lambda: [])
-        devices, host = parts.sources.devices, parts.sources.collectors["host"]
-        assert devices is not None
-        seen: list[int] = []
-        read_devices, read_host = devices.collect, host.collect
-
-        def slow_chips() -> list[Sample]:
-            time.sleep(0.05)  # a driver that takes a while to answer, as NVML and gRPC reads do
-            return read_devices()
-
-        def host_collect() -> list[Sample]:
-            seen.append(len(devices.last_readings))
-            return read_host()
-
-        devices.collect, host.collect = slow_chips, host_collect  # type: ignore[method-assign]
-        parts.sampler.run_once()
-        parts.sources.close()
-        assert seen == [8], f"fresh start {start}: the host collector saw {seen} chips in its first cycle"

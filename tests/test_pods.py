@@ -14,6 +14,9 @@ import pytest
 from fakekubelet import Kubelet, serve
 
 from tpuwatch.collectors.host import HostCollector
+from tpuwatch.devices.base import DeviceReading
+from tpuwatch.devices.inventory import Inventory
+from tpuwatch.hw.procfs import HolderScan
 from tpuwatch.pods import PodLookup, PodRef
 from tpuwatch.pods.cgroup import CgroupIdentity, parse_cgroup
 from tpuwatch.pods.podresources import MAX_IDS, allocations
@@ -180,9 +183,10 @@ def test_the_host_collector_names_each_holder_by_chip_and_pod(tmp_path: Path, ku
     dev.mkdir()
     (dev / "accel1").write_text("")
     _holder(procfs, dev, 41, (CGROUPS / "v1-systemd-crio-guaranteed").read_text(), "accel1")
-    chips: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {"accel1": ("1", (("google.com/tpu", "accel1"),))}
+    chip = DeviceReading(device="1", chip="v5e", device_files=("accel1",), plugin_ids=(("google.com/tpu", "accel1"),))
+    inventory = Inventory(1, (chip,), HolderScan(str(procfs), str(dev), ["accel[0-9]*"], 60.0).scan())
     lookup = PodLookup(str(procfs), str(kubelet[1]), refresh_every=0.0)
-    collector = HostCollector(str(procfs), str(dev), ["accel[0-9]*"], 60.0, pods=lookup, chips=lambda: chips)
+    collector = HostCollector(str(procfs), lambda: inventory, pods=lookup)
 
     def holder_info() -> dict[str, Any] | None:
         found = [dict(s.labels) for s in collector.collect() if s.name == "tpuwatch_device_holder_info"]

@@ -9,7 +9,7 @@ caller switches to the new parts and then ``retire()``s what was replaced.
 
 The pipeline the sampler runs, in order within each cycle:
 
-    devices (this cycle's chips, the inventory every later stage reads) -> store
+    devices (this cycle's chips and their holders: the inventory every later part reads) -> store
     sources (host, kernel log, canary results, probe reports) -> store
     analysis (trend detectors; tpuwatch's own metrics)   -> store
     alerting (rules over the store; delivery runs in its own threads)
@@ -86,8 +86,8 @@ class Parts:
     actions: dict[str, Action]  # those enabled, by name (ACTIONS)
     sampler: Sampler
 
-    def device_readings(self) -> list[DeviceReading]:
-        """The device backend's latest readings (none without a backend)."""
+    def device_readings(self) -> tuple[DeviceReading, ...]:
+        """The chips of the latest cycle's inventory (none without a backend)."""
         return self.sources.device_readings()
 
 
@@ -165,22 +165,20 @@ def _pipeline(config: Config, store: SeriesStore, trend: TrendAnalyzer, trend_st
 
     def act() -> list[Sample]:  # each hands over and returns at once: the actions work in their own threads
         alerts = alerting.active_alerts()
-        pci = {r.device: r.pci for r in sources.device_readings() if r.pci}
+        pci = dict(sources.inventory.current.pci_by_device)
         for action in actions.values():
             action.feed(alerts, pci)
         return []
 
-    # The chips first: every later part of the cycle (host holders, kernel-log attribution, the canary's chips,
-    # actions) reads this cycle's readings, never a devices collector still running beside it.
-    devices = [sources.devices] if sources.devices is not None else []
-    stages: list[list[Any]] = [devices,
-                               [*(c for c in sources if c is not sources.devices),
-                                *(part for part in (canary, reports) if part is not None)],
+    # The chips first: they publish the cycle's inventory, which every later part of the cycle (host holders,
+    # kernel-log attribution, the canary's chips, the probe socket, actions) reads, sealed once the stage is over.
+    devices, others = sources.stages()
+    stages: list[list[Any]] = [devices, [*others, *(part for part in (canary, reports) if part is not None)],
                                [own, Stage("trend", lambda: trend.observe(store.current(), time.time()))],
                                [Stage("alerting", evaluate)]]
     if actions:
         stages.append([Stage("actions", act)])
-    sampler = Sampler(stages, store, config.collector_deadline)
+    sampler = Sampler(stages, store, config.collector_deadline, sources.inventory)
     own.sources.insert(0, sampler.samples)
     return sampler
 
@@ -202,9 +200,9 @@ def assemble(config: Config, previous: Parts | None, daemon_samples: SampleSourc
     sources = kept_sources.sources if kept_sources else build_sources(config)
     try:
         kept_canary = _same(previous, config, lambda c: c.canary)
-        canary = kept_canary.canary if kept_canary else build_canary(config, sources.devices)
+        canary = kept_canary.canary if kept_canary else build_canary(config, sources.inventory)
         if canary is not None:
-            canary.known_devices = lambda: [r.device for r in sources.device_readings()]
+            canary.known_devices = lambda: sources.inventory.current.devices
         actions = _actions(config, previous)
         if previous is None:
             alerting = Alerting(config, config.state_dir, web.ssl_context is not None)
@@ -240,12 +238,12 @@ def _job_reports(config: Config, previous: Parts | None, canary: CanaryCollector
     key = (config.probe, config.paths, config.state_dir)
     if old is not None and previous is not None and canary is not None and config.probe.enabled and \
             (previous.config.probe, previous.config.paths, previous.config.state_dir) == key:
-        old.book, old.inventory = canary, sources.device_readings
+        old.book, old.inventory = canary, sources.inventory
         return old
     if old is not None:
         old.close()
     host = sources.collectors.get("host")
-    return job_reports.build(config, canary, sources.device_readings, getattr(host, "pods", None))
+    return job_reports.build(config, canary, sources.inventory, getattr(host, "pods", None))
 
 
 def retire(old: Parts, new: Parts) -> None:

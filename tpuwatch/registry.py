@@ -1,8 +1,10 @@
 """What a config makes: the source collectors and the actions, registered by name, and the canary.
 
-A source is built by a factory from the config and the sources built before
-it (the kernel log attributes events to chips through the devices); each
-says in one sentence what it chose.  ``run`` and ``check`` build the same
+A source is built by a factory from the config, the sources built before it
+and the cycle's inventory board: the devices stage publishes the chips and
+their holders there, and the later parts (the host's holders, the kernel
+log's attribution, the canary's chips) read only that; each says in one
+sentence what it chose.  ``run`` and ``check`` build the same
 sources.  An action (the Kubernetes node agent) is handed the alert state
 after every cycle and acts in its own thread.  Adding a source or an action
 is one factory and one entry in ``SOURCES`` or ``ACTIONS``.
@@ -30,8 +32,9 @@ from tpuwatch.config import Config
 from tpuwatch.devices import DeviceBackend, DeviceReading, select_backend
 from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.devices.expected import expect
+from tpuwatch.devices.inventory import Board, Inventory, holder_scan
 from tpuwatch.devices.seen import SeenThisBoot
-from tpuwatch.hw.procfs import read_boot_id
+from tpuwatch.hw.procfs import HolderScan, read_boot_id
 from tpuwatch.kernel_log.attribution import device_lookup
 from tpuwatch.kernel_log.collector import BUDGET_SHARE, KernelLogCollector
 from tpuwatch.kernel_log.collector import build_collector as build_kernel_log
@@ -41,21 +44,20 @@ from tpuwatch.samples import Sample
 
 log = logging.getLogger(__name__)
 
-# A factory gets the config, the sources built before it (by name) and whether it may save state.
-Factory = Callable[[Config, dict[str, Collector], bool], tuple[Collector | None, str]]
+# A factory gets the config, the sources built before it (by name), the cycle's inventory board and whether it
+# may save state.
+Factory = Callable[[Config, dict[str, Collector], Board, bool], tuple[Collector | None, str]]
 
 
-def _host(config: Config, built: dict[str, Collector], persist: bool) -> tuple[Collector | None, str]:
+def _host(config: Config, built: dict[str, Collector], board: Board, persist: bool) -> tuple[Collector | None, str]:
     psutil.PROCFS_PATH = config.paths.procfs
     pods = PodLookup(config.paths.procfs, config.host.pod_resources_socket)
+    own = holder_scan(config)
 
-    def chips() -> dict[str, tuple[str, tuple[tuple[str, str], ...]]]:  # the devices source is built after this one
-        devices = built.get("devices")
-        readings = devices.last_readings if isinstance(devices, DeviceCollector) else []
-        return {f: (r.device, r.plugin_ids) for r in readings for f in r.device_files}
+    def inventory() -> Inventory:  # the devices source is built after this one; without it, holders alone
+        return board.current if "devices" in built else Inventory(holders=own.scan())
 
-    collector = HostCollector(config.paths.procfs, config.paths.dev, config.host.device_files,
-                              config.host.holder_scan_interval, pods=pods, chips=chips)
+    collector = HostCollector(config.paths.procfs, inventory, pods)
     socket = config.host.pod_resources_socket
     note = (f"host: memory, CPU and device holders from {config.paths.procfs}, pods from their cgroups"
             + (f" and the kubelet's PodResources at {socket}" if socket else ""))
@@ -63,15 +65,18 @@ def _host(config: Config, built: dict[str, Collector], persist: bool) -> tuple[C
     return collector, note
 
 
-def _devices(config: Config, built: dict[str, Collector], persist: bool) -> tuple[Collector | None, str]:
+def _devices(config: Config, built: dict[str, Collector], board: Board,
+             persist: bool) -> tuple[Collector | None, str]:
     backend, why = select_backend(config)
     if backend is None:
         return None, f"device backend: {why}"
     host = built.get("host")
     expected = expect(config, backend.name)
+    holders = getattr(backend, "holders", None)  # the backend's own, where it reads holders
     collector = DeviceCollector(backend, expected, host.pods if isinstance(host, HostCollector) else None,
                                 config.host.max_processes_per_device, _seen_this_boot(config, backend, persist),
-                                config.devices.hang)
+                                config.devices.hang,
+                                holders if isinstance(holders, HolderScan) else holder_scan(config), board)
     return collector, f"device backend: {why}" + (f"; expecting {expected.count} chip(s): {expected.why}"
                                                   if expected else "; no chip count expected")
 
@@ -92,13 +97,13 @@ def _seen_this_boot(config: Config, chosen: DeviceBackend, persist: bool) -> See
     return SeenThisBoot(backend, Path(config.state_dir, "devices", "seen.json"), boot_id)
 
 
-def _kernel_log(config: Config, built: dict[str, Collector], persist: bool) -> tuple[Collector | None, str]:
-    devices = built.get("devices")
-    readings = (lambda: devices.last_readings) if isinstance(devices, DeviceCollector) else (lambda: [])
-    return build_kernel_log(config, device_lookup(readings), persist)
+def _kernel_log(config: Config, built: dict[str, Collector], board: Board,
+                persist: bool) -> tuple[Collector | None, str]:
+    return build_kernel_log(config, device_lookup(lambda: board.current.readings), persist)
 
 
-def _previous_boot(config: Config, built: dict[str, Collector], persist: bool) -> tuple[Collector | None, str]:
+def _previous_boot(config: Config, built: dict[str, Collector], board: Board,
+                   persist: bool) -> tuple[Collector | None, str]:
     settings = config.kernel_log
     if not settings.previous_boot:
         return None, "previous boot: kernel_log.previous_boot is off"
@@ -117,7 +122,8 @@ def _previous_boot(config: Config, built: dict[str, Collector], persist: bool) -
         " and the journal" if settings.source in ("auto", "journal") else "")
 
 
-def _maintenance(config: Config, built: dict[str, Collector], persist: bool) -> tuple[Collector | None, str]:
+def _maintenance(config: Config, built: dict[str, Collector], board: Board,
+                 persist: bool) -> tuple[Collector | None, str]:
     return build_maintenance(config)
 
 
@@ -132,10 +138,12 @@ SOURCES: dict[str, Factory] = {
 
 @dataclass
 class Sources:
-    """The source collectors a config enables, by name in pipeline order, and what was chosen for each."""
+    """The source collectors a config enables, by name in pipeline order, what was chosen for each, and the
+    board their devices stage publishes each cycle's inventory on."""
 
     collectors: dict[str, Collector]
     notes: list[str]
+    inventory: Board
 
     @property
     def devices(self) -> DeviceCollector | None:
@@ -161,10 +169,14 @@ class Sources:
         found = self.collectors.get("maintenance")
         return found if isinstance(found, MaintenanceCollector) else None
 
-    def device_readings(self) -> list[DeviceReading]:
-        """The device backend's latest readings (none without a backend)."""
+    def device_readings(self) -> tuple[DeviceReading, ...]:
+        """The chips of the latest cycle's inventory (none without a backend)."""
+        return self.inventory.current.readings
+
+    def stages(self) -> list[list[Collector]]:
+        """The sources as the sampler's first stages: the devices (which publish the inventory), then the rest."""
         devices = self.devices
-        return devices.last_readings if devices is not None else []
+        return [[devices] if devices is not None else [], [c for c in self if c is not devices]]
 
     def __iter__(self) -> Iterator[Collector]:
         return iter(self.collectors.values())
@@ -184,24 +196,24 @@ def build_sources(config: Config, persist: bool = True) -> Sources:
     ``persist=False`` (one-shot commands) keeps sources from moving the daemon's saved positions.
     """
     built: dict[str, Collector] = {}
+    board = Board()
     notes = []
     for name, factory in SOURCES.items():
-        collector, note = factory(config, built, persist)
+        collector, note = factory(config, built, board, persist)
         notes.append(note)
         if collector is not None:
             built[name] = collector
-    return Sources(built, notes)
+    return Sources(built, notes, board)
 
 
-def build_canary(config: Config, devices: DeviceCollector | None) -> CanaryCollector | None:
+def build_canary(config: Config, inventory: Board) -> CanaryCollector | None:
     """The daemon's canary book, or None when neither the canary nor probe reports are on.
 
     Its scheduled runs need jax where the worker runs: without it, ``runnable`` says why (once at WARNING), and
     the book keeps only what in-job probes report."""
     if not config.canary.enabled and not config.probe.enabled:
         return None
-    canary = CanaryCollector(config, lambda: [r.device for r in devices.last_readings] if devices is not None else [],
-                             record_path(config.state_dir))
+    canary = CanaryCollector(config, lambda: inventory.current.devices, record_path(config.state_dir))
     if not config.canary.enabled:
         canary.runnable = "canary.enabled is false"
     elif (missing := jax_missing_here() if config.canary.python is None else None) is not None:

@@ -48,7 +48,7 @@ def check_once(config: Config) -> dict[str, Any]:
     """Sample once and judge: the ``tpuwatch check --json`` object (docs: README, Commands)."""
     sources = build_sources(config, persist=False)
     store = SeriesStore(points_per_series=2, max_series=100_000)
-    sampler = Sampler([list(sources)], store, config.collector_deadline)
+    sampler = Sampler(sources.stages(), store, config.collector_deadline, sources.inventory)
     sampler.run_once()
     devices, kernel_log = sources.devices, sources.kernel_log
     readings = sources.device_readings()

@@ -4,13 +4,18 @@ A cycle runs its stages one after the other: the devices, then the other
 sources (host, kernel log, canary results), then analysis (trend detectors, tpuwatch's own
 metrics), then alerting, then actions.  The collectors of one stage run
 concurrently under one deadline; a stage starts once the samples of the
-stages before it are in the store, so it sees this cycle's data.
+stages before it are in the store, so it sees this cycle's data.  The first
+stage hands what it found to the later ones through a ``Handoff`` (the
+devices' inventory, tpuwatch.devices.inventory.Board): opened before it and
+sealed after it, so that a first-stage call past its deadline hands nothing
+to a cycle already under way.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from tpuwatch.collectors import Collector, GuardedCollector
 from tpuwatch.samples import Sample, sample
@@ -30,26 +35,43 @@ class Stage:
         return self._step()
 
 
-class Sampler:
-    """Runs the stages in order into the store."""
+class Handoff(Protocol):
+    """What the first stage publishes for the later ones: accepted between ``begin()`` and ``seal()``."""
 
-    def __init__(self, stages: Sequence[Sequence[Collector]], store: SeriesStore, timeout: float) -> None:
-        self.stages = [[GuardedCollector(c) for c in stage] for stage in stages if stage]
+    def begin(self) -> None:
+        """A cycle starts: the first stage may publish."""
+
+    def seal(self) -> None:
+        """The first stage is over: what it published stands for the rest of the cycle."""
+
+
+class Sampler:
+    """Runs the stages in order into the store; ``handoff`` is opened around the first stage (``stages[0]``,
+    empty or not)."""
+
+    def __init__(self, stages: Sequence[Sequence[Collector]], store: SeriesStore, timeout: float,
+                 handoff: Handoff | None = None) -> None:
+        self.stages = [[GuardedCollector(c) for c in stage] for stage in stages]
         self.guards = [guard for stage in self.stages for guard in stage]
         self.store = store
         self.timeout = timeout
+        self.handoff = handoff
         self.last_cycle_end: float | None = None
 
     def run_once(self) -> None:
         """Run every stage once; failed collectors contribute no samples this cycle."""
         now = time.time()
-        for stage in self.stages:
+        if self.handoff is not None:
+            self.handoff.begin()
+        for index, stage in enumerate(self.stages):
             for guard in stage:
                 guard.start()
             deadline = time.monotonic() + self.timeout
             for guard in stage:
                 readings = guard.finish(deadline)
                 self.store.replace(guard.name, readings or (), now)
+            if index == 0 and self.handoff is not None:
+                self.handoff.seal()
         self.last_cycle_end = time.time()
 
     def guard(self, name: str) -> GuardedCollector | None:

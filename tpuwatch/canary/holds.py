@@ -5,6 +5,10 @@ A TPU chip belongs to one process at a time: libtpu takes a lockf lock on
 (/dev/accelN, or /dev/vfio/GROUP for the chip's IOMMU group) is held open by
 its owner.  The canary must never open such a chip, so it looks first.  The
 PCI and /proc scans are ``tpuwatch.hw``'s, standard library only as well.
+It scans /proc itself, right before the run and with no cap on holders,
+rather than take the daemon's cycle inventory: that one is up to a holder
+scan interval old and stops at ``MAX_HOLDERS``, and a holder it missed is a
+chip the canary would open under a running job.
 """
 
 from __future__ import annotations

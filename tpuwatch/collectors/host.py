@@ -1,26 +1,39 @@
 """Host memory and CPU (psutil) and the processes that hold accelerator device files.
 
-Each holder is named by chip where the device backend knows which chip a device file is (``chips``:
-device file -> (chip, device-plugin ids)) and by Kubernetes pod through ``pods`` (its cgroup; the
-kubelet's PodResources answer for the chips it holds).
+The holders come from the cycle's inventory (``inventory``: the devices stage's one holder scan, or the
+registry's own scan where no devices stage runs).  Each is named by chip where the inventory says which chip a
+device file is (``chip_files``: device file -> (chip, device-plugin ids)) and by Kubernetes pod through
+``pods`` (its cgroup; the kubelet's PodResources answer for the chips it holds).
 """
 
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import psutil
 
-from tpuwatch.hw.procfs import Holder, read_text, scan_holders
+from tpuwatch.hw.procfs import Holder, read_text
 from tpuwatch.pods import PodLookup, PodRef
 from tpuwatch.samples import Sample, sample
 
 # device file -> (chip, the (resource, id) pairs a device plugin names the chip by)
-ChipFiles = dict[str, tuple[str, tuple[tuple[str, str], ...]]]
+ChipFiles = Mapping[str, tuple[str, tuple[tuple[str, str], ...]]]
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+class Chips(Protocol):
+    """What the host collector reads of a cycle's inventory (tpuwatch.devices.inventory.Inventory)."""
+
+    @property
+    def holders(self) -> Mapping[int, Holder]:
+        """pid -> the process and the device files it holds."""
+
+    @property
+    def chip_files(self) -> ChipFiles:
+        """device file -> (chip, device-plugin ids)."""
 
 
 def parse_statm_rss(text: str, page_size: int = PAGE_SIZE) -> int:
@@ -33,19 +46,11 @@ class HostCollector:
 
     name = "host"
 
-    def __init__(self, procfs: str, dev_root: str, device_files: list[str], holder_scan_interval: float,
-                 clock: Callable[[], float] = time.monotonic, pods: PodLookup | None = None,
-                 chips: Callable[[], ChipFiles] = dict) -> None:
+    def __init__(self, procfs: str, inventory: Callable[[], Chips], pods: PodLookup | None = None) -> None:
         self._procfs = procfs
-        self._dev_root = dev_root
-        self._patterns = device_files
-        self._scan_interval = holder_scan_interval
-        self._clock = clock
-        self._next_scan = 0.0
-        self._holders: dict[int, Holder] = {}
+        self._inventory = inventory
         self._last_cpu: tuple[float, float] | None = None
         self.pods = pods
-        self._chips = chips
 
     @property
     def degraded(self) -> str | None:
@@ -80,20 +85,14 @@ class HostCollector:
         return max(0.0, min(1.0, 1.0 - (idle - previous[1]) / (total - previous[0])))
 
     def _holder_samples(self) -> list[Sample]:
-        now = self._clock()
-        if now >= self._next_scan:
-            # host.device_files, and every device file the backend names for a chip (an AMD GPU's render node)
-            self._holders = scan_holders(self._procfs, self._dev_root, [*self._patterns, *self._chips()])
-            self._next_scan = now + self._scan_interval
+        inventory = self._inventory()
+        chips = inventory.chip_files
         if self.pods is not None:
             self.pods.refresh()
-        chips = self._chips() if self._holders else {}
         out = []
-        for pid, holder in list(self._holders.items()):
+        for pid, holder in inventory.holders.items():
             statm = read_text(os.path.join(self._procfs, str(pid), "statm"))
-            if not statm:
-                del self._holders[pid]
-                self._next_scan = now  # a holder exited: look again next cycle
+            if not statm:  # it exited since the scan, which looks again next cycle
                 continue
             files = sorted(holder.device_files)
             ids = [i for f in files for i in chips.get(f, ("", ()))[1]]
@@ -103,4 +102,3 @@ class HostCollector:
             out.extend(sample("tpuwatch_device_holder_info", 1, device_file=f, device=chips.get(f, ("", ()))[0],
                               pod_uid=where.pod_uid, container_id=where.container_id, **labels) for f in files)
         return out
-

@@ -39,10 +39,11 @@ from typing import Any
 from tpuwatch.config import Config
 from tpuwatch.devices.amd_thermal import SensorReading, chip_sensor, parse_temperatures
 from tpuwatch.devices.base import DeviceReading, ProcessUse, SensorTemperature
+from tpuwatch.devices.inventory import holder_scan
 from tpuwatch.hw.chips import instinct_product
 from tpuwatch.hw.deadline import CallTimeout, Lanes
 from tpuwatch.hw.pci import pci_root, scan_pci
-from tpuwatch.hw.procfs import scan_holders
+from tpuwatch.hw.procfs import Holder
 from tpuwatch.logsetup import Once
 from tpuwatch.samples import Sample, sample
 
@@ -206,14 +207,12 @@ class AmdBackend:
     def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.paths = config.paths
         self.timeout = min(READ_TIMEOUT, config.collector_deadline / 2)
-        self.holder_scan_interval = config.host.holder_scan_interval
+        self.holders = holder_scan(config, clock)  # the cycle's one holder scan, published by the devices stage
         self.lanes = Lanes()
-        self._clock = clock
         self._indices: dict[str, int] = {}  # PCI address -> GPU index, kept for the life of the backend
         self._current: dict[str, str] = {}  # GPU directory -> the file its lane is reading
         self._ras: dict[str, dict[str, dict[str, int]]] = {}  # PCI address -> block -> kind -> last count
-        self._holders: dict[int, tuple[str, set[str]]] = {}  # pid -> (command, device files)
-        self._holders_at: float | None = None
+        self._holders: Mapping[int, Holder] = {}
         self._logged = Once()
         self._host_samples: list[Sample] = []
 
@@ -290,8 +289,8 @@ class AmdBackend:
             fields["power_watts"] = sensors.power_watts
             sources["power_watts"] = f"hwmon:{hwmon_dir}"
         fields.update(self._ecc(gpu.pci, read, sources))
-        processes = tuple(ProcessUse(pid, command) for pid, (command, files) in sorted(self._holders.items())
-                          if set(self._files(gpu)) & files)
+        processes = tuple(ProcessUse(pid, holder.command) for pid, holder in sorted(self._holders.items())
+                          if holder.device_files.intersection(self._files(gpu)))
         return DeviceReading(device=str(self._indices[gpu.pci]), chip=gpu.product, pci=gpu.pci, sources=sources,
                              device_files=self._files(gpu), processes=processes, read_errors=read.failures,
                              owners=tuple(f"{p.pid} ({p.command})" for p in processes), **fields)
@@ -328,16 +327,10 @@ class AmdBackend:
             log.warning("AMD GPU %s: %s (logged once)", pci, problem)
 
     def _scan_holders(self, gpus: list[AmdGpu]) -> None:
-        """Processes holding a GPU's render node, rescanned every holder_scan_interval (/dev/kfd is every GPU's:
-        its holders belong to none)."""
-        now = self._clock()
-        if self._holders_at is not None and now - self._holders_at < self.holder_scan_interval:
-            return
-        self._holders_at = now
-        patterns = [f for gpu in gpus for f in self._files(gpu)]
+        """Processes holding a GPU's render node, from the holder scan (every holder_scan_interval; /dev/kfd is
+        every GPU's: its holders belong to none)."""
         try:
-            holders = scan_holders(self.paths.procfs, self.paths.dev, patterns) if patterns else {}
+            self._holders = self.holders.scan([f for gpu in gpus for f in self._files(gpu)])
         except OSError as exc:  # procfs unreadable: the GPUs are still read, their holders unknown
             self._once("procfs", f"cannot scan {self.paths.procfs} for holders: {exc.strerror or exc}")
-            holders = {}
-        self._holders = {pid: (h.command, h.device_files) for pid, h in holders.items()}
+            self._holders = {}

@@ -181,6 +181,10 @@ class DeviceBackend(Protocol):
     belong to no chip (e.g. megascale latencies the runtime gives per host),
     and ``missing``: a sentence naming what to install to read everything it
     could (the ``tpu`` extra's gRPC client), None when nothing is missing.
+    One that names the processes holding its chips has ``holders``: the
+    cycle's one holder scan (``tpuwatch.devices.inventory.holder_scan``),
+    asked for its chips' device files in ``read()``; the devices stage
+    publishes the same holders in the cycle's inventory.
     """
 
     name: str

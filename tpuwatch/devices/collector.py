@@ -1,17 +1,21 @@
 """The devices collector: a backend's readings as samples, chips that vanished kept as down, the processes
-using each chip named by pod, and the chips the host should have but does not report."""
+using each chip named by pod, and the chips the host should have but does not report.  It is the pipeline's
+first stage: each cycle it publishes the chips and their holders as the cycle's inventory (devices/inventory.py)."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 
 from tpuwatch.config import HangConfig
 from tpuwatch.devices.base import DeviceBackend, DeviceReading, reading_samples
 from tpuwatch.devices.expected import Expectation, missing_problem, missing_samples
 from tpuwatch.devices.hang import HangWatch
+from tpuwatch.devices.inventory import Board
 from tpuwatch.devices.processes import DEFAULT_CAP, hang_samples, process_samples
 from tpuwatch.devices.seen import SeenThisBoot, is_number
+from tpuwatch.hw.procfs import Holder, HolderScan
 from tpuwatch.pods import PodLookup
 from tpuwatch.samples import Sample, sample
 
@@ -29,15 +33,18 @@ class DeviceCollector:
     by pod, at most ``max_processes`` per chip.  ``seen`` remembers the chips and the links seen active this
     boot (across restarts of tpuwatch when it keeps them in state_dir): only those links are exported, and a
     chip it remembers that the backend no longer reports is down.  With ``hang`` each held chip's progress is
-    judged (tpuwatch.devices.hang).
+    judged (tpuwatch.devices.hang).  With ``board`` every read publishes the chips and the holders ``holders``
+    finds (the scan the backend itself reads, where it reads one) as the cycle's inventory.
     """
 
     name = "devices"
 
     def __init__(self, backend: DeviceBackend, expected: Expectation | None = None, pods: PodLookup | None = None,
                  max_processes: int = DEFAULT_CAP, seen: SeenThisBoot | None = None,
-                 hang: HangConfig | None = None) -> None:
+                 hang: HangConfig | None = None, holders: HolderScan | None = None, board: Board | None = None) -> None:
         self.backend = backend
+        self.holders = holders
+        self.board = board
         self.seen = seen or SeenThisBoot(backend.name)
         self.expected = expected
         self.pods = pods
@@ -49,6 +56,7 @@ class DeviceCollector:
                                                   for device, (chip, pci) in self.seen.chips.items()}
         self._restored = set(self._known)
         self._read_errors: dict[tuple[str, str], int] = {}
+        self._scan_problem: str | None = None
 
     @property
     def degraded(self) -> str | None:
@@ -89,6 +97,8 @@ class DeviceCollector:
             if device in self._known or len(self._known) < MAX_REMEMBERED_DEVICES:
                 self._known[device] = reading
         self.last_readings = sorted(readings.values(), key=lambda r: _device_order(r.device))
+        if self.board is not None:
+            self.board.publish(self.last_readings, self._holders())
         out = [s for r in self.last_readings for s in reading_samples(r, self.backend.name)]
         out += [s for r in self.last_readings for s in process_samples(r, self.pods, self.max_processes)]
         out += self._read_error_samples()
@@ -96,6 +106,21 @@ class DeviceCollector:
         out += self._expected_samples()
         host_samples = getattr(self.backend, "host_samples", None)  # readings the backend ties to no chip
         return out + list(host_samples()) if host_samples is not None else out
+
+    def _holders(self) -> Mapping[int, Holder]:
+        """The holders of the chips' device files (and ``host.device_files``), from the cycle's one scan."""
+        if self.holders is None:
+            return {}
+        try:
+            found = self.holders.scan([f for r in self.last_readings for f in r.device_files])
+        except OSError as exc:  # procfs cannot be listed: the holders last found stand
+            problem = f"cannot scan {self.holders.procfs} for device-file holders: {exc.strerror or exc}"
+            if problem != self._scan_problem:
+                log.warning("devices: %s", problem)
+            self._scan_problem = problem
+            return self.holders.holders
+        self._scan_problem = None
+        return found
 
     def _forget_renumbered(self, readings: dict[str, DeviceReading]) -> None:
         """A chip remembered from before a restart whose address is now read under another number, or whose

@@ -27,17 +27,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tpuwatch.config import Config
 from tpuwatch.devices.base import MEGASCALE, DeviceReading, ProcessUse, summary_samples
+from tpuwatch.devices.inventory import holder_scan
 from tpuwatch.devices.libtpu import AddressAnswer, RuntimeClient
 from tpuwatch.devices.pci import TpuChip, discover_tpus, read_driver_state, read_hwmon
 from tpuwatch.devices.procnet import port_owners
 from tpuwatch.devices.runtime import US, Distribution, Folded, fold, merge, summary
 from tpuwatch.devices.tpustatus import fold_status
-from tpuwatch.hw.procfs import scan_holders
+from tpuwatch.hw.procfs import Holder
 from tpuwatch.samples import Sample, sample
 
 log = logging.getLogger(__name__)
@@ -74,14 +75,13 @@ class TpuBackend:
     def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.paths = config.paths
         self.runtime = RuntimeClient(config.devices.tpu.metrics_addr, config.devices.tpu.call_timeout)
-        self.holder_scan_interval = config.host.holder_scan_interval
-        self._clock = clock
+        self.holders = holder_scan(config, clock)  # the cycle's one holder scan, published by the devices stage
         self._indices: dict[str, int] = {}  # PCI address -> chip index, kept for the life of the backend
         self._owners: dict[str, list[str]] = {}  # device file -> "PID (command)"
-        self._held: dict[int, set[str]] = {}  # PID -> device files it holds
+        self._held: dict[int, frozenset[str]] = {}  # PID -> device files it holds
         self._commands: dict[int, str] = {}  # PID -> command of a holder
         self._port_pids: dict[int, int] = {}  # metrics port -> PID listening on it
-        self._owners_at: float | None = None
+        self._scanned: Mapping[int, Holder] | None = None  # the holders the fields above were made from
         self._served: dict[str, int] = {}  # address -> chips it answered for when it last answered
         self._host_samples: list[Sample] = []
         if self.runtime.missing is not None:
@@ -151,7 +151,7 @@ class TpuBackend:
                 self._served[answer.address] = found.served
                 port = _port(answer.address)
                 pid = self._port_pids.get(port) if port is not None else None
-                held_files = self._held.get(pid, set()) if pid is not None else set()
+                held_files = self._held.get(pid, frozenset()) if pid is not None else frozenset()
                 held = [index for index in chips if chips[index] & held_files]
                 if held and pid is not None and found.served <= len(held):
                     targets[answer.address] = (held, f"process {pid} listens on libtpu:{answer.address} and "
@@ -216,24 +216,21 @@ class TpuBackend:
     def _scan_owners(self, chips: list[TpuChip], unresolved: bool) -> dict[str, list[str]]:
         """Device file -> "PID (command)" of its holders, and metrics port -> listening holder.
 
-        Rescanned every holder_scan_interval, and sooner (at most every
-        FORCED_RESCAN_S) while an answering port's process is unknown.
+        From the holder scan (every holder_scan_interval), rescanned sooner (at
+        most every FORCED_RESCAN_S) while an answering port's process is unknown.
         """
-        now = self._clock()
-        age = None if self._owners_at is None else now - self._owners_at
-        if age is None or age >= self.holder_scan_interval or (unresolved and age >= min(
-                self.holder_scan_interval, FORCED_RESCAN_S)):
-            files = [f for chip in chips for f in chip.device_files]
-            holders = scan_holders(self.paths.procfs, self.paths.dev, files) if files else {}
+        holders = self.holders.scan([f for chip in chips for f in chip.device_files],
+                                    max_age=FORCED_RESCAN_S if unresolved else None)
+        if holders is not self._scanned:
+            self._scanned = holders
             self._owners = {}
-            self._held = {pid: set(holder.device_files) for pid, holder in holders.items()}
+            self._held = {pid: holder.device_files for pid, holder in holders.items()}
             self._commands = {pid: holder.command for pid, holder in holders.items()}
             for pid, holder in sorted(holders.items()):
-                for device_file in holder.device_files:
+                for device_file in sorted(holder.device_files):
                     self._owners.setdefault(device_file, []).append(f"{pid} ({holder.command})")
             ports = {port for port in map(_port, self.runtime.addresses) if port is not None}
             self._port_pids = port_owners(self.paths.procfs, ports, holders) if holders and ports else {}
-            self._owners_at = now
         return self._owners
 
 

@@ -3,13 +3,17 @@
 Only paths under the given root are read, so the same code reads /proc and a
 tree built by a test.  A process that may not be inspected (another user's,
 without privilege) or that exits meanwhile is passed over, never an error.
+``HolderScan`` is the daemon's one scan of device-file holders per cycle: the
+device backend, the devices stage and, through the cycle's inventory, the host
+collector read the same holders.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterator
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 MAX_HOLDERS = 256
@@ -69,13 +73,13 @@ def match_device_file(target: str, dev_root: str, patterns: Collection[str]) -> 
     return relative if any(fnmatchcase(relative, p) for p in patterns) else None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Holder:
     """A process with device files open."""
 
     pid: int
     command: str
-    device_files: set[str] = field(default_factory=set)
+    device_files: frozenset[str] = frozenset()
 
 
 def scan_holders(procfs: str, dev_root: str, patterns: Collection[str], limit: int | None = MAX_HOLDERS,
@@ -91,11 +95,45 @@ def scan_holders(procfs: str, dev_root: str, patterns: Collection[str], limit: i
             break
         if pid in exclude:
             continue
-        for target in fd_targets(procfs, pid):
-            device_file = match_device_file(target, dev_root, patterns)
-            if device_file is None:
-                continue
-            if pid not in holders:
-                holders[pid] = Holder(pid, read_text(os.path.join(procfs, str(pid), "comm")).strip() or "?")
-            holders[pid].device_files.add(device_file)
+        files = {f for f in (match_device_file(t, dev_root, patterns) for t in fd_targets(procfs, pid)) if f}
+        if files:
+            command = read_text(os.path.join(procfs, str(pid), "comm")).strip() or "?"
+            holders[pid] = Holder(pid, command, frozenset(files))
     return holders
+
+
+class HolderScan:
+    """The holders of the device files matching ``patterns`` (``host.device_files``) and the chips' own files,
+    scanned at most every ``interval`` seconds of ``clock`` and kept in between.
+
+    It scans again before then when a chip's file not yet looked for is asked for, when a holder it found has
+    exited (its /proc entry is gone), or when the holders are older than the ``max_age`` a caller asks for.
+    One caller at a time (the devices stage's thread, or the host collector's where no devices stage runs).
+    """
+
+    def __init__(self, procfs: str, dev_root: str, patterns: Collection[str], interval: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.procfs = procfs
+        self.dev_root = dev_root
+        self.patterns = tuple(patterns)
+        self.interval = interval
+        self._clock = clock
+        self._files: frozenset[str] = frozenset()  # the chips' files the last scan looked for
+        self._at: float | None = None
+        self.holders: Mapping[int, Holder] = {}
+        """The last scan's holders (the same object until the next scan)."""
+
+    def scan(self, files: Collection[str] = (), max_age: float | None = None) -> Mapping[int, Holder]:
+        """The holders of ``files`` and of the patterns, as last scanned, or scanned now when due.
+
+        OSError when procfs cannot be listed (the holders kept stay as they were)."""
+        now = self._clock()
+        age = None if self._at is None else now - self._at
+        due = (age is None or age >= (self.interval if max_age is None else min(self.interval, max_age))
+               or not self._files.issuperset(files)
+               or any(not os.path.exists(os.path.join(self.procfs, str(pid))) for pid in self.holders))
+        if due:
+            wanted = frozenset(files)
+            self.holders = scan_holders(self.procfs, self.dev_root, [*self.patterns, *sorted(wanted)])
+            self._files, self._at = wanted, now
+        return self.holders

@@ -3,7 +3,7 @@
 ``JobReports`` serves the socket in its own thread (server.ReportServer).
 For each report read whole it checks the message (message.parse), which
 chips the sending process holds (chips.resolve, against the inventory of the
-latest cycle), judges it (verdicts.Judge) and records the verdict in the
+latest cycle, read from the devices' board), judges it (verdicts.Judge) and records the verdict in the
 canary's book (CanaryCollector.record, path ``job``), so the chip's canary
 metrics, alerts and views carry it.  ``collect()`` gives the socket's own
 counters.  A socket that cannot be bound is said once and counted as down;
@@ -17,12 +17,13 @@ import os
 import subprocess
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Sequence
 
 from tpuwatch import probewire as protocol
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.config import Config
 from tpuwatch.devices.base import DeviceReading
+from tpuwatch.devices.inventory import Board
 from tpuwatch.hw.procfs import read_text
 from tpuwatch.jobreports import chips, drill
 from tpuwatch.jobreports.message import Refused, parse
@@ -33,15 +34,13 @@ from tpuwatch.samples import Sample, sample
 
 log = logging.getLogger(__name__)
 
-Inventory = Callable[[], list[DeviceReading]]
-
 
 class JobReports:
-    """Probe reports from running jobs, judged into ``book``; ``inventory`` gives the chips of the latest cycle."""
+    """Probe reports from running jobs, judged into ``book``; ``inventory`` holds the chips of the latest cycle."""
 
     name = "probe"
 
-    def __init__(self, config: Config, book: CanaryCollector, inventory: Inventory,
+    def __init__(self, config: Config, book: CanaryCollector, inventory: Board,
                  pods: PodLookup | None = None) -> None:
         settings = config.probe
         self.book = book
@@ -76,7 +75,7 @@ class JobReports:
         """The answer to one report from ``peer``: judged and recorded, or refused (and counted)."""
         try:
             report = parse(data)
-            readings = self.inventory()
+            readings = self.inventory.current.readings
             files = chips.chip_files(readings, self._dev)
             held = chips.held_by(self._procfs, peer.pid, files)
             mapping = chips.resolve(report, peer.uid, peer.pid, held, files)
@@ -94,7 +93,7 @@ class JobReports:
                 "devices": {name: next((o.status for o in result.devices if o.device == chip), "unknown")
                             for name, chip in mapping.items()}}
 
-    def _pod(self, pid: int, readings: list[DeviceReading], held: set[str]) -> PodRef:
+    def _pod(self, pid: int, readings: Sequence[DeviceReading], held: set[str]) -> PodRef:
         if self.pods is None or pid <= 0:
             return PodRef()
         return self.pods.pod_of(pid, [p for r in readings if r.device in held for p in r.plugin_ids])
@@ -124,7 +123,7 @@ class JobReports:
                 pass
 
 
-def build(config: Config, book: CanaryCollector | None, inventory: Inventory,
+def build(config: Config, book: CanaryCollector | None, inventory: Board,
           pods: PodLookup | None) -> JobReports | None:
     """The part ``probe.enabled`` asks for, reporting into ``book`` (None: no canary book, nothing to judge into)."""
     if not config.probe.enabled or book is None:

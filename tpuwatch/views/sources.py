@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ class StatusSources:
 
     * ``current``: the store's latest samples (``SeriesStore.current``);
     * ``history``: one series' recorded points, oldest first (``SeriesStore.history``);
-    * ``readings``: the device backend's latest reading per chip (``DeviceCollector.last_readings``);
+    * ``readings``: the latest cycle's reading per chip (the devices' inventory, ``Sources.device_readings``);
     * ``window``: seconds of history the store keeps (points per series x interval);
     * ``health``: (healthy, report) as ``/healthz`` answers it, or None where there is no daemon;
     * ``leak``: the leak detector's view of a memory series since a time (``TrendAnalyzer.leak_view``);
@@ -41,7 +41,7 @@ class StatusSources:
 
     current: Callable[[], list[Sample]]
     history: Callable[[str, Labels], Points]
-    readings: Callable[[], list[DeviceReading]]
+    readings: Callable[[], Sequence[DeviceReading]]
     window: Callable[[], float]
     health: Callable[[], tuple[bool, dict[str, Any]] | None]
     leak: Callable[[Labels, float], LeakView | None] = _none

@@ -119,7 +119,7 @@ class _Local:
 
         sources = build_sources(config, persist=False)
         self.store = SeriesStore(LOCAL_POINTS, config.store.max_series)
-        self.sampler = Sampler([list(sources)], self.store, config.collector_deadline)
+        self.sampler = Sampler(sources.stages(), self.store, config.collector_deadline, sources.inventory)
         kernel_log = sources.kernel_log
         self.sources = StatusSources(
             current=self.store.current, history=self.store.history, readings=sources.device_readings,
