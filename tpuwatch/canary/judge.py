@@ -300,6 +300,7 @@ def _with_drill(result: CanaryResult, verdict: DrillVerdict) -> CanaryResult:
 
 def _overall(outcomes: list[DeviceOutcome], failure: str | None, start: dict[str, Any] | None = None,
              tolerance: float | None = None) -> CanaryResult:
+    """The run's status and reason from its chips' outcomes and why the worker failed (``failure``), if it did."""
     counts = Counter(o.status for o in outcomes)
     if counts["fail"]:
         status = "fail"
@@ -312,12 +313,12 @@ def _overall(outcomes: list[DeviceOutcome], failure: str | None, start: dict[str
         reason = failure
     elif status == "skipped":
         reason = "; ".join(sorted({o.reason or "" for o in outcomes})) or "no device to run on"
+    elif status == "pass":  # a pass that says why a chip's speed went unjudged
+        reason = "; ".join(f"device {o.device}: {o.reason}" for o in outcomes
+                           if o.status == "pass" and o.reason) or None
     else:
         reason = "; ".join(f"device {o.device}: {o.reason}" for o in outcomes
                            if o.status in ("fail", "error", "suspect", "slow")) or None
-        if status == "pass":  # a pass that says why a chip's speed went unjudged
-            reason = "; ".join(f"device {o.device}: {o.reason}" for o in outcomes
-                               if o.status == "pass" and o.reason) or None
     start = start or {}
     return CanaryResult(status, reason, tuple(outcomes), start.get("platform"), start.get("chip"),
                         start.get("stack"), tolerance, time.time())
