@@ -131,3 +131,82 @@ def test_root_holding_chips_is_held_to_them() -> None:
     assert resolve(_named("ordinal", "0"), 0, 42, ["3"], KNOWN) == {"0": "3"}
     with pytest.raises(Refused):
         resolve(_named("env", "2"), 0, 42, ["3"], KNOWN)
+
+
+# --- the limits, exactly, and what a refusal says (each a mutant of message.py that survived without it) ---------
+
+
+def _refused(data: bytes) -> Refused:
+    with pytest.raises(Refused) as refused:
+        parse(data)
+    return refused.value
+
+
+def test_a_report_of_exactly_the_size_limit_is_read_and_one_byte_more_is_not() -> None:
+    body = encoded(report())
+    at_limit = body + b" " * (64 * 1024 - len(body))  # JSON allows trailing white space
+    assert parse(at_limit).devices == ["0", "1", "2", "3"]
+    over = _refused(at_limit + b" ")
+    assert (over.reason, over.detail, str(over)) == ("oversized", "65537 bytes, over 65536",
+                                                      "oversized: 65537 bytes, over 65536")
+
+
+@pytest.mark.parametrize("extra", [{}, [], {"a": {"b": {}}}, [[[]]], [[["x"]]], {"a": [{"b": 1}]}])
+def test_nesting_up_to_four_levels_is_read(extra: Any) -> None:
+    assert parse(encoded(report(extra=extra))).devices == ["0", "1", "2", "3"]  # unknown keys are ignored
+
+
+@pytest.mark.parametrize("extra", [{"a": {"b": {"c": {}}}}, [[[[]]]], [[[["x"]]]], {"a": [{"b": [1]}]}])
+def test_nesting_of_five_levels_is_refused(extra: Any) -> None:
+    assert _refused(encoded(report(extra=extra))).detail == "nested deeper than 4"
+
+
+def test_the_limits_of_results_and_texts_are_inclusive() -> None:
+    results = [{**report()["results"][0], "device": str(i)} for i in range(64)]
+    assert len(parse(encoded(report(results=results))).results) == 64
+    assert parse(encoded(report(chip="x" * 256))).chip == "x" * 256
+    assert _refused(encoded(report(chip="x" * 257))).detail == "chip: want a printable string of 1-256 characters"
+
+
+def test_a_bit_exact_result_and_a_zero_scale_are_numbers_like_any_other() -> None:
+    exact = [{**report()["results"][0], "max_abs_error": 0}]
+    assert parse(encoded(report(results=exact, scale=0))).results[0]["max_abs_error"] == 0.0
+
+
+def test_a_nan_result_keeps_an_error_figure_it_was_given() -> None:
+    results = [{"device": "0", "finite": False, "max_abs_error": 0.5, "fingerprint": FP}]
+    assert parse(encoded(report(results=results))).results[0]["max_abs_error"] == 0.5
+
+
+def test_the_parsed_report_keeps_its_scale_and_the_reference_dtype() -> None:
+    parsed = parse(encoded(report()))
+    assert (parsed.scale, parsed.dtype) == (3.25, "float32")
+
+
+EXACT: list[tuple[str, bytes, str]] = [
+    ("no scale", encoded({k: v for k, v in report().items() if k != "scale"}), "scale: want a finite number >= 0"),
+    ("a number as text", encoded(report(chip=5)), "chip: want a printable string of 1-256 characters"),
+    ("a list", b"[1, 2]", "want a JSON object"),
+    ("no naming", encoded(report(named_by="guess")), "named_by: want env or ordinal"),
+    ("a chip twice", encoded(report(results=[report()["results"][0]] * 2)), "results: a chip named twice"),
+    ("an unknown drill", encoded(report(drill={"kind": "meltdown", "device": "0"})),
+     "drill: want null or {kind, device} naming a reported chip"),
+    ("a result not an object", encoded(report(results=[report()["results"][0], 7])), "results[1]: want an object"),
+    ("a second result's chip", encoded(report(results=[report()["results"][0],
+                                                        {**report()["results"][0], "device": "x"}])),
+     "results[1].device: want a chip number"),
+    ("a finite result without error", encoded(report(results=[{**report()["results"][0], "max_abs_error": None}])),
+     "results[0].max_abs_error: want a finite number >= 0"),
+]
+
+
+@pytest.mark.parametrize(("data", "detail"), [(d, w) for _, d, w in EXACT], ids=[n for n, _, _ in EXACT])
+def test_a_refusal_says_exactly_which_field_and_what_it_wants(data: bytes, detail: str) -> None:
+    refused = _refused(data)
+    assert (refused.reason, refused.detail, str(refused)) == ("malformed", detail, f"malformed: {detail}")
+
+
+def test_a_json_error_is_quoted_in_at_most_80_characters() -> None:
+    deep = _refused(b"[" * 30_000 + b"]" * 30_000)  # the decoder's own message is longer than that
+    assert deep.detail.startswith("not JSON: maximum recursion depth") and len(deep.detail) == len("not JSON: ") + 80
+    assert _refused(b"hello").detail == "not JSON: Expecting value: line 1 column 1 (char 0)"
