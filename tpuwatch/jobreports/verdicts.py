@@ -40,8 +40,8 @@ class Judge:
         with self._lock:
             self._recent = {c: v for c, v in self._recent.items() if c in known and now - v[2] <= self.peer_window}
             peers = tuple(fp for chip, (k, fp, _) in self._recent.items() if k == key and chip not in ours)
-        start = {"event": "start", "platform": report.platform, "chip": report.chip, "devices": sorted(ours, key=int),
-                 "stack": report.stack, "dtype": report.dtype, "scale": report.scale}
+        start = {"event": "start", "platform": report.platform, "chip": report.chip, "stack": report.stack,
+                 "dtype": report.dtype, "scale": report.scale}  # no device list: read only of a run cut short
         drill = Drill(report.drill[0], chips[report.drill[1]]) if report.drill else None
         result = self.history.update(lambda history: judge([start, *results], None, history, drill, peers))
         if drill is None:
