@@ -3,6 +3,7 @@ MI210, MI250X (two dies, two PCI functions), MI300X (a processing accelerator); 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -10,20 +11,25 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tpuwatch.alerting.tracker import Track, Tracker
-from tpuwatch.config import Config, DevicesConfig, Paths
+from tpuwatch.config import Config, DevicesConfig, HostConfig, KernelLogConfig, MaintenanceConfig, Paths
 from tpuwatch.devices import select_backend
 from tpuwatch.devices.amd import AmdBackend, parse_hwmon, parse_ras
 from tpuwatch.devices.base import reading_samples
 from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.devices.expected import expect, missing_problem
 from tpuwatch.health import device_problems
+from tpuwatch.hw import procfs
 from tpuwatch.hw.units import GIB
 from tpuwatch.kernel_log.attribution import Attribution, device_lookup
 from tpuwatch.kernel_log.records import Record
+from tpuwatch.registry import build_sources
+from tpuwatch.sampler import Sampler
+from tpuwatch.store import SeriesStore
 
 from conftest import wait_until, waited_seconds
 
@@ -326,6 +332,40 @@ def test_holders_of_a_render_node_are_its_gpus_and_kfd_alone_is_nobodys(tmp_path
     assert first.processes == () and first.owners == ()
     assert [p.pid for p in second.processes or ()] == [compute.pid]
     assert second.owners == (f"{compute.pid} ({command})",)
+
+
+def test_one_holder_scan_a_cycle_names_a_render_node_s_holder_by_chip_in_the_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The backend, the devices stage and the host collector share the cycle's one scan: the host names the
+    # holder of a GPU's render node from the inventory the devices stage published, in the very first cycle.
+    paths = host(tmp_path, "mi250x")
+    scans: list[tuple[Any, ...]] = []
+    scan = procfs.scan_holders
+
+    def counted(*args: Any, **kwargs: Any) -> dict[int, procfs.Holder]:
+        scans.append(args)
+        return scan(*args, **kwargs)
+
+    monkeypatch.setattr(procfs, "scan_holders", counted)
+    script = "import sys; f = open(sys.argv[1]); sys.stdin.read()"
+    compute = subprocess.Popen([sys.executable, "-c", script, f"{paths.dev}/dri/renderD129"], stdin=subprocess.PIPE)
+    sources = build_sources(dataclasses.replace(
+        config(paths), state_dir=str(tmp_path / "state"), kernel_log=KernelLogConfig(source="none"),
+        host=HostConfig(pod_resources_socket=None), maintenance=MaintenanceConfig(cloud="off")), persist=False)
+    try:
+        wait_until(lambda: _holds(compute.pid, f"{paths.dev}/dri/renderD129"), what="the holder to open its file")
+        sampler = Sampler(sources.stages(), SeriesStore(10, 10_000), 1.0, sources.inventory)
+        sampler.run_once()
+        held = {dict(s.labels)["device"] for s in sampler.store.current()
+                if s.name == "tpuwatch_device_holder_info" and dict(s.labels)["pid"] == str(compute.pid)}
+        sampler.run_once()
+    finally:
+        sources.close()
+        compute.kill()
+        compute.wait()
+    assert held == {"1"}
+    assert len(scans) == 1, "one scan of /proc for the backend, the devices stage and the host, within the interval"
+    assert [r.owners != () for r in sources.device_readings()] == [False, True]
 
 
 def _holds(pid: int, path: str) -> bool:
