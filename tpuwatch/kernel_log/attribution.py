@@ -215,7 +215,7 @@ def as_attribution(lookup: Attribution | Callable[[str], str | int | None]) -> A
 def device_lookup(readings: Callable[[], Iterable[DeviceReading]]) -> Callable[[str], str | None]:
     """A PCI-address -> chip-index lookup over the device backend's latest readings.
 
-    ``readings`` is called on every lookup, e.g. ``lambda: device_collector.last_readings``.
+    ``readings`` is called on every lookup, e.g. ``lambda: board.current.readings`` (the cycle's inventory).
     """
     def lookup(pci: str) -> str | None:
         for reading in readings():
