@@ -32,6 +32,7 @@ from tpuwatch.hw.procfs import Holder, HolderScan
 
 log = logging.getLogger(__name__)
 
+
 def holder_scan(config: Config, clock: Callable[[], float] = time.monotonic) -> HolderScan:
     """The cycle's one scan of device-file holders: ``host.device_files`` and the chips' own device files, every
     ``host.holder_scan_interval`` (a backend that reads holders reads this one; the devices stage publishes it)."""
