@@ -191,10 +191,27 @@ def test_a_run_without_a_stack_is_neither_compared_with_nor_written_to_the_histo
     assert (verdict.status, after) == ("pass", history)
 
 
+def timed(slow: dict[str, float | None], again: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Four chips' gemm check, each taking 2 ms but those of ``slow``, and the speed rounds of ``again`` (the
+    confirm line's fields, for every slow chip), if the worker timed them again."""
+    lines = ran(*(result(d, B, slow.get(d, 0.002), check="gemm") for d in "0123"))
+    for device in slow if again is not None else ():
+        lines.insert(-1, {"event": "confirm", "device": device, "check": "speed", "entry": 0, **(again or {})})
+    return lines
+
+
+def test_a_chip_much_slower_than_its_peers_is_slow_even_from_a_worker_that_did_not_time_it_again() -> None:
+    verdict, _ = judge(timed({"1": 0.006}), None, {})
+    assert (verdict.status, verdict.reason) == ("slow", "device 1: 6 ms of device time, 3.0x its peers' median")
+
+
+def test_a_chip_whose_time_was_not_measured_is_never_slow() -> None:
+    verdict, _ = judge(timed({"3": None}), None, {})
+    assert (verdict.status, verdict.reason, outcome(verdict, "3").duration_seconds) == ("pass", None, None)
+
+
 def test_a_slow_chip_computed_right_and_its_fingerprint_is_kept() -> None:
-    lines = ran(*(result(d, B, 0.006 if d == "1" else 0.002, check="gemm") for d in "0123"))
-    lines.insert(-1, {"event": "confirm", "device": "1", "check": "speed", "entry": 0, "deviations": [True] * 3})
-    verdict, history = judge(lines, None, {})
+    verdict, history = judge(timed({"1": 0.006}, {"deviations": [True] * 3}), None, {})
     assert outcome(verdict, "1") == DeviceOutcome("1", "slow", ERROR, B, 0.006,
                                                   "6 ms of device time, 3.0x its peers' median", "speed")
     assert history[history_key(STACK, "cpu", "float32", "gemm", 5)] == {d: B for d in "0123"}
@@ -202,14 +219,19 @@ def test_a_slow_chip_computed_right_and_its_fingerprint_is_kept() -> None:
 
 def test_a_speed_inconclusive_says_how_many_timings_were_slow_beyond_the_host() -> None:
     calm = MIN_CONCLUSIVE - 1
-    lines = ran(*(result(d, B, 0.006 if d == "1" else 0.002, check="gemm") for d in "0123"))
-    lines.insert(-1, {"event": "confirm", "device": "1", "check": "speed", "entry": 0, "deviations": [True] * 5,
-                      "conclusive": [True] * calm + [False] * (5 - calm)})
-    verdict, _ = judge(lines, None, {})
-    assert outcome(verdict, "1").reason == (
+    verdict, _ = judge(timed({"1": 0.006}, {"deviations": [True] * 5,
+                                            "conclusive": [True] * calm + [False] * (5 - calm)}), None, {})
+    assert outcome(verdict, "1") == DeviceOutcome("1", "pass", ERROR, B, 0.006, (
         f"speed inconclusive: 6 ms of device time, 3.0x its peers' median, slow in all 5 timings, but the host's own "
         f"reference ran slow enough beside {5 - calm} of them to explain it; {calm} slow beyond the host's pace, "
-        f"{MIN_CONCLUSIVE} needed to call it slow")
+        f"{MIN_CONCLUSIVE} needed to call it slow"), "speed")
+
+
+def test_a_pass_gives_every_chip_whose_speed_was_inconclusive() -> None:
+    verdict, _ = judge(timed({"1": 0.006, "2": 0.008}, {"deviations": [True] * 5, "conclusive": [False] * 5}),
+                       None, {})
+    assert verdict.status == "pass"
+    assert verdict.reason == f"device 1: {outcome(verdict, '1').reason}; device 2: {outcome(verdict, '2').reason}"
 
 
 # --- the re-runs that confirm a deviation -----------------------------------------------------------------------
@@ -287,11 +309,23 @@ def test_a_drill_on_a_suspect_chip_is_caught_but_says_it_was_not_confirmed() -> 
 
 
 def test_a_slow_drill_is_caught_by_the_speed_check() -> None:
-    lines = ran(*(result(d, B, 0.006 if d == "1" else 0.002, check="gemm") for d in "0123"))
-    lines.insert(-1, {"event": "confirm", "device": "1", "check": "speed", "entry": 0, "deviations": [True] * 3})
-    verdict, _ = judge(lines, None, {}, Drill("slow", "1"))
+    verdict, _ = judge(timed({"1": 0.006}, {"deviations": [True] * 3}), None, {}, Drill("slow", "1"))
     assert verdict.status == "slow"
     assert verdict.drill == DrillVerdict("slow", "1", True, ("speed",), "caught by speed (slow)")
+
+
+def test_a_slow_drill_whose_speed_was_inconclusive_was_not_judged() -> None:
+    verdict, _ = judge(timed({"1": 0.006}, {"deviations": [True] * 5, "conclusive": [False] * 5}), None, {},
+                       Drill("slow", "1"))
+    reason = f"not judged: device 1: {outcome(verdict, '1').reason}"
+    assert (verdict.status, verdict.reason) == ("undetected", reason)
+    assert verdict.drill == DrillVerdict("slow", "1", False, (), reason)
+
+
+def test_a_drill_caught_by_several_checks_names_each() -> None:
+    verdict, _ = judge(captured("bitflip-2"), None, {KEY: {d: "0a98d6364a9cd7c3" for d in "0123"}},
+                       Drill("bitflip", "2"))
+    assert verdict.drill == DrillVerdict("bitflip", "2", True, ("peers", "history"), "caught by peers, history")
 
 
 @pytest.mark.parametrize(("kind", "lines", "history", "peers", "seen_by"), [
@@ -309,6 +343,7 @@ def test_a_drill_whose_chip_passed_says_which_checks_saw_no_difference(
     verdict, after = judge(lines, None, history, Drill(kind, device), peers)
     reason = f"missed: device {device} passed although {kind} was injected: {seen_by} saw no difference"
     assert (verdict.status, verdict.reason, after) == ("undetected", reason, history)
+    assert verdict.drill == DrillVerdict(kind, device, False, (), reason)
 
 
 def test_a_one_chip_drill_with_nothing_to_compare_says_why_it_cannot_be_detected() -> None:
