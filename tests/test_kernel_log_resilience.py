@@ -406,24 +406,23 @@ def test_daemon_on_a_full_disk_counts_the_next_event(start_daemon: Callable[...,
     assert "Traceback" not in daemon.log()
 
 
-def test_a_kernel_event_is_on_metrics_before_the_next_cycle(start_daemon: Callable[..., DaemonProcess],
-                                                            tmp_path: Path) -> None:
-    """The follower reads as lines come and publishes what it counted: at the default 10 s interval, an event is on
-    /metrics within a few seconds, not at the next cycle."""
+def test_a_kernel_event_is_on_metrics_from_the_cycle_after_it_is_written(
+        start_daemon: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    """The follower reads as lines come and hands what it read to the cycle: an event is on /metrics once the next
+    cycle ran, within an interval and a follow period or two of being written (tests/test_kernel_log_handoff.py
+    shows that nothing reaches the store before)."""
     tag = f"tpuwatch-test-{uuid.uuid4().hex[:12]}"
     log = tmp_path / "kern.log"
     log.write_text("")
-    daemon = start_daemon({**SIM_FAST, "interval": "10s", "collector_timeout": "5s",
+    daemon = start_daemon({**SIM_FAST, "interval": "2s", "collector_timeout": "1s",
                            "kernel_log": {"source": "file", "path": str(log),
                                           "rules_dirs": [write_selftest_rule(tmp_path / "rules", tag)]}})
     daemon.wait_ready()
     zero = ("tpuwatch_kernel_events_total", (("device", ""), ("rule", "selftest"), ("severity", "critical")))
     wait_until(lambda: zero in _scrape(daemon), timeout=20, what="the first cycle's counters")
     _append(log, f"{tag}: device 0000:10:00.0 failed\n")
-    written = time.monotonic()
     counter = ("tpuwatch_kernel_events_total", (("device", "0"), ("rule", "selftest"), ("severity", "critical")))
-    wait_until(lambda: _scrape(daemon).get(counter) == 1.0, timeout=5, what="the event on /metrics")
-    assert time.monotonic() - written < 5.0  # well before the next cycle, 10 s away
+    wait_until(lambda: _scrape(daemon).get(counter) == 1.0, timeout=10, what="the event on /metrics")
 
 
 # --- nothing silently unmonitored ----------------------------------------------------------------------------

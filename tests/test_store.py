@@ -102,14 +102,6 @@ def test_memory_is_fixed_by_config_not_by_uptime() -> None:
     assert grown < 16_384, f"store grew by {grown} bytes after its rings were full"
 
 
-def test_refresh_replaces_the_current_readings_without_a_point_of_history() -> None:
-    store = SeriesStore(points_per_series=10, max_series=100)
-    store.replace("kernel_log", [sample("tpuwatch_kernel_events_total", 0, rule="x")], 1000.0)
-    store.refresh("kernel_log", [sample("tpuwatch_kernel_events_total", 3, rule="x")])
-    assert [s.value for s in store.current()] == [3]
-    assert store.history("tpuwatch_kernel_events_total", (("rule", "x"),)) == [(1000.0, 0.0)]  # the cycle's pace
-
-
 def test_a_store_with_kept_names_keeps_history_of_those_only_and_every_latest_sample() -> None:
     store = SeriesStore(points_per_series=4, max_series=100, kept=frozenset({"plotted"}))
     store.replace("devices", [sample("plotted", 1.0, device="0"), sample("other", 2.0, device="0")], 10.0)

@@ -167,6 +167,9 @@ _SPECS = [
     MetricSpec("tpuwatch_kernel_log_skipped_total", "counter",
                "Kernel log records passed over unmatched, by source and reason (not_text, too_long, malformed, "
                "error, backlog: skipped to catch up with a storm).", ("source", "reason")),
+    MetricSpec("tpuwatch_kernel_log_events_dropped_total", "counter",
+               "Kernel events counted but neither logged nor listed among the recent events: more came between two "
+               "sampling cycles than the follower's handoff holds (the oldest went), by source.", ("source",)),
     MetricSpec("tpuwatch_kernel_log_position_save_failures_total", "counter",
                "Failed saves of the kernel log read position (full or read-only disk); retried every cycle.",
                ("source",)),

@@ -30,7 +30,6 @@ from tpuwatch.canary.needs import blocked_drills
 from tpuwatch.canary.runner import kill_running_workers
 from tpuwatch.config import Config
 from tpuwatch.exporter import build_registry
-from tpuwatch.kernel_log.collector import KernelLogCollector
 from tpuwatch.malloc import Trimmer
 from tpuwatch.registry import ACTIONS
 from tpuwatch.samples import Sample, sample
@@ -238,17 +237,10 @@ class Daemon:
         self._trim()
 
     def _wire_kernel_log(self) -> None:
-        """The kernel log's follower (from the first cycle on) publishes what it counts as it counts: its samples,
-        and /metrics."""
+        """Start the kernel log's follower (from the first cycle on); each cycle's collection takes what it read."""
         kernel_log = self.parts.sources.kernel_log
         if kernel_log is not None:
-            kernel_log.on_update = functools.partial(self._publish_kernel_log, kernel_log)
             kernel_log.start(after=self._first_cycle)
-
-    def _publish_kernel_log(self, kernel_log: KernelLogCollector) -> None:
-        if self.parts.sources.kernel_log is kernel_log:
-            self.parts.store.refresh(kernel_log.name, kernel_log.collect())
-            self.registry.render()
 
     def _save_trend(self) -> None:
         parts = self.parts

@@ -146,13 +146,6 @@ class SeriesStore:
                     self._history.move_to_end(key)
                 ring.append(timestamp, value)
 
-    def refresh(self, owner: str, samples: Iterable[Sample]) -> None:
-        """Make ``samples`` the owner's current readings between two cycles, without a point of history: a source
-        that counts as records come (the kernel log) publishes at once, while history keeps the cycle's pace."""
-        batch = tuple(samples)
-        with self._lock:
-            self._current[owner] = batch
-
     def forget(self, owner: str) -> None:
         """Drop an owner's current readings (its collector was removed)."""
         with self._lock:

@@ -3,8 +3,10 @@
 In the daemon a thread of its own (``start()``) follows the log: every
 ``FOLLOW_S`` it reads what is new through the one path (``LogReader``),
 spending at most ``WORK_SHARE`` of a core on average (thread CPU time, a
-bucket of at most ``MAX_SPEND_S``), and publishes what it counted
-(``on_update``).  When the log comes faster than that (a storm), the lines of
+bucket of at most ``MAX_SPEND_S``), and hands what it read to the next
+sampling cycle (``handoff.Handoff``): the follower never writes into the store,
+``collect()`` takes what waits and returns it as samples, and logs and lists
+the events.  When the log comes faster than that (a storm), the lines of
 the storms it has learned are passed over unread and counted
 (``reason="backlog"``), while every other line is still read and matched
 (``sieve``): a storm costs one keyword pass over its bytes, and the first
@@ -29,6 +31,7 @@ from tpuwatch.hw.procfs import read_boot_id
 from tpuwatch.kernel_log.attribution import Attribution, as_attribution
 from tpuwatch.kernel_log.events import KernelEvent, StormFilter
 from tpuwatch.kernel_log.filesource import FileSource, absent, open_regular
+from tpuwatch.kernel_log.handoff import Handoff
 from tpuwatch.kernel_log.journal import JournalSource
 from tpuwatch.kernel_log.reader import LogReader
 from tpuwatch.kernel_log.records import SKIP_REASONS
@@ -46,14 +49,13 @@ from tpuwatch.schema import ConfigError
 log = logging.getLogger(__name__)
 
 MAX_RECENT_EVENTS = 50
-MAX_LOGGED_EVENTS = 20  # per cycle; the rest are counted in one line
+MAX_LOGGED_EVENTS = 20  # per collection; the rest are counted in one line
 BUDGET_SHARE = 0.4  # of the collector deadline, for reading and matching in collect() (no thread)
 DEFAULT_DEADLINE = 5.0
 FOLLOW_S = 0.25  # the follower looks for new records this often
 WORK_SHARE = 0.25  # of a core, on average, for the follower
 MAX_SPEND_S = 0.5  # what the follower may spend at once after a quiet time (a burst, the first read)
 COMMIT_S = 1.0  # the follower saves its position at most this often
-PUBLISH_S = 1.0  # the follower publishes what it counted at most this often
 PASS_AFTER_S = 0.05  # reading for this long in one go with a storm known: pass its lines over
 PASS_HOLD_S = 2.0  # and go on passing them over at once for this long after the last one
 SETTLE_S = 1.0  # the follower lets waiting events out once nothing new was written for this long
@@ -69,9 +71,12 @@ class KernelLogCollector:
     Xid naming a MIG instance adds ``gpu_instance``),
     ``tpuwatch_kernel_recovery_actions_total{device,action}`` (Xid 154 lines),
     ``tpuwatch_kernel_log_records_total``, ``tpuwatch_kernel_log_lost_total``,
-    ``tpuwatch_kernel_log_skipped_total{reason}`` and
+    ``tpuwatch_kernel_log_skipped_total{reason}``,
+    ``tpuwatch_kernel_log_events_dropped_total`` (events counted but pushed out
+    of the handoff before a cycle took them) and
     ``tpuwatch_kernel_log_position_save_failures_total``.  Events pass through
-    storm aggregation into a bounded list of recent events (``recent_events()``).
+    storm aggregation and the handoff into a bounded list of recent events
+    (``recent_events()``).
     ``deadline`` is the time one ``collect()`` may take; without the follower it
     reads for ``BUDGET_SHARE`` of it (on ``timer``).  With a NoSource it returns
     no samples (nothing is read, so nothing is counted) and is ``degraded``.
@@ -90,19 +95,18 @@ class KernelLogCollector:
         self._counts: Counter[tuple[str, str, str, str]] = Counter(
             {(r.name, s, "", ""): 0 for r in rules.rules for s in r.severities()})
         self._actions: Counter[tuple[str, str]] = Counter()  # (device, recovery action) of Xid 154 lines
+        self._dropped = 0  # events pushed out of the handoff before a cycle took them
+        self._handoff = Handoff()  # what was read, for the next collect()
         self._logged_error = False
         self._read_problem: str | None = None
         self._passing = 0  # lines passed over in the current storms, for the log
         self._pass_until = 0.0  # when to stop passing storms' lines over at once (time.monotonic)
         self._settled = (0, 0.0)  # the records read, and when that count last changed
-        self._lock = threading.Lock()  # the counters and recent events, read by collect() and the endpoint
+        self._lock = threading.Lock()  # the recent events, written by collect() and read by the endpoint
         self._work = threading.Lock()  # one reader at a time
         self._recent: deque[KernelEvent] = deque(maxlen=MAX_RECENT_EVENTS)
-        self._logged_this_cycle = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.on_update: Callable[[], None] | None = None
-        """Called by the follower after it counted something new (the daemon publishes the samples)."""
 
     @property
     def degraded(self) -> str | None:
@@ -119,15 +123,34 @@ class KernelLogCollector:
         self._thread.start()
 
     def collect(self) -> list[Sample]:
-        """The counters; without the follower, process new records within the budget and save the position first."""
+        """The counters with what was read since the last call (the follower's, or, without it, what this call
+        reads within the budget, the position saved first); its events logged and added to the recent ones."""
         if isinstance(self.source, NoSource):
             return []
-        self._logged_this_cycle = 0  # events are logged up to MAX_LOGGED_EVENTS a cycle, whoever reads them
         if self._thread is None:
             with self._work:
                 self._cycle(self._budget, self._timer)
                 self.source.commit()  # never raises: a failed save is counted and retried
+        self._take()
         return self._samples()
+
+    def _take(self) -> None:
+        """Add what waits in the handoff to the counters; log its events (at most MAX_LOGGED_EVENTS) and keep them
+        as the recent ones."""
+        taken = self._handoff.take()
+        self._counts.update(taken.counts)
+        self._actions.update(taken.actions)
+        self._dropped += taken.dropped
+        for logged, event in enumerate(taken.events[:MAX_LOGGED_EVENTS + 1]):
+            if logged == MAX_LOGGED_EVENTS:
+                log.warning("kernel log: more than %d events since the last collection; the rest are counted, "
+                            "not logged", MAX_LOGGED_EVENTS)
+            else:
+                log.log(logging.INFO if event.severity == "info" else logging.WARNING,
+                        "kernel event %s (%s) on device %s, pci %s: %r", event.rule, event.severity,
+                        event.device or "-", event.pci or "-", event.message)
+        with self._lock:
+            self._recent.extend(taken.events)
 
     def _follow(self, after: threading.Event | None) -> None:
         """The follower's loop: read what is new every FOLLOW_S, spending at most WORK_SHARE of a core."""
@@ -135,7 +158,7 @@ class KernelLogCollector:
             while not after.wait(FOLLOW_S):
                 if self._stop.is_set():
                     return
-        bucket, last, committed, published = MAX_SPEND_S, time.monotonic(), 0.0, (0.0, self._counted())
+        bucket, last, committed = MAX_SPEND_S, time.monotonic(), 0.0
         while True:
             now = time.monotonic()
             bucket = min(MAX_SPEND_S, bucket + WORK_SHARE * (now - last))
@@ -148,17 +171,8 @@ class KernelLogCollector:
                         self.source.commit()
                         committed = now
                 bucket -= time.thread_time() - spent
-            if self.on_update is not None and now - published[0] >= PUBLISH_S and self._counted() != published[1]:
-                published = (now, self._counted())
-                try:
-                    self.on_update()
-                except Exception:  # noqa: BLE001 - publishing must not stop the follower
-                    log.exception("kernel log: publishing the counters failed")
             if self._stop.wait(FOLLOW_S):
                 return
-
-    def _counted(self) -> tuple[int, int]:
-        return self.reader.records, self.source.skipped["backlog"]
 
     def _cycle(self, budget: float, timer: Callable[[], float]) -> None:
         """Read for at most ``budget`` seconds of ``timer`` (``_read``); a failing read is said once, and retried."""
@@ -174,7 +188,7 @@ class KernelLogCollector:
                 log.info("kernel log (%s): reading again", self.source.name)
             self._read_problem = None
         self._note_error()
-        self._publish(self._storms.flush())
+        self._handoff.put((), self._storms.flush())
 
     def _read(self, budget: float, timer: Callable[[], float]) -> None:
         """Read until the log's end or ``budget`` seconds of ``timer``.  The storms' lines are passed over once
@@ -226,51 +240,24 @@ class KernelLogCollector:
 
     def _samples(self) -> list[Sample]:
         source = self.source
-        with self._lock:
-            out = [sample("tpuwatch_kernel_events_total", n, rule=rule, severity=severity, device=device,
-                          **({"gpu_instance": instance} if instance else {}))
-                   for (rule, severity, device, instance), n in sorted(self._counts.items())]
-            out += [sample("tpuwatch_kernel_recovery_actions_total", n, device=device, action=action)
-                    for (device, action), n in sorted(self._actions.items())]
+        out = [sample("tpuwatch_kernel_events_total", n, rule=rule, severity=severity, device=device,
+                      **({"gpu_instance": instance} if instance else {}))
+               for (rule, severity, device, instance), n in sorted(self._counts.items())]
+        out += [sample("tpuwatch_kernel_recovery_actions_total", n, device=device, action=action)
+                for (device, action), n in sorted(self._actions.items())]
         out.append(sample("tpuwatch_kernel_log_records_total", self.reader.records, source=source.name))
         out.append(sample("tpuwatch_kernel_log_lost_total", source.lost, source=source.name))
         skipped = source.skipped + Counter(error=self.reader.errors)
         out.extend(sample("tpuwatch_kernel_log_skipped_total", skipped[reason], source=source.name, reason=reason)
                    for reason in SKIP_REASONS)
+        out.append(sample("tpuwatch_kernel_log_events_dropped_total", self._dropped, source=source.name))
         out.append(sample("tpuwatch_kernel_log_position_save_failures_total", source.position.failures,
                           source=source.name))
         return out
 
     def _count(self, events: list[KernelEvent]) -> None:
-        passed: list[KernelEvent] = []
-        with self._lock:
-            for event in events:
-                instance = event.fields.get("gpu_instance", "")
-                self._counts[(event.rule, event.severity, event.device or "", instance)] += 1
-                if "recovery_action" in event.fields:
-                    self._actions[(event.device or "", event.fields["recovery_action"])] += 1
-        for event in events:
-            passed.extend(self._storms.offer(event))
-        self._publish(passed)
-
-    def _publish(self, events: list[KernelEvent]) -> None:
-        with self._lock:
-            for event in events:
-                self._log_event(event)
-                self._recent.append(event)
-
-    def _log_event(self, event: KernelEvent) -> None:
-        """Log the event; past MAX_LOGGED_EVENTS in one cycle (many devices in a storm), only one line more."""
-        self._logged_this_cycle += 1
-        if self._logged_this_cycle > MAX_LOGGED_EVENTS + 1:
-            return
-        if self._logged_this_cycle == MAX_LOGGED_EVENTS + 1:
-            log.warning("kernel log: more than %d events this cycle; the rest are counted, not logged",
-                        MAX_LOGGED_EVENTS)
-            return
-        log.log(logging.INFO if event.severity == "info" else logging.WARNING,
-                "kernel event %s (%s) on device %s, pci %s: %r", event.rule, event.severity,
-                event.device or "-", event.pci or "-", event.message)
+        """Hand every event read to the cycle: each one counted, what storm aggregation passes queued."""
+        self._handoff.put(events, [passed for event in events for passed in self._storms.offer(event)])
 
     def close(self) -> None:
         """Stop the follower, save the position and close the source (/dev/kmsg, the journal, the followed file)."""
