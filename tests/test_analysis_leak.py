@@ -1,0 +1,200 @@
+"""The leak detector's answers that test_trend_leak.py's 12 h series do not pin down: a restart carries it on
+exactly, a damaged snapshot is refused saying why, what the status page and the slope read, and a fast page's
+severity, start and clearing.
+
+Most tests run the detector on a small scale (2 s buckets, a 90 s scale: ``SMALL``), where a clean climb is
+found within a minute of series and every step of the verdict can be watched; the fast check's tests run at the
+daemon's own scale, as test_trend_fast.py does.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import math
+from typing import Any
+
+import pytest
+
+from tpuwatch.analysis.leak import LeakDetector, LeakParams, LeakState
+
+SMALL = LeakParams(bucket=2.0, floor_windows=(6.0, 16.0, 30.0), high_window=30.0, analyze_every=4.0,
+                   scales=(90.0,), lookback=480.0, min_history=240.0, min_prior=120.0, fast=None)
+CAPACITY = 10_000.0
+START = 400.0  # the small-scale leak starts here, after 400 s at 100
+RATE = 2.5  # per second: 150 s of it, then flat again
+
+
+def level(t: float) -> float:
+    """The small-scale series: flat at 100, a climb of RATE from START for 150 s, flat again; every fifth
+    reading 7 higher, so that the lows and highs of a bucket differ."""
+    return 100.0 + RATE * min(max(0.0, t - START), 150.0) + (7.0 if round(t * 2) % 5 == 0 else 0.0)
+
+
+def times(until: float, since: float = 0.0) -> list[float]:
+    """The reading times of the small-scale series: every 0.5 s."""
+    return [i / 2 for i in range(round(since * 2), round(until * 2))]
+
+
+def fed(until: float, detector: LeakDetector | None = None, since: float = 0.0,
+        capacity: float | None = CAPACITY) -> LeakDetector:
+    """``detector`` (a new one with SMALL) fed the small-scale series from ``since`` to ``until``."""
+    detector = detector or LeakDetector(SMALL)
+    for t in times(until, since):
+        detector.update(t, level(t), capacity)
+    return detector
+
+
+def restarted(detector: LeakDetector, params: LeakParams = SMALL) -> LeakDetector:
+    """``detector`` as a restarted daemon has it: its snapshot through JSON, restored."""
+    return LeakDetector.restore(json.loads(json.dumps(detector.snapshot())), params)
+
+
+def answers(detector: LeakDetector, now: float) -> tuple[Any, ...]:
+    """All a detector says at ``now``: its view reaching back 500 s, within the history it keeps."""
+    return detector.state, detector.first_alert_at, detector.view(now - 500.0), detector.slope()
+
+
+# --- the small-scale series, as a reference ---------------------------------------------------------------------
+
+
+def test_the_small_scale_climb_is_found_held_and_cleared() -> None:
+    detector = LeakDetector(SMALL)
+    changes = []
+    for t in times(700.0):
+        before = detector.state
+        detector.update(t, level(t), CAPACITY)
+        if detector.state is not before:
+            changes.append((t, detector.state))
+    first, last = changes[0], changes[-1]
+    assert first[0] == detector.first_alert_at and START < first[0] < START + 90
+    assert first[1].firing and first[1].since == first[0] and first[1].severity == "critical"
+    assert all(state.since == first[0] for _, state in changes[:-1])
+    assert last[1] == LeakState()  # cleared after clear_after analyses without growth, not before
+    assert last[0] - changes[-2][0] > SMALL.clear_after * SMALL.analyze_every - SMALL.bucket
+
+
+# --- a restart ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cut", [0.0, 1.5, 300.0, START + 60.0, START + 72.0, START + 100.0, 560.0, 640.0],
+                         ids=["empty", "no-bucket", "learning", "growth-once", "firing-soon", "firing", "holding",
+                              "cleared"])
+def test_a_restored_detector_answers_as_the_one_it_was_saved_from(cut: float) -> None:
+    reference = fed(700.0)
+    before = fed(cut)
+    after = restarted(before)
+    assert answers(after, cut) == answers(before, cut)
+    fed(700.0, after, since=cut)
+    assert answers(after, 700.0) == answers(reference, 700.0)
+
+
+def test_a_restored_detector_without_a_capacity_has_none_and_no_time_to_exhaustion() -> None:
+    detector = restarted(fed(START + 100.0, capacity=None))
+    assert detector.view(0.0).capacity is None
+    fed(START + 120.0, detector, since=START + 100.0, capacity=None)
+    assert detector.state.firing and detector.state.eta is None
+
+
+def _shorter(packed: str) -> str:
+    """A packed history without its newest value."""
+    return base64.b64encode(base64.b64decode(packed)[:-8]).decode("ascii")
+
+
+def _damaged(change: Any) -> dict[str, Any]:
+    snapshot = json.loads(json.dumps(fed(START + 100.0).snapshot()))
+    change(snapshot)
+    return snapshot
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda s: s.update(layout=[60.0, [180.0], 0.05, 900.0]), "saved with other floor settings"),
+    (lambda s: s["bucket"].__setitem__(1, math.nan), "the open bucket holds NaN"),
+    (lambda s: s.update(floor_times=_shorter(s["floor_times"])), "floor histories of different lengths"),
+    (lambda s: s["state"].update(slope=None), "a firing state without a slope"),
+])
+def test_a_snapshot_that_does_not_fit_is_refused_saying_why(change: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        LeakDetector.restore(_damaged(change), SMALL)
+
+
+@pytest.mark.parametrize("field", ["lows", "floors"])
+def test_a_snapshot_with_a_window_missing_is_refused(field: str) -> None:
+    with pytest.raises(ValueError):
+        LeakDetector.restore(_damaged(lambda s: s[field].pop()), SMALL)
+
+
+# --- what the status page and the slope read --------------------------------------------------------------------
+
+
+def alone(window: float, until: float) -> LeakDetector:
+    """A detector with only the floor window ``window``, fed the small-scale series until ``until``."""
+    return fed(until, LeakDetector(dataclasses.replace(SMALL, floor_windows=(window,))))
+
+
+def test_the_view_holds_the_shortest_windows_floor_since_a_time_the_high_and_the_capacity() -> None:
+    empty = LeakDetector(SMALL).view(0.0)
+    assert (empty.floor, empty.floor_window, empty.high, empty.capacity) == ((), 6.0, None, None)
+    detector = fed(START + 40.0)
+    view = detector.view(START)
+    assert view.floor[0][0] == START and view.floor[-1][0] == START + 38.0
+    assert view.floor == alone(6.0, START + 40.0).view(START).floor != alone(16.0, START + 40.0).view(START).floor
+    assert (view.floor_window, view.capacity, view.state) == (6.0, CAPACITY, detector.state)
+    # The high: the second-highest reading of the buckets that ended within the last high_window.
+    assert view.high == sorted(level(x) for x in times(START + 38.0, START + 38.0 - SMALL.high_window))[-2]
+
+
+def test_the_slope_is_the_longest_windows_floor_over_the_longest_scale() -> None:
+    assert LeakDetector(SMALL).slope() == 0.0
+    assert fed(2.5).slope() == 0.0  # one floor
+    # 60 s into the climb the 30 s floor has risen for 30 s of the 90 s scale, the shorter ones for longer.
+    assert fed(START + 60.0).slope() == alone(30.0, START + 60.0).slope() < alone(6.0, START + 60.0).slope()
+    assert fed(START + 150.0).slope() == pytest.approx(RATE)  # the last 90 s: all climb
+
+
+def test_two_floors_of_a_climb_have_its_slope() -> None:
+    detector = LeakDetector(dataclasses.replace(SMALL, floor_windows=(2.0,)))
+    for t in (START + 0.5, START + 1.5, START + 2.5, START + 3.5, START + 4.5):
+        detector.update(t, 100.0 + RATE * (t - START), CAPACITY)
+    assert detector.slope() == RATE
+
+
+# --- a fast page (the daemon's own scale) --------------------------------------------------------------------------
+
+GIB = 1024.0**3
+CHIP = 16 * GIB
+EPOCH = 1_700_000_000.0
+CALM = 3 * 3600.0  # at 30 % of the chip, then a climb that fills it in 20 min, then full
+
+
+def _fast_changes(params: LeakParams | None = None) -> list[tuple[float, LeakState]]:
+    """(seconds since the climb began, the new state) at each change of the detector's state, every 10 s for 3 h of
+    calm and an hour from the climb's start."""
+    detector = LeakDetector(params)
+    changes = []
+    for i in range(int((CALM + 3600.0) / 10.0)):
+        t = i * 10.0
+        wobble = 0.001 * CHIP * math.sin(i * 1.7) * math.cos(i * 0.31)
+        before = detector.state
+        detector.update(EPOCH + t, min(CHIP, 0.3 * CHIP + 0.7 * CHIP * max(0.0, t - CALM) / 1200.0 + wobble), CHIP)
+        if detector.state is not before:
+            changes.append((t - CALM, detector.state))
+    return changes
+
+
+def test_a_fast_page_keeps_its_start_and_holds_for_clear_after_analyses_after_its_last_finding() -> None:
+    changes = _fast_changes()
+    (first, page), (last, _), (cleared, after) = changes[0], changes[-2], changes[-1]
+    assert 0 < first < 1200 and page.firing and page.confidence is None  # the fast check's: no trend test
+    assert all(state.since == EPOCH + CALM + first for _, state in changes[:-1])
+    assert len({state.eta for _, state in changes[:-1]}) == len(changes) - 1  # each finding its own time to full
+    every, analyses = LeakParams().analyze_every, LeakParams().clear_after
+    assert after == LeakState() and (analyses - 1) * every <= cleared - last < analyses * every
+
+
+def test_a_fast_page_is_critical_only_when_the_chip_fills_sooner_than_critical_eta() -> None:
+    page = _fast_changes()[0][1]
+    assert page.severity == "critical" and page.eta is not None
+    assert _fast_changes(LeakParams(critical_eta=page.eta))[0][1].severity == "warning"
+    assert _fast_changes(LeakParams(critical_eta=math.nextafter(page.eta, math.inf)))[0][1].severity == "critical"
