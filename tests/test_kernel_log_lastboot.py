@@ -3,6 +3,7 @@ journal file made by systemd-journal-remote, once per boot, within a bounded tim
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -19,6 +20,8 @@ from tpuwatch.alerting.rules import CompiledRule, default_rules_text, parse_rule
 from tpuwatch.alerting.tracker import Tracker
 from tpuwatch.kernel_log import lastboot
 from tpuwatch.kernel_log.lastboot import PreviousBootCollector, parse_record, pstore_crashes, record_crash
+from tpuwatch.kernel_log.rulefile import load_rules
+from tpuwatch.kernel_log.rules import RuleSet
 from tpuwatch.samples import Sample
 
 from conftest import require_tool, run_cli, saved_state, wait_until
@@ -41,6 +44,45 @@ def test_the_dump_header_and_the_crash_lines_are_read_from_literal_records() -> 
     crash = record_crash("Emergency#1 Part1\n<0>[ 1.0] Kernel panic - not syncing: hung_task: blocked tasks\n", "x",
                          None)
     assert crash is not None and crash.kind == "panic"
+
+
+@pytest.mark.parametrize("line,kind", [
+    ("Kernel panic - not syncing: Attempted to kill init! exitcode=0x00000009", "panic"),
+    ("Kernel panic - not syncing: Timeout: Not all CPUs entered broadcast exception handler", "mce"),
+    ("mce: [Hardware Error]: Machine check: Processor context corrupt", "mce"),
+    ("[Hardware Error]: System Fatal error.", "mce"),
+    ("{3}[Hardware Error]: event severity: fatal", "hardware_error"),
+    ("divide error: 0000 [#1] SMP NOPTI", "oops"),
+    ("Internal error: Oops: 0000000096000005 [#1] PREEMPT SMP", "oops"),
+    ("kernel BUG at mm/slub.c:4053!", "oops"),
+    ("BUG: unable to handle page fault for address: ffffffffffffff80", "oops"),
+    # What the kernel carries on after is no crash: a corrected or recovered machine check, a BUG report that is
+    # no oops, a process's own fault.
+    ("mce: [Hardware Error]: CPU 1: Machine Check Exception: 5 Bank 8: 8c00004000010090", None),
+    ("[Hardware Error]: Uncorrected, software restartable error.", None),
+    ("BUG: scheduling while atomic: swapper/0/0/0x00000002", None),
+    ("traps: python3[4242] general protection fault ip:7f3a2b1c sp:7ffd1e2f error:0 in libc.so.6", None),
+    ("{4}[Hardware Error]: event severity: recoverable", None),
+])
+def test_a_line_is_a_crash_line_as_the_shipped_rules_say(line: str, kind: str | None) -> None:
+    found = lastboot.crash_lines(["systemd[1]: Started Session 4.", line, "CPU: 3 PID: 1 Comm: init"])
+    if kind is None:
+        assert found is None
+    else:
+        assert found is not None and (found[0], found[1][0]) == (kind, line)
+
+
+def test_the_crash_kinds_come_from_the_rule_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """lastboot holds no patterns of its own: what a rule's ``crash`` says is what it finds."""
+    rules = load_rules([])
+    panic = next(r for r in rules.rules if r.name == "kernel_panic")
+    assert panic.crash is not None
+    changed = dataclasses.replace(panic, crash=dataclasses.replace(panic.crash, kind="oops"))
+    monkeypatch.setattr(lastboot, "shipped_rules", lambda: RuleSet([changed if r is panic else r for r in rules.rules]))
+    assert lastboot.crash_lines(["Kernel panic - not syncing: sysrq triggered crash"]) == (
+        "oops", ("Kernel panic - not syncing: sysrq triggered crash",))
+    monkeypatch.setattr(lastboot, "shipped_rules", lambda: RuleSet([r for r in rules.rules if r is not panic]))
+    assert lastboot.crash_lines(["Kernel panic - not syncing: sysrq triggered crash"]) is None
 
 
 def _pstore(tmp_path: Path, *fixtures: str) -> Path:

@@ -254,6 +254,16 @@ def _rule_file(tmp_path: Path, text: str, name: str = "local.yaml") -> Path:
     ("rules: [{name: bad, regex: '(?P<s>x)', severity_by: [{field: t, info: [x]}]}]",
      "rule 'bad': severity_by.field 't' is not a named group"),
     ("rules: [{name: bad, regex: " + "x" * 9000 + "}]", "rule 'bad': regex is longer than 8192 characters"),
+    ("rules: [{name: bad, regex: x, crash: panic}]", "rule 'bad': crash must be a mapping with kind"),
+    ("rules: [{name: bad, regex: x, crash: {kind: reboot}}]", "rule 'bad': crash must be a mapping with kind (one of "
+                                                               "mce, hardware_error, panic, oops)"),
+    ("rules: [{name: bad, regex: x, crash: {kind: oops, colour: red}}]", "rule 'bad': crash must be a mapping"),
+    ("rules: [{name: bad, regex: '(?P<k>x)', crash: {kind: oops, field: k}}]", "field with pattern together"),
+    ("rules: [{name: bad, regex: x, crash: {kind: oops, severity: urgent}}]", "rule 'bad': crash.severity must be"),
+    ("rules: [{name: bad, regex: '(?P<k>x)', crash: {kind: oops, field: t, pattern: x}}]",
+     "rule 'bad': crash.field 't' is not a named group"),
+    ("rules: [{name: bad, regex: '(?P<k>x)', crash: {kind: oops, field: k, pattern: '('}}]",
+     "rule 'bad': invalid crash.pattern: missing )"),
 ])
 def test_broken_rule_file_names_file_rule_and_reason(tmp_path: Path, text: str, reason: str) -> None:
     path = _rule_file(tmp_path, text)

@@ -12,7 +12,10 @@ At start a thread of its own (never the start-up's, never a cycle's) reads:
   kernel messages of the last ``WINDOW_S`` before its last entry.
 
 A panic, an Oops, a fatal machine check or a fatal hardware error there becomes one critical
-``previous_boot_panic`` event with its first lines, once per boot: the boot reported and the records seen
+``previous_boot_panic`` event with its first lines, once per boot.  The lines are classed by the shipped
+kernel-log rules, the same that read the live log: each rule that can tell how a boot ended says so
+(``crash`` in its rule file: ``kernel_panic``, ``kernel_oops``, ``mce`` when fatal, ``cper_fatal``).  The
+boot reported and the records seen the boot reported and the records seen
 are kept in ``state_dir``/kernel_log/previous_boot.json, so neither a restart of tpuwatch nor a pstore
 record nobody cleared reports it again.  Records older than ``MAX_RECORD_AGE_S`` before this boot began
 are an older crash's.  Everything read is bounded (files, bytes, entries) and so is the time waited.
@@ -20,6 +23,7 @@ are an older crash's.  Everything read is bounded (files, bytes, entries) and so
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -34,6 +38,9 @@ from tpuwatch.hw.deadline import Call
 from tpuwatch.kernel_log.events import KernelEvent
 from tpuwatch.kernel_log.position import Position
 from tpuwatch.kernel_log.records import MAX_MESSAGE_CHARS
+from tpuwatch.kernel_log.rule import CRASH_KINDS
+from tpuwatch.kernel_log.rulefile import load_rules
+from tpuwatch.kernel_log.rules import RuleSet
 from tpuwatch.samples import Sample, sample
 
 log = logging.getLogger(__name__)
@@ -51,15 +58,6 @@ MAX_REMEMBERED = 64
 
 _HEADER_RE = re.compile(r"(Panic|Oops|Emergency|Shutdown|Restart|Halt|Poweroff|Unknown)#(\d{1,9}) Part(\d{1,9})")
 _PREFIX_RE = re.compile(r"<\d{1,3}>(?:\[\s*\d+\.\d+\])?(?:\[\s*[CT]\d+\])?\s?")
-# The crash kinds, most telling first: a panic a machine check caused is a machine check.
-KINDS = (
-    ("mce", re.compile(r"[Ff]atal [Mm]achine [Cc]heck|Machine check: Processor context corrupt|Machine Check Exception|"
-                       r"mce: \[Hardware Error\]:.*(?:[Uu]ncorrect|[Ff]atal)")),
-    ("hardware_error", re.compile(r"\[Hardware Error\]:.*severity: fatal|[Ff]atal hardware error")),
-    ("panic", re.compile(r"Kernel panic - not syncing")),
-    ("oops", re.compile(r"\bOops: |\bOops#|BUG: unable to handle|BUG: kernel NULL pointer dereference|"
-                        r"general protection fault|Unable to handle kernel")),
-)
 CRASH_REASONS = {"Panic": "panic", "Oops": "oops"}
 
 
@@ -86,14 +84,33 @@ def strip_prefix(line: str) -> str:
     return line[match.end():] if match else line
 
 
+@functools.cache
+def shipped_rules() -> RuleSet:
+    """The shipped kernel-log rules, loaded once, when a previous boot's lines are first classed (in the reading
+    thread, never at start-up)."""
+    return load_rules([])
+
+
 def crash_lines(lines: list[str]) -> tuple[str, tuple[str, ...]] | None:
-    """(kind, the first crash line and up to FIRST_LINES - 1 after it), or None when the lines show no crash."""
-    kinds = {kind for kind, pattern in KINDS for line in lines if pattern.search(line)}
-    for kind, pattern in KINDS:
-        if kind in kinds:
-            first = next(i for i, line in enumerate(lines) if any(p.search(line) for _, p in KINDS))
-            return kind, tuple(line[:256] for line in lines[first:first + FIRST_LINES])
-    return None
+    """(kind, the first crash line and up to FIRST_LINES - 1 after it), or None when the lines show no crash.
+
+    A line is a crash line when a shipped rule's match on it names a crash kind (``Rule.crash_kind``); of the
+    kinds found, the most telling (``CRASH_KINDS``' order) is the crash's.
+    """
+    rules = shipped_rules()
+    by_name = {rule.name: rule for rule in rules.rules}
+    kinds: set[str] = set()
+    first = None
+    for index, line in enumerate(lines):
+        for match in rules.match(line):
+            kind = by_name[match.rule].crash_kind(match)
+            if kind is not None:
+                kinds.add(kind)
+                first = index if first is None else first
+    if first is None:
+        return None
+    kind = next(kind for kind in CRASH_KINDS if kind in kinds)
+    return kind, tuple(line[:256] for line in lines[first:first + FIRST_LINES])
 
 
 def parse_record(text: str) -> tuple[str, int, int, list[str]] | None:

@@ -14,6 +14,8 @@ normalise = lru_cache(maxsize=4096)(normalise_pci)
 
 SEVERITIES = ("critical", "warning", "info")
 RANK = {"critical": 2, "warning": 1, "info": 0}
+# How a boot can end in a crash, most telling first: a panic a machine check caused is a machine check.
+CRASH_KINDS = ("mce", "hardware_error", "panic", "oops")
 
 
 @dataclass(slots=True)
@@ -69,6 +71,27 @@ class Follow:
 
 
 @dataclass(frozen=True)
+class CrashSign:
+    """What a rule's match among a boot's last lines says of how the boot ended: a crash of ``kind`` (one of
+    CRASH_KINDS) when the match is at least as severe as ``severity`` and, with ``field``, that named group's
+    value starts with a match of ``pattern``."""
+
+    kind: str
+    severity: str = "info"
+    field: str | None = None
+    pattern: re.Pattern[str] | None = None
+
+    def says(self, match: Match) -> bool:
+        """True if ``match`` (of the rule this sign is of) shows the crash."""
+        if RANK[match.severity] < RANK[self.severity]:
+            return False
+        if self.field is None or self.pattern is None:
+            return True
+        value = match.fields.get(self.field)
+        return value is not None and self.pattern.match(value) is not None
+
+
+@dataclass(frozen=True)
 class Rule:
     """One compiled rule."""
 
@@ -81,6 +104,11 @@ class Rule:
     follow: Follow | None = None
     hold: int = 0
     superseded_by: tuple[str, ...] = ()
+    crash: CrashSign | None = None
+
+    def crash_kind(self, match: Match) -> str | None:
+        """The crash kind this rule's ``match`` stands for in a boot's last lines, or None (``crash``)."""
+        return self.crash.kind if self.crash is not None and self.crash.says(match) else None
 
     def severities(self) -> list[str]:
         """Every severity this rule can give, in SEVERITIES order."""

@@ -35,6 +35,12 @@ A rule file is ``rules: [...]`` where each rule has:
   ``superseded_by: [rule, ...]`` drops the waiting event when one of those rules
   matches meanwhile about the same device (or it names none), as severe (it reports the fault), and
   an event of the rule within ``hold`` records after one of theirs, likewise.
+- ``crash: {kind, severity, field, pattern}``: a match of the rule among the
+  previous boot's last lines (pstore, the journal) means that boot ended in a
+  crash of ``kind`` (``mce``, ``hardware_error``, ``panic``, ``oops``), when
+  it is at least as severe as ``severity`` (default: any) and, with
+  ``field`` (a named group), that group's value starts with a match of
+  ``pattern`` (``lastboot``, which reads the shipped rules only).
 - ``enabled`` (default true), ``description``.
 
 Named groups are the extracted fields; ``pci`` is normalised to
@@ -53,7 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuwatch import yamlfile
-from tpuwatch.kernel_log.rule import SEVERITIES, Follow, Rule, SeverityBy
+from tpuwatch.kernel_log.rule import CRASH_KINDS, SEVERITIES, CrashSign, Follow, Rule, SeverityBy
 from tpuwatch.kernel_log.rules import RuleSet
 from tpuwatch.schema import ConfigError
 
@@ -62,7 +68,7 @@ MAX_PATTERN_CHARS = 8192
 MAX_KEYWORD_CHARS = 256
 _NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 _RULE_KEYS = {"name", "regex", "keywords", "severity", "severity_by", "enabled", "description", "lines", "follow",
-              "hold", "superseded_by"}
+              "hold", "superseded_by", "crash"}
 MAX_HOLD, MAX_WITHIN = 64, 256  # records a waiting event waits at most; a follow line may come after its fault
 _FOLLOW_KEYS = {"regex", "keywords", "within", "alone", "same_device", "severity"}
 
@@ -157,7 +163,8 @@ def _parse_rule(item: Any, source: str, index: int) -> Rule | str:
         raise fail("superseded_by must be a list of rule names")
     return Rule(name, regex, severity, _keywords(item.get("keywords", []), "keywords", fail), severity_by,
                 _int(item.get("lines", 1), "lines", 1, 8, fail), follow,
-                _int(item.get("hold", 0), "hold", 0, MAX_HOLD, fail), tuple(superseded))
+                _int(item.get("hold", 0), "hold", 0, MAX_HOLD, fail), tuple(superseded),
+                _parse_crash(item.get("crash"), groups, fail))
 
 
 def _known(item: dict[str, Any], keys: set[str], prefix: str, fail: Any) -> None:
@@ -220,6 +227,20 @@ def _parse_follow(value: Any, fail: Any) -> Follow | None:
                   _bool(value.get("alone", False), "follow.alone", fail),
                   _bool(value.get("same_device", True), "follow.same_device", fail),
                   None if severity is None else _severity(severity, "follow.severity", fail))
+
+
+def _parse_crash(value: Any, groups: set[str], fail: Any) -> CrashSign | None:
+    if value is None:
+        return None
+    if (not isinstance(value, dict) or not set(value) <= {"kind", "severity", "field", "pattern"}
+            or value.get("kind") not in CRASH_KINDS or ("field" in value) != ("pattern" in value)):
+        raise fail(f"crash must be a mapping with kind (one of {', '.join(CRASH_KINDS)}), optional severity, and "
+                   "field with pattern together")
+    field = value.get("field")
+    if field is not None and field not in groups:
+        raise fail(f"crash.field {field!r} is not a named group of the regex or follow.regex")
+    return CrashSign(value["kind"], _severity(value.get("severity", "info"), "crash.severity", fail), field,
+                     None if field is None else _regex(value["pattern"], "crash.pattern", fail))
 
 
 def _parse_severity_by(value: Any, groups: set[str], fail: Any) -> tuple[SeverityBy, ...]:
