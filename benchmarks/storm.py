@@ -28,7 +28,9 @@ cores busy (a spinning process on each).  Per run it records:
 The anchor, in the same run: ``grep -E -c`` with every shipped rule's regex over
 the same storm file, pinned to the daemon's core; the daemon's CPU per storm
 line is given beside grep's.  Targets: every hidden line counted in every run,
-the line after the storm counted within 2 s, daemon CPU <= 30% of one core
+the line after the storm counted by the first cycle after it (kernel events reach
+the store, so /metrics, at the next sampling cycle: within the 10 s interval + 2 s),
+daemon CPU <= 30% of one core
 during the storm, RSS growth <= 20 MiB.  It rewrites the ``storm`` section of
 BENCHMARKS.md.
 """
@@ -67,7 +69,8 @@ from common import (  # noqa: E402
 from conftest import free_port  # noqa: E402
 
 RATES = (20_000, 100_000)
-TARGET_LATENCY_S = 2.0
+INTERVAL_S = 10.0  # the daemon's default, as run here
+TARGET_LATENCY_S = INTERVAL_S + 2.0  # the next cycle stores what the follower read (kernel_log/handoff.py)
 TARGET_CPU = 0.30
 TARGET_RSS_MIB = 20.0
 # The storm: chip 0's Xid lines in the forms the driver prints them (shapes from the NVIDIA Xid catalogue,
@@ -336,7 +339,7 @@ def report(results: Results, anchors: dict[int, tuple[float, int]], runs: int, s
         "|---|---|---|---|---|---|---|---|",
         *rows, "",
         f"Targets: every hidden line counted in every run: {'met' if every else '**not met**'}; the line after the "
-        f"storm counted within {TARGET_LATENCY_S:g} s: {'met' if latency else '**not met**'}; daemon CPU <= "
+        f"storm counted by the next cycle, within {TARGET_LATENCY_S:g} s (interval {INTERVAL_S:g} s + 2 s): {'met' if latency else '**not met**'}; daemon CPU <= "
         f"{TARGET_CPU:.0%} of one core during the storm (idle runs): {'met' if cpu else '**not met**'}; RSS growth "
         f"<= {TARGET_RSS_MIB:g} MiB: {'met' if rss else '**not met**'}.", "",
         *machine_and_command({"CPU": f"{os.cpu_count()} x {cpu_model()}", "Python": platform.python_version()},
