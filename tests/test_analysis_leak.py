@@ -59,20 +59,44 @@ def answers(detector: LeakDetector, now: float) -> tuple[Any, ...]:
 # --- the small-scale series, as a reference ---------------------------------------------------------------------
 
 
-def test_the_small_scale_climb_is_found_held_and_cleared() -> None:
-    detector = LeakDetector(SMALL)
-    changes = []
-    for t in times(700.0):
+def changes(params: LeakParams = SMALL, until: float = 700.0) -> list[tuple[float, LeakState, float | None]]:
+    """(time, the new state, the high then) at each change of the detector's state on the small-scale series."""
+    detector = LeakDetector(params)
+    out = []
+    for t in times(until):
         before = detector.state
         detector.update(t, level(t), CAPACITY)
-        if detector.state is not before:
-            changes.append((t, detector.state))
-    first, last = changes[0], changes[-1]
-    assert first[0] == detector.first_alert_at and START < first[0] < START + 90
-    assert first[1].firing and first[1].since == first[0] and first[1].severity == "critical"
-    assert all(state.since == first[0] for _, state in changes[:-1])
-    assert last[1] == LeakState()  # cleared after clear_after analyses without growth, not before
-    assert last[0] - changes[-2][0] > SMALL.clear_after * SMALL.analyze_every - SMALL.bucket
+        if detector.state != before:
+            out.append((t, detector.state, detector.view(t).high))
+    return out
+
+
+def test_the_small_scale_climb_is_paged_updated_while_it_lasts_and_cleared_after_clear_after_analyses() -> None:
+    found = changes()
+    (first, page, high), (last, _, _), (cleared, after, _) = found[0], found[-2], found[-1]
+    assert START < first < START + 90
+    assert page == LeakState(True, "critical", page.slope, page.confidence, (CAPACITY - high) / page.slope, first)
+    assert page.slope == pytest.approx(RATE, rel=0.05) and page.confidence is not None and page.confidence > 0.999
+    assert len(found) > 10 and all(state.since == first for _, state, _ in found[:-1])  # updated, never restarted
+    assert after == LeakState() and cleared - last == SMALL.clear_after * SMALL.analyze_every
+
+
+def test_growth_pages_once_found_in_persistence_of_the_last_analyses() -> None:
+    def first_page(persistence: int) -> float:
+        return changes(dataclasses.replace(SMALL, persistence=persistence), until=START + 90)[0][0]
+
+    at = first_page(0)  # the first analysis that finds growth
+    every = SMALL.analyze_every
+    assert [first_page(1), first_page(2), first_page(3)] == [at, at + every, at + 2 * every]
+
+
+def test_a_slow_page_is_critical_only_when_the_chip_fills_sooner_than_critical_eta() -> None:
+    page = changes(until=START + 90)[0][1]
+    assert page.eta is not None
+    at_eta = changes(dataclasses.replace(SMALL, critical_eta=page.eta), until=START + 90)[0][1]
+    assert (at_eta.severity, at_eta.eta) == ("warning", page.eta)
+    sooner = dataclasses.replace(SMALL, critical_eta=math.nextafter(page.eta, math.inf))
+    assert changes(sooner, until=START + 90)[0][1].severity == "critical"
 
 
 # --- a restart ----------------------------------------------------------------------------------------------------
@@ -178,7 +202,7 @@ def _fast_changes(params: LeakParams | None = None) -> list[tuple[float, LeakSta
         wobble = 0.001 * CHIP * math.sin(i * 1.7) * math.cos(i * 0.31)
         before = detector.state
         detector.update(EPOCH + t, min(CHIP, 0.3 * CHIP + 0.7 * CHIP * max(0.0, t - CALM) / 1200.0 + wobble), CHIP)
-        if detector.state is not before:
+        if detector.state != before:
             changes.append((t - CALM, detector.state))
     return changes
 
