@@ -90,6 +90,18 @@ def test_growth_pages_once_found_in_persistence_of_the_last_analyses() -> None:
     assert [first_page(1), first_page(2), first_page(3)] == [at, at + every, at + 2 * every]
 
 
+def test_a_climb_is_paged_once_the_scale_has_min_prior_before_it_and_min_history_has_passed() -> None:
+    def first_page(min_history: float) -> float | None:
+        detector = LeakDetector(dataclasses.replace(SMALL, min_history=min_history, persistence=1))
+        for t in times(400.0):
+            detector.update(t, 100.0 + RATE * max(0.0, t - 100.0), CAPACITY)  # a climb from 100 s on
+        return detector.first_alert_at
+
+    # The 90 s scale is 45 floors, with 60 (min_prior) before them: 105 floors, one per 2 s bucket, at 210 s.
+    assert first_page(0.0) == 210.0
+    assert first_page(246.0) == 246.0 and first_page(250.0) == 250.0  # analyses every 4 s: 242, 246, 250...
+
+
 def test_a_slow_page_is_critical_only_when_the_chip_fills_sooner_than_critical_eta() -> None:
     page = changes(until=START + 90)[0][1]
     assert page.eta is not None
@@ -112,6 +124,13 @@ def test_a_restored_detector_answers_as_the_one_it_was_saved_from(cut: float) ->
     assert answers(after, cut) == answers(before, cut)
     fed(700.0, after, since=cut)
     assert answers(after, 700.0) == answers(reference, 700.0)
+
+
+def test_a_reading_without_a_capacity_keeps_the_last_one_known() -> None:
+    detector = fed(10.0)
+    detector.update(10.0, level(10.0), None)
+    assert detector.view(0.0).capacity == CAPACITY
+    assert fed(10.0, capacity=None).view(0.0).capacity is None
 
 
 def test_a_restored_detector_without_a_capacity_has_none_and_no_time_to_exhaustion() -> None:
@@ -164,6 +183,8 @@ def test_the_view_holds_the_shortest_windows_floor_since_a_time_the_high_and_the
     view = detector.view(START)
     assert view.floor[0][0] == START and view.floor[-1][0] == START + 38.0
     assert view.floor == alone(6.0, START + 40.0).view(START).floor != alone(16.0, START + 40.0).view(START).floor
+    # A floor: the second-lowest reading of the buckets that ended within its window (6 values: none ignored more).
+    assert all(floor == sorted(level(x) for x in times(t, t - 6.0))[1] for t, floor in view.floor)
     assert (view.floor_window, view.capacity, view.state) == (6.0, CAPACITY, detector.state)
     # The high: the second-highest reading of the buckets that ended within the last high_window.
     assert view.high == sorted(level(x) for x in times(START + 38.0, START + 38.0 - SMALL.high_window))[-2]
