@@ -102,6 +102,43 @@ def test_a_climb_is_paged_once_the_scale_has_min_prior_before_it_and_min_history
     assert first_page(246.0) == 246.0 and first_page(250.0) == 250.0  # analyses every 4 s: 242, 246, 250...
 
 
+def test_the_verdict_does_not_depend_on_the_unit() -> None:
+    scale = 2.0**-10  # exact in binary: every comparison of the scaled series comes out the same
+    scaled = LeakDetector(SMALL)
+    for t in times(700.0):
+        scaled.update(t, level(t) * scale, CAPACITY * scale)
+    found = [(t, state) for t, state, _ in changes()]
+    page = next(state for t, state in found if t == scaled.first_alert_at)
+    assert scaled.first_alert_at == found[0][0]
+    assert scaled.state == LeakState() and page.slope is not None
+    again = LeakDetector(SMALL)
+    for t in times(scaled.first_alert_at + 0.5):
+        again.update(t, level(t) * scale, CAPACITY * scale)
+    assert again.state == dataclasses.replace(page, slope=page.slope * scale)
+
+
+def test_without_a_capacity_a_climb_must_rise_min_rise_of_its_own_level() -> None:
+    def first_page(base: float) -> float | None:
+        detector = LeakDetector(SMALL)
+        for t in times(700.0):
+            detector.update(t, base + level(t), None)
+        return detector.first_alert_at
+
+    assert first_page(0.0) is not None
+    assert first_page(100_000.0) is None  # 375 over 90 s: under 0.5 % of 100,000
+
+
+def test_a_climb_back_to_a_level_seen_within_the_lookback_is_not_growth_and_one_seen_before_it_is() -> None:
+    def first_page(high_until: float) -> float | None:
+        detector = LeakDetector(dataclasses.replace(SMALL, floor_windows=(6.0,)))
+        for t in times(700.0):
+            detector.update(t, 520.0 if t < high_until else 100.0 + RATE * min(max(0.0, t - 500.0), 150.0), CAPACITY)
+        return detector.first_alert_at
+
+    assert first_page(200.0) is None  # 520 until 200 s: the climb from 500 s to 475 at 650 s returns below it
+    assert first_page(40.0) is not None  # until 40 s: over lookback (480 s) before the scale (90 s) by then
+
+
 def test_a_slow_page_is_critical_only_when_the_chip_fills_sooner_than_critical_eta() -> None:
     page = changes(until=START + 90)[0][1]
     assert page.eta is not None
