@@ -139,6 +139,19 @@ def test_a_climb_back_to_a_level_seen_within_the_lookback_is_not_growth_and_one_
     assert first_page(40.0) is not None  # until 40 s: over lookback (480 s) before the scale (90 s) by then
 
 
+def test_a_climb_whose_newest_floor_fell_back_below_its_newest_segment_is_not_growth() -> None:
+    def first_page(drop: float) -> float | None:
+        """The climb from 400 s stops at 464 s, where the series falls by ``drop`` and stays."""
+        detector = LeakDetector(dataclasses.replace(SMALL, floor_windows=(6.0,), persistence=1))
+        for t in times(700.0):
+            detector.update(t, 100.0 + RATE * min(max(0.0, t - START), 64.0) - (drop if t >= 464.0 else 0.0),
+                            CAPACITY)
+        return detector.first_alert_at
+
+    assert first_page(40.0) == 470.0  # within end_slack of the rise below the newest segment's median
+    assert first_page(60.0) is None
+
+
 def test_a_slow_page_is_critical_only_when_the_chip_fills_sooner_than_critical_eta() -> None:
     page = changes(until=START + 90)[0][1]
     assert page.eta is not None
