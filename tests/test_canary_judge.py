@@ -1,7 +1,8 @@
 """The canary's verdict at its edges: each chip's outcome and the run's status, reason and figures, and the
 verdict on a fire drill, in the cases the captured runs of test_canary.py do not reach (a worker that died on a
 later chip or after the last one, the tolerance's boundary, peers measured apart, a drill whose chip passed,
-failed or ended in error).  Every run here is written out line by line, as the worker would print it."""
+failed or ended in error).  Most runs here are written out line by line, as the worker would print them; the
+others are the captured runs of tests/testdata/canary."""
 
 from __future__ import annotations
 
