@@ -142,6 +142,22 @@ def test_a_holder_s_report_is_judged_into_the_canary_s_book(place: Path, serve: 
     assert ("tpuwatch_canary_last_success_timestamp_seconds", (("device", "2"), ("path", "job"))) in samples
 
 
+def test_the_answer_gives_each_chip_its_own_verdict(place: Path, serve: Callable[..., JobReports]) -> None:
+    part = serve()
+    results = report()["results"]
+    results[2] = {**results[2], "fingerprint": "0123456789abcdef"}  # chip 2 alone computes other bits
+    held = [open(place / "dev" / f"accel{chip}") for chip in range(4)]  # noqa: SIM115
+    try:
+        answer = send(place / "probe.sock", line(results=results))
+    finally:
+        for handle in held:
+            handle.close()
+    assert (answer["accepted"], answer["status"]) == (True, "fail")
+    assert answer["devices"] == {"0": "pass", "1": "pass", "2": "fail", "3": "pass"}
+    [result] = part.book.results()
+    assert [(o.device, o.status) for o in result.devices if o.status != "pass"] == [("2", "fail")]
+
+
 def test_the_socket_says_up_and_is_removed_at_close(place: Path, serve: Callable[..., JobReports]) -> None:
     part = serve()
     assert {s.name: s.value for s in part.collect()}["tpuwatch_probe_socket_up"] == 1
@@ -193,7 +209,8 @@ def test_root_may_report_about_any_chip_of_the_host_but_no_other(
 def test_a_bad_report_is_refused_and_counted_by_reason(
         serve: Callable[..., JobReports], place: Path, data: bytes, reason: str) -> None:
     part = serve(max_report_bytes=2048)
-    assert send(place / "probe.sock", data)["reason"] == reason
+    answer = send(place / "probe.sock", data)
+    assert (answer["accepted"], answer["reason"]) == (False, reason) and answer["detail"]
     assert rejected(part)[reason] == 1 and accepted(part) == 0
 
 
@@ -238,6 +255,8 @@ def test_a_process_over_its_rate_is_refused_and_another_is_not(
     part = serve(reports_per_minute=2)
     answers = [send(place / "probe.sock", line()) for _ in range(3)]
     assert [a.get("reason") for a in answers] == [None, None, "rate_limited"]
+    assert answers[-1] == {"accepted": False, "reason": "rate_limited",
+                           "detail": f"pid {os.getpid()} sent over 2 reports a minute"}
     assert rejected(part)["rate_limited"] == 1 and accepted(part) == 2
     assert exchange(str(place / "probe.sock"), report())["reason"] == "rate_limited"  # the probe hears why
     if os.geteuid() == 0:  # another process has its own share
