@@ -6,10 +6,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Sequence
 
 import pytest
 
-from tpuwatch.analysis.fast import FastCheck
+from tpuwatch.analysis.fast import FastCheck, FastFinding
 from tpuwatch.analysis.leak import LeakDetector, LeakParams
 
 GIB = 1024.0**3
@@ -176,3 +177,83 @@ def test_a_leak_after_an_allocator_of_low_teeth_is_still_paged_10_minutes_before
         points.append((START + t, min(CAPACITY, 0.3 * CAPACITY + extra + jitter(i))))
     page = first_page(points)
     assert page is not None and START + BEFORE <= page <= full_at(points) - 10 * MINUTE
+
+
+def saw(minutes: float, height: float):
+    """An allocator's sawtooth: climbs ``height`` of the chip over ``minutes``, releases, again."""
+    return lambda t: height * CAPACITY * ((t % (minutes * MINUTE)) / (minutes * MINUTE))
+
+
+def test_a_leak_under_an_allocator_sawtooth_is_paged_10_minutes_before_full() -> None:
+    # A 4 min sawtooth of 6 % of the chip all along, then a leak that would fill the chip in 24 min: the floors see
+    # the climb minutes late (their windows span the teeth), the high (the teeth's tops) at once.
+    teeth = saw(4, 0.06)
+    points = []
+    for i in range(int((BEFORE + 32 * MINUTE) / STEP)):
+        t = i * STEP
+        extra = teeth(t) + 0.6 * CAPACITY * max(0.0, t - BEFORE) / (24 * MINUTE)
+        points.append((START + t, min(CAPACITY, 0.3 * CAPACITY + extra + jitter(i))))
+    page = first_page(points)
+    assert page is not None and START + BEFORE <= page <= full_at(points) - 10 * MINUTE
+
+
+def ramp(rate: float, minutes: float):
+    """A straight climb of ``rate`` of the chip a minute for ``minutes``, then flat."""
+    return lambda since: rate * CAPACITY * min(since, minutes * MINUTE) / MINUTE
+
+
+def test_a_straight_ramp_that_stops_with_time_to_spare_is_not_paged() -> None:
+    # 2.5 % of the chip a minute from 30 %: a leak at that rate fills the chip in 28 min and must be paged by its
+    # 18th minute.  This one stops after 14 min at 65 %, 14 min from full at its rate.  With a 20 min horizon the
+    # check paged it at 11 min; now it waits until even the faster end of the slope's confidence interval fills
+    # the chip within 16 min (the lead, the persistence and a margin), by when the ramp has stopped.
+    assert first_page(series(60 * MINUTE, ramp(0.025, 14))) is None
+
+
+def test_the_same_ramp_going_on_is_paged_10_minutes_before_full() -> None:
+    points = series(35 * MINUTE, ramp(0.025, 60))
+    page = first_page(points)
+    assert page is not None and START + BEFORE <= page <= full_at(points) - 10 * MINUTE
+
+
+def test_a_snapshot_keeps_the_highs_and_one_without_them_is_restored() -> None:
+    points = series(10 * MINUTE, leak(20))
+    detector = LeakDetector()
+    for t, v in points:
+        detector.update(t, v, CAPACITY)
+    saved = detector.snapshot()["fast"]
+    assert len(saved["highs"]) == len(saved["lows"])
+    check = FastCheck()
+    check.restore({k: v for k, v in saved.items() if k != "highs"})  # saved before the highs were kept
+    assert check.snapshot()["highs"] == [] and check.snapshot()["lows"] == saved["lows"]
+    longer = dict(saved, highs=saved["highs"] + [1.0])
+    with pytest.raises(ValueError):
+        FastCheck().restore(longer)
+
+
+class Scripted(FastCheck):
+    """A fast check whose climbs are given: each bucket's finding's time to full (None: no finding)."""
+
+    def __init__(self, etas: Sequence[float | None]) -> None:
+        super().__init__()
+        self.script = iter(etas)
+
+    def _find(self, floors, high, capacity, bucket):  # type: ignore[no-untyped-def]
+        eta = next(self.script)
+        return None if eta is None else FastFinding(1.0, eta * MINUTE)
+
+
+def reported(etas: Sequence[float | None]) -> list[bool]:
+    check = Scripted(etas)
+    return [check.close((1.0, 2.0), [], 2.0, CAPACITY, MINUTE) is not None for _ in etas]
+
+
+def test_a_finding_is_reported_after_four_minutes_whose_time_to_full_fell_with_the_clock() -> None:
+    assert reported([13, 12, 11, 10, 9]) == [False, False, False, True, True]
+    assert reported([13, 12, None, 11, 10, 9, 8]) == [False] * 6 + [True]  # a gap starts the count again
+
+
+def test_a_time_to_full_that_hovers_for_minutes_is_not_reported_even_if_it_dips() -> None:
+    # Over its last four minutes alone, 10.5 -> 9.0 would pass (it fell 1.5 min in 3); over the whole streak the
+    # projected full time moved 5 min later in 6: a climb that levels off, not a leak.
+    assert not any(reported([10.0, 10.5, 11.0, 10.5, 10.0, 9.5, 9.0]))

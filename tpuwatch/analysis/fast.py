@@ -1,10 +1,12 @@
 """The leak detector's fast-exhaustion check: a steady climb that fills the chip within 20 minutes.
 
 Run once a minute (when the detector closes a one-minute bucket), in O(91)
-per floor and bounded memory, on four floors, each the second-lowest reading
+per series and bounded memory, on four floors, each the second-lowest reading
 of its window: the minute's own (no lag), the detector's 3 min floor, a 5 min
 floor of its own and the detector's 8 min floor (an allocator sawtooth of up
-to 3, 5 or 8 min is seen through, at the price of that much lag).  On each:
+to 3, 5 or 8 min is seen through, at the price of that much lag); and on the
+detector's high (the second-highest reading of 15 min), a ceiling that follows
+a climb without lag, under a sawtooth too (its teeth's tops).  On each:
 
 * a new high: the floor stands above everything it showed in the
   ``reference`` before the last ``longest`` minutes by ``new_high`` times that
@@ -31,11 +33,16 @@ to 3, 5 or 8 min is seen through, at the price of that much lag).  On each:
   While the least bend the fit could tell from noise is over ``bend`` times
   the slope falling to nothing over the climb, it waits;
 * projected from the high (the sawtooth's top is what fills the chip), it
-  reaches the capacity within ``horizon``.
+  reaches the capacity within ``horizon``, and even at the faster end of the
+  slope's confidence interval (``confidence`` standard errors, from the noise
+  above) within ``near``: the page comes as late as a 10 min lead allows, so
+  that a ramp that stops short of full is seen to stop.
 
 A finding on ``persistence`` minutes in a row whose time to full falls by at
-least ``closing`` of the time passed (the projected full time stays put, as a
-leak's does; a climb that levels off pushes it away) is reported.
+least ``closing`` of the time passed since the streak began (up to ``streak``
+minutes back: the projected full time stays put, as a leak's does; a climb
+that levels off pushes it away, and one whose time to full hovers for minutes
+has not closed in) is reported.
 """
 
 from __future__ import annotations
@@ -62,10 +69,13 @@ class FastParams:
     new_high: float = 1.0
     decelerating: float = 3.0
     horizon: float = 1200.0
+    near: float = 960.0
+    confidence: float = 2.0
     bend: float = 1.0
     onset: float = 0.33
     closing: float = 0.5
-    persistence: int = 3
+    persistence: int = 4
+    streak: int = 10
 
 
 @dataclass(frozen=True)
@@ -84,7 +94,7 @@ LEVELS = FastFinding(0.0, math.inf)  # a climb that bends and levels off below c
 class FastCheck:
     """Feed ``close(lows, floors, high, capacity, bucket)`` once per one-minute bucket; it returns a finding or None."""
 
-    __slots__ = ("params", "_window", "_lows", "_fives", "_etas")
+    __slots__ = ("params", "_window", "_lows", "_fives", "_highs", "_etas")
 
     def __init__(self, params: FastParams | None = None) -> None:
         self.params = params or FastParams()
@@ -92,7 +102,8 @@ class FastCheck:
         self._window: deque[tuple[float, ...]] = deque(maxlen=FIVE)  # the last buckets' lows
         self._lows: deque[float] = deque(maxlen=keep)  # per bucket, its second-lowest reading
         self._fives: deque[float] = deque(maxlen=keep)  # and the second-lowest of the last five buckets'
-        self._etas: deque[float] = deque(maxlen=self.params.persistence)
+        self._highs: deque[float] = deque(maxlen=keep)  # and the detector's high (a ceiling that does not lag a climb)
+        self._etas: deque[float] = deque(maxlen=max(self.params.persistence, self.params.streak))
 
     def close(self, lows: tuple[float, ...], floors: list[Any], high: float, capacity: float | None,
               bucket: float) -> FastFinding | None:
@@ -101,36 +112,40 @@ class FastCheck:
         self._window.append(lows)
         self._lows.append(lows[-1])
         self._fives.append(sorted(v for low in self._window for v in low)[1] if len(self._window) > 1 else lows[-1])
+        self._highs.append(high)
         finding = None if capacity is None or capacity <= 0 else self._find(floors, high, capacity, bucket)
         if finding is None:
             self._etas.clear()
             return None
         self._etas.append(finding.eta)
         # A leak's projected full time stays put while it is watched (its ETA falls a minute a minute); a climb
-        # that levels off pushes it away.
+        # that levels off pushes it away.  Judged over the whole streak (up to ``streak`` minutes), not only
+        # the last ``persistence``: a warm-up whose ETA hovers for minutes has not closed in.
         p = self.params
         if len(self._etas) < p.persistence:
             return None
-        if self._etas[-1] > self._etas[0] - p.closing * (p.persistence - 1) * bucket:
+        if self._etas[-1] > self._etas[0] - p.closing * (len(self._etas) - 1) * bucket:
             return None
         return finding
 
     def snapshot(self) -> dict[str, Any]:
         """The bounded state, as JSON data."""
         return {"window": [list(lows) for lows in self._window], "lows": list(self._lows),
-                "fives": list(self._fives), "etas": list(self._etas)}
+                "fives": list(self._fives), "highs": list(self._highs), "etas": list(self._etas)}
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Carry on from ``snapshot()`` (into a fresh check); ValueError for a value that is not finite."""
         window = [tuple(float(v) for v in lows) for lows in snapshot["window"]]
         lows, fives, etas = ([float(v) for v in snapshot[key]] for key in ("lows", "fives", "etas"))
-        if not all(math.isfinite(v) for v in (*lows, *fives, *(v for low in window for v in low))):
+        highs = [float(v) for v in snapshot.get("highs", ())]  # a snapshot from before the highs were kept has none
+        if not all(math.isfinite(v) for v in (*lows, *fives, *highs, *(v for low in window for v in low))):
             raise ValueError("the fast check holds a value that is not finite")
-        if len(lows) != len(fives):
+        if len(lows) != len(fives) or len(highs) > len(lows):
             raise ValueError("the fast check's floors differ in length")
         self._window.extend(window)
         self._lows.extend(lows)
         self._fives.extend(fives)
+        self._highs.extend(highs)
         self._etas.extend(etas)
 
     def _find(self, floors: list[Any], high: float, capacity: float, bucket: float) -> FastFinding | None:
@@ -139,9 +154,11 @@ class FastCheck:
         least = p.min_rise * capacity
         finding = None
         precedents: dict[int, float] = {}
-        for series, held in ((self._lows, 0), (floors[0], 0), (self._fives, 1), (floors[1], 1)):
+        for series, held in ((self._lows, 0), (floors[0], 0), (self._fives, 1), (floors[1], 1), (self._highs, 0)):
             start = len(series) - need
             if start < 0:
+                if series is self._highs:
+                    continue  # restored from a snapshot that kept no highs: not yet
                 return None
             # The cheap test first, without a copy: no new high on this floor, nothing to judge.
             reference = islice(series, start, start + p.reference) if isinstance(series, deque) \
@@ -212,11 +229,18 @@ class FastCheck:
             geometric = rates[2] * span / 3.0 * q / (1.0 - q) if q < 1.0 else math.inf
             if high + min(linear, geometric) < capacity:
                 return LEVELS
-            slope = current / bucket
-            if slope <= 0:
-                return None
+            slope, weights = current / bucket, fit_b
+        else:
+            weights = fit_m
+        if slope <= 0:
+            return None
         eta = max(0.0, (capacity - high) / slope)
         if eta > p.horizon or not math.isfinite(eta):
+            return None
+        # Only once even the faster end of the slope's confidence interval fills the chip within ``near``: a
+        # steady climb is paged as late as its 10 min of lead allow, so that a ramp that stops is seen to stop.
+        error = p.confidence * noise * math.sqrt(sum(w * w for w in weights)) / bucket
+        if (capacity - high) / (slope + error) > p.near:
             return None
         return FastFinding(slope, eta)
 
