@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tpuwatch.analysis.leak import LeakDetector, LeakParams, LeakState
+from tpuwatch.analysis.robust import mann_kendall_p, theil_sen
 
 SMALL = LeakParams(bucket=2.0, floor_windows=(6.0, 16.0, 30.0), high_window=30.0, analyze_every=4.0,
                    scales=(90.0,), lookback=480.0, min_history=240.0, min_prior=120.0, fast=None)
@@ -150,6 +151,58 @@ def test_a_climb_whose_newest_floor_fell_back_below_its_newest_segment_is_not_gr
 
     assert first_page(40.0) == 470.0  # within end_slack of the rise below the newest segment's median
     assert first_page(60.0) is None
+
+
+def test_a_findings_slope_and_confidence_are_theil_sen_and_mann_kendall_on_every_stride_th_floor_of_the_scale() -> None:
+    import numpy as np
+
+    params = dataclasses.replace(SMALL, floor_windows=(6.0,), points_per_scale=15, persistence=1)
+    detector = LeakDetector(params)
+    for t in times(START + 90.0):
+        detector.update(t, level(t), CAPACITY)
+        if detector.state.firing:
+            break
+    view = detector.view(0.0)
+    newest = view.floor[-45:][::-1][::3][::-1]  # the scale's 45 floors, every third back from the newest
+    x = np.array([t for t, _ in newest]) - newest[-1][0]
+    y = np.array([floor for _, floor in newest])
+    slope = theil_sen(x, y)
+    assert view.high is not None and detector.state == LeakState(
+        True, "critical", slope, 1.0 - mann_kendall_p(x, y, slope), (CAPACITY - view.high) / slope, t)
+    assert 0.999 < (detector.state.confidence or 0.0) < 1.0
+
+
+def test_a_high_over_the_capacity_leaves_no_time_to_exhaustion() -> None:
+    state = fed(START + 120.0, capacity=300.0).state
+    assert state.firing and (state.severity, state.eta) == ("critical", 0.0)
+
+
+def test_growth_exhausting_the_chip_exactly_at_max_eta_still_pages() -> None:
+    def first_page(max_eta: float) -> LeakState:
+        return changes(dataclasses.replace(SMALL, persistence=1, max_eta=max_eta), until=START + 90)[0][1]
+
+    page = first_page(LeakParams().max_eta)
+    assert page.eta is not None and first_page(page.eta) == page
+
+
+def test_the_high_is_the_second_highest_reading_of_the_high_window_at_every_bucket_end() -> None:
+    detector = LeakDetector(SMALL)
+    for t in times(START + 60.0):
+        detector.update(t, level(t), CAPACITY)  # at a bucket's end, the first reading after it closes it
+        if t % SMALL.bucket == 0 and t > SMALL.high_window:
+            assert detector.view(t).high == sorted(level(x) for x in times(t, t - SMALL.high_window))[-2], t
+
+
+def test_one_reading_per_bucket_gives_its_floors_and_high_and_restarts() -> None:
+    detector = LeakDetector(SMALL)
+    readings = [(t, level(t)) for t in range(0, int(START) + 80, 2)]
+    for t, value in readings:
+        detector.update(t, value, CAPACITY)
+    view = detector.view(START)
+    assert all(floor == sorted(v for x, v in readings if t - 6.0 <= x < t)[1] for t, floor in view.floor)
+    last = readings[-1][0] - 1
+    assert view.high == sorted(v for x, v in readings if last - SMALL.high_window < x <= last)[-2]
+    assert answers(restarted(detector), START + 78.0) == answers(detector, START + 78.0)
 
 
 def test_a_slow_page_is_critical_only_when_the_chip_fills_sooner_than_critical_eta() -> None:
