@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tpuwatch.analysis.fast import FastParams
 from tpuwatch.analysis.leak import LeakDetector, LeakParams, LeakState
 from tpuwatch.analysis.robust import mann_kendall_p, theil_sen
 
@@ -346,3 +347,8 @@ def test_a_fast_page_is_critical_only_when_the_chip_fills_sooner_than_critical_e
     assert page.severity == "critical" and page.eta is not None
     assert _fast_changes(LeakParams(critical_eta=page.eta))[0][1].severity == "warning"
     assert _fast_changes(LeakParams(critical_eta=math.nextafter(page.eta, math.inf)))[0][1].severity == "critical"
+
+
+def test_the_fast_check_runs_with_the_detectors_settings() -> None:
+    paged = _fast_changes()[0][0]
+    assert _fast_changes(LeakParams(fast=FastParams(persistence=8)))[0][0] > paged  # findings needed before a page
