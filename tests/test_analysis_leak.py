@@ -267,9 +267,11 @@ def test_a_snapshot_that_does_not_fit_is_refused_saying_why(change: Any, message
 
 
 @pytest.mark.parametrize("field", ["lows", "floors"])
-def test_a_snapshot_with_a_window_missing_is_refused(field: str) -> None:
+def test_a_snapshot_with_a_window_missing_or_one_too_many_is_refused(field: str) -> None:
     with pytest.raises(ValueError):
         LeakDetector.restore(_damaged(lambda s: s[field].pop()), SMALL)
+    with pytest.raises(ValueError):
+        LeakDetector.restore(_damaged(lambda s: s[field].append(s[field][0])), SMALL)
 
 
 # --- what the status page and the slope read --------------------------------------------------------------------
