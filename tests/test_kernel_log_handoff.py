@@ -16,7 +16,7 @@ from tpuwatch.kernel_log.handoff import Handoff
 from tpuwatch.kernel_log.rulefile import load_rules
 from tpuwatch.samples import Sample
 
-from conftest import wait_until
+from conftest import free_port, wait_until
 
 XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid={pid}, name=python3, GPU has fallen off the bus.\n"
 
@@ -34,7 +34,7 @@ def _append(path: Path, text: str) -> None:
 def test_the_daemon_stores_the_followers_events_only_when_a_cycle_runs(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.write_text("")
-    config = parse(f"state_dir: {tmp_path}/state\nlisten: 127.0.0.1:1\ndevices: {{backend: sim}}\n"
+    config = parse(f"state_dir: {tmp_path}/state\nlisten: 127.0.0.1:{free_port()}\ndevices: {{backend: sim}}\n"
                    f"kernel_log: {{source: file, path: {log}, rules_dirs: []}}")
     handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     daemon = Daemon(config, None)  # never started: its cycles are run here, by hand

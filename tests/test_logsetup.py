@@ -9,6 +9,8 @@ from pathlib import Path
 
 from tpuwatch import logsetup
 
+from conftest import free_port
+
 SCRIPT = """
 import logging, sys
 if sys.argv[1] == "no-systemd":
@@ -82,7 +84,7 @@ import sys, threading, time
 from tpuwatch import config, logsetup
 from tpuwatch.daemon import Daemon
 logsetup.configure("info")
-text = f"devices: {{backend: sim}}\\nstate_dir: {sys.argv[1]}\\nlisten: 127.0.0.1:1"  # never served
+text = f"devices: {{backend: sim}}\\nstate_dir: {sys.argv[1]}\\nlisten: 127.0.0.1:{sys.argv[2]}"  # never served
 daemon = Daemon(config.parse(text), None)
 busy = threading.Event()
 daemon._scheduler.add_job(busy.wait, "interval", seconds=0.01, id="sample", max_instances=1)
@@ -97,8 +99,9 @@ print(daemon.scheduler_events["max_instances"])
 
 
 def test_a_run_skipped_at_every_tick_is_counted_each_time_and_logged_once(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-c", SKIPPED_RUNS, str(tmp_path / "state")], capture_output=True,
-                          text=True, timeout=120, check=True)
+    done = subprocess.run([sys.executable, "-c", SKIPPED_RUNS, str(tmp_path / "state"), str(free_port())],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
     assert int(done.stdout) >= 50
     skipped = [line for line in done.stderr.splitlines() if "max instances" in line or "apscheduler" in line]
     assert len(skipped) == 1, done.stderr
