@@ -7,12 +7,16 @@ live in a temporary directory; a process holds a chip by keeping its file open.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import resource
 import socket
 import tempfile
 import threading
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +28,15 @@ from tpuwatch import config as config_module
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.devices.base import DeviceReading
 from tpuwatch.devices.inventory import Board
+from tpuwatch.jobreports import server
 from tpuwatch.jobreports.collector import JobReports
+from tpuwatch.pods.lookup import PodRef
 from tpuwatch.probe.channel import exchange
 
 from conftest import wait_until
 
 NOBODY = 65534
+TPU = "google.com/tpu"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs a peer as another user (needs root)")
 
 
@@ -48,7 +55,8 @@ def place() -> Iterator[Path]:
 
 
 def readings(place: Path) -> list[DeviceReading]:
-    return [DeviceReading(str(chip), "v5e", device_files=(f"{place}/dev/accel{chip}",)) for chip in range(4)]
+    return [DeviceReading(str(chip), "v5e", device_files=(f"{place}/dev/accel{chip}",),
+                          plugin_ids=((TPU, f"tpu-{chip}"),)) for chip in range(4)]
 
 
 @pytest.fixture
@@ -56,12 +64,13 @@ def serve(place: Path) -> Iterator[Callable[..., JobReports]]:
     """Start the daemon's side of the socket with ``probe`` settings; stopped at teardown."""
     made: list[JobReports] = []
 
-    def start(**probe: Any) -> JobReports:
+    def start(pods: Any = None, procfs: Path | None = None, **probe: Any) -> JobReports:
         config = config_module.parse(yaml.safe_dump({
-            "state_dir": str(place / "state"), "probe": {"socket": str(place / "probe.sock"), **probe}}))
+            "state_dir": str(place / "state"), "probe": {"socket": str(place / "probe.sock"), **probe},
+            **({"paths": {"procfs": str(procfs)}} if procfs is not None else {})}))
         chips = Board()  # the cycle's inventory, as the devices stage publishes it
         chips.publish(readings(place), {})
-        made.append(JobReports(config, CanaryCollector(config), chips))
+        made.append(JobReports(config, CanaryCollector(config), chips, pods))
         return made[-1]
 
     yield start
@@ -270,6 +279,7 @@ def test_a_user_cannot_escape_the_rate_limit_by_forking(serve: Callable[..., Job
     assert [a.get("reason") for a in answers] == [None] * 8 + ["rate_limited"]
     assert answers[-1]["detail"] == "uid 65534 sent over 8 reports a minute"
     assert rejected(part)["rate_limited"] == 1 and accepted(part) == 8
+    assert send(place / "probe.sock", line())["accepted"] is True  # another user has a share of its own
 
 
 def test_a_flood_of_hostile_reports_leaves_the_socket_serving(
@@ -293,3 +303,270 @@ def test_a_flood_of_hostile_reports_leaves_the_socket_serving(
     assert counts["malformed"] + counts["oversized"] + counts["rate_limited"] == 400
     assert counts["oversized"] >= 1 and counts["malformed"] >= 1
     assert part.collect()  # the part answers its cycle as before
+
+
+def in_child(path: Path, data: bytes, uid: int | None = None, hold: list[Path] = ()) -> dict[str, Any]:  # type: ignore[assignment]
+    """``send`` from a forked child (a process of its own, so a pid of its own), as ``uid`` when given."""
+    if uid is not None:
+        return as_nobody(path, data, hold) if uid == NOBODY else pytest.fail(f"no user {uid} here")
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            handles = [os.open(p, os.O_RDONLY) for p in hold]
+            os.write(writer, json.dumps(send(path, data)).encode())
+            del handles
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as pipe:
+        out = pipe.read()
+    os.waitpid(pid, 0)
+    parsed: dict[str, Any] = json.loads(out)
+    return parsed
+
+
+def padded(size: int) -> bytes:
+    """A valid report of exactly ``size`` bytes, its newline included (JSON allows the spaces before it)."""
+    data = line()
+    assert len(data) <= size
+    return data[:-1] + b" " * (size - len(data)) + b"\n"
+
+
+def test_a_report_of_exactly_the_size_limit_is_read_and_one_byte_more_is_oversized(
+        serve: Callable[..., JobReports], place: Path) -> None:
+    part = serve(max_report_bytes=1024)
+    assert send(place / "probe.sock", padded(1024))["accepted"] is True
+    assert send(place / "probe.sock", padded(1024), close=False)["accepted"] is True  # its newline ends it
+    assert send(place / "probe.sock", padded(1025)) == {"accepted": False, "reason": "oversized",
+                                                        "detail": "over 1024 bytes"}
+    assert send(place / "probe.sock", padded(1026)[:-1]) == {"accepted": False, "reason": "oversized",
+                                                             "detail": "over 1024 bytes"}  # no newline
+    assert rejected(part)["oversized"] == 2 and accepted(part) == 2
+
+
+def test_the_report_is_the_first_line_and_its_newline_ends_it_without_waiting_for_the_end_of_the_stream(
+        serve: Callable[..., JobReports], place: Path) -> None:
+    part = serve(read_timeout="30s")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(10)  # a daemon that waited for the end of the stream would answer after 30 s: too late
+        conn.connect(str(place / "probe.sock"))
+        conn.sendall(line() + b"what follows the first line is not read\n")
+        answer = conn.recv(4096)
+        assert json.loads(answer)["accepted"] is True and answer.endswith(b"\n")
+        assert conn.recv(4096) == b""  # one answer, then the daemon closes
+    assert accepted(part) == 1 and set(rejected(part).values()) == {0}
+
+
+def test_a_timeout_answer_says_the_limit(serve: Callable[..., JobReports], place: Path) -> None:
+    serve(read_timeout="250ms")
+    assert send(place / "probe.sock", b"{", close=False) == {"accepted": False, "reason": "timeout",
+                                                             "detail": "no whole report within 0.25s"}
+
+
+@needs_root
+def test_connections_over_the_daemon_s_limit_are_refused_as_busy_whoever_asks(
+        serve: Callable[..., JobReports], place: Path) -> None:
+    part = serve(max_connections=1, read_timeout="10s")  # a user's share: max(1, 1 // 4), one
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle:
+        idle.connect(str(place / "probe.sock"))
+        wait_until(lambda: part._server is not None and len(part._server._conns) == 1, what="one connection held")
+        answer = as_nobody(place / "probe.sock", line(), hold=list((place / "dev").iterdir()))
+        assert answer == {"accepted": False, "reason": "busy", "detail": "1 connections open, the limit"}
+    assert rejected(part)["busy"] == 1
+    wait_until(lambda: as_nobody(place / "probe.sock", line(), hold=list((place / "dev").iterdir()))["accepted"],
+               what="a report once the idle one left")
+
+
+@needs_root
+@pytest.mark.parametrize("limit", [3, 6])  # a quarter of 3 is none (the floor: one), of 6 one (whole connections)
+def test_a_user_s_share_of_few_connections_is_one(serve: Callable[..., JobReports], place: Path, limit: int) -> None:
+    part = serve(max_connections=limit, read_timeout="10s")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle:
+        idle.connect(str(place / "probe.sock"))
+        wait_until(lambda: part._server is not None and len(part._server._conns) == 1, what="one connection held")
+        assert send(place / "probe.sock", line()) == {"accepted": False, "reason": "busy",
+                                                      "detail": "uid 0 holds 1 connections, its share"}
+        assert as_nobody(place / "probe.sock", line(), hold=list((place / "dev").iterdir()))["accepted"] is True
+    assert rejected(part)["busy"] == 1 and accepted(part) == 1
+
+
+def test_a_process_s_rate_is_kept_while_it_reports_and_forgotten_after_max_tracked_pids_others(
+        serve: Callable[..., JobReports], place: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server, "MAX_TRACKED_PIDS", 2)
+    part = serve(reports_per_minute=1)  # the user's: 8 a minute, more than this test sends
+    path = place / "probe.sock"
+    held = list((place / "dev").iterdir())
+    mine = [send(path, line())["accepted"], send(path, line()).get("reason")]
+    assert mine == [True, "rate_limited"]
+    assert in_child(path, line(), hold=held)["accepted"] is True  # two processes tracked: this one is kept
+    assert send(path, line())["reason"] == "rate_limited"
+    assert in_child(path, line(), hold=held)["accepted"] is True  # forgets the first child, seen before this one
+    assert send(path, line())["reason"] == "rate_limited"
+    assert in_child(path, line(), hold=held)["accepted"] is True
+    assert in_child(path, line(), hold=held)["accepted"] is True  # two others since: this process is forgotten
+    assert send(path, line())["accepted"] is True
+    assert rejected(part)["rate_limited"] == 3 and accepted(part) == 6
+
+
+class Pods:
+    """A PodLookup that answers ``ref`` for every process and notes what it was asked."""
+
+    def __init__(self, ref: PodRef) -> None:
+        self.ref = ref
+        self.asked: list[tuple[int, list[tuple[str, str]]]] = []
+
+    def pod_of(self, pid: int, devices: Iterable[tuple[str, str]] = ()) -> PodRef:
+        self.asked.append((pid, list(devices)))
+        return self.ref
+
+
+def fake_procfs(place: Path, pid: int, chips: list[int], comm: str | None) -> Path:
+    """A procfs where ``pid`` holds ``chips`` (its descriptors point at their device files) and has ``comm``."""
+    proc = place / "proc"
+    (proc / str(pid) / "fd").mkdir(parents=True)
+    for fd, chip in enumerate(chips, start=3):
+        (proc / str(pid) / "fd" / str(fd)).symlink_to(place / "dev" / f"accel{chip}")
+    if comm is not None:
+        (proc / str(pid) / "comm").write_text(comm + "\n")
+    return proc
+
+
+def job_labels(part: JobReports) -> list[dict[str, str]]:
+    """The job labels of the chips' job-path counters, each set once."""
+    found = {frozenset((k, v) for k, v in s.labels if k in ("pid", "command", "namespace", "pod"))
+             for s in part.book.collect()
+             if s.name == "tpuwatch_canary_device_runs_total" and ("path", "job") in s.labels}
+    return [dict(labels) for labels in found]
+
+
+def test_a_job_is_named_by_its_pod_and_the_pod_looked_up_by_the_chips_it_holds(
+        serve: Callable[..., JobReports], place: Path) -> None:
+    pods = Pods(PodRef("ml", "trainer-0", "main", "uid-1"))
+    part = serve(pods=pods, procfs=fake_procfs(place, os.getpid(), [1, 2], comm=None))  # no comm: no command
+    answer = send(place / "probe.sock", line(results=report()["results"][:2]))  # chips 0, 1 as the job sees them
+    assert answer["devices"] == {"0": "pass", "1": "pass"}  # its chips 1 and 2, in order
+    assert pods.asked == [(os.getpid(), [(TPU, "tpu-1"), (TPU, "tpu-2")])]
+    [result] = part.book.results()
+    assert result.job == f"pid {os.getpid()} in pod ml/trainer-0 container main"
+    assert [o.device for o in result.devices] == ["1", "2"]
+    assert job_labels(part) == [{"pid": str(os.getpid()), "namespace": "ml", "pod": "trainer-0"}]
+
+
+@pytest.mark.parametrize(("ref", "named"), [
+    (PodRef(pod_uid="uid-1", container_id="c1"), " in pod UID uid-1"),  # no kubelet's names: the UID
+    (PodRef(), ""),  # not in a pod
+])
+def test_a_job_is_named_by_its_command_and_its_pod_when_known(
+        serve: Callable[..., JobReports], place: Path, ref: PodRef, named: str) -> None:
+    pods = Pods(ref)
+    part = serve(pods=pods, procfs=fake_procfs(place, os.getpid(), [0, 1, 2, 3], comm="trainer"))
+    assert send(place / "probe.sock", line())["accepted"] is True
+    assert [r.job for r in part.book.results()] == [f"pid {os.getpid()} (trainer){named}"]
+    assert job_labels(part) == [{"pid": str(os.getpid()), "command": "trainer"}]
+
+
+def test_out_of_descriptors_the_socket_says_so_once_and_serves_the_waiting_report_when_it_can(
+        serve: Callable[..., JobReports], place: Path, caplog: pytest.LogCaptureFixture) -> None:
+    part = serve()
+    assert send(place / "probe.sock", line())["accepted"] is True  # the socket's thread is serving
+    caplog.set_level(logging.INFO, logger="tpuwatch.jobreports.server")
+    waiting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # made before this process runs out
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    taken: list[int] = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(int(fd) for fd in os.listdir("/proc/self/fd")) + 2, hard))
+        with contextlib.suppress(OSError):
+            while True:
+                taken.append(os.dup(0))
+        waiting.settimeout(10)
+        waiting.connect(str(place / "probe.sock"))
+        waiting.sendall(line())  # the whole report, sent while the daemon cannot take the connection
+        wait_until(lambda: any("cannot accept" in r.getMessage() for r in caplog.records),
+                   what="the daemon saying it cannot accept")
+        start = time.monotonic()
+        wait_until(lambda: time.monotonic() - start > 3 * server.TICK_S, what="a few ticks out of descriptors")
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with waiting:
+        answer = json.loads(waiting.recv(4096))  # served without another connection to wake the daemon
+    assert answer["accepted"] is True and accepted(part) == 2
+    said = [r.getMessage() for r in caplog.records if "cannot accept" in r.getMessage()]
+    assert len(said) == 1  # not once a wake-up: the listener, still readable, is set aside for a tick
+    assert said == ["probe socket: cannot accept: Too many open files (trying again every 0.2s)"]
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO][-1] == "probe socket: accepting again"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+class Clock:
+    """The server's clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def bare(place: Path) -> Iterator[Callable[..., tuple[server.ReportServer, Clock, list[str]]]]:
+    """The socket alone (server.ReportServer) on a clock of the test's, answering every report with what it read."""
+    made: list[server.ReportServer] = []
+
+    def start(**limits: Any) -> tuple[server.ReportServer, Clock, list[str]]:
+        clock, refused = Clock(), list[str]()
+        settings = {"max_connections": 32, "max_report_bytes": 4096, "read_timeout": 2.0, "reports_per_minute": 60,
+                    **limits}
+        made.append(server.ReportServer(
+            server.bind(str(place / "bare.sock")), server.Limits(**settings),
+            lambda peer, data: {"accepted": True, "pid": peer.pid, "uid": peer.uid, "report": data.decode()},
+            refused.append, clock))
+        made[-1].start()
+        return made[-1], clock, refused
+
+    yield start
+    for one in made:
+        one.stop()
+
+
+def test_a_process_s_reports_come_back_at_its_rate_and_never_over_its_burst(
+        bare: Callable[..., tuple[server.ReportServer, Clock, list[str]]], place: Path) -> None:
+    _, clock, refused = bare(reports_per_minute=6)  # one every 10 s, six at once
+    path = place / "bare.sock"
+
+    def reasons(count: int) -> list[str | None]:
+        return [send(path, b"r\n").get("reason") for _ in range(count)]
+
+    assert send(path, b"r\n") == {"accepted": True, "pid": os.getpid(), "uid": os.geteuid(), "report": "r"}
+    assert reasons(6) == [None] * 5 + ["rate_limited"]
+    clock.now += 5.0  # half a report's worth: refused, and the refusal costs nothing
+    assert reasons(1) == ["rate_limited"]
+    clock.now += 5.0
+    assert reasons(2) == [None, "rate_limited"]
+    clock.now += 3600.0  # idle an hour: no more than the burst at once
+    assert reasons(7) == [None] * 6 + ["rate_limited"]
+    assert refused == ["rate_limited"] * 4
+
+
+def test_a_report_not_whole_at_its_deadline_is_refused_then_and_not_before(
+        bare: Callable[..., tuple[server.ReportServer, Clock, list[str]]], place: Path) -> None:
+    served, clock, refused = bare(read_timeout=2.0)
+    path = place / "bare.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as slow:
+        slow.connect(str(path))
+        slow.sendall(b"{")  # accepted at 1000.0: its deadline is 1002.0
+        wait_until(lambda: len(served._conns) == 1, what="the slow connection read from")
+        clock.now = 1001.999
+        for _ in range(2):  # two reports answered: the server has looked at every deadline since the clock moved
+            assert send(path, b"r\n")["accepted"] is True
+        slow.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            slow.recv(4096)
+        slow.setblocking(True)
+        slow.settimeout(10)
+        clock.now = 1002.0
+        answer = json.loads(slow.recv(4096))
+    assert answer == {"accepted": False, "reason": "timeout", "detail": "no whole report within 2s"}
+    assert refused == ["timeout"]

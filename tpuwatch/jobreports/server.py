@@ -141,6 +141,8 @@ class ReportServer:
         self._buckets = _Buckets(limits.reports_per_minute, clock)
         self._user_buckets = _Buckets(limits.reports_per_minute * UID_SHARE, clock)
         self._conns: dict[int, _Conn] = {}
+        self._failing = False  # accept() failed (and said so) since it last worked
+        self._paused: float | None = None  # when the listener was set aside after accept() failed
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tpuwatch-probe-socket", daemon=True)
 
@@ -170,6 +172,9 @@ class ReportServer:
                         else:
                             self._read(selector, self._conns[key.fd])
                     self._expire(selector)
+                    if self._paused is not None and time.monotonic() - self._paused >= TICK_S:
+                        selector.register(self.listener, selectors.EVENT_READ)  # polls it afresh: the backlog
+                        self._paused = None
                 except Exception:  # noqa: BLE001 - the socket thread must outlive any one connection
                     log.exception("probe socket: unexpected error, serving on")
 
@@ -179,9 +184,18 @@ class ReportServer:
                 sock, _ = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # EMFILE and the like: say so, leave them in the backlog
-                log.warning("probe socket: cannot accept: %s", exc.strerror or exc)
+            except OSError as exc:  # EMFILE and the like: leave them in the backlog and look again in a tick
+                # (the listener stays readable: watched meanwhile, it would wake this thread at once, again and again)
+                if not self._failing:
+                    log.warning("probe socket: cannot accept: %s (trying again every %gs)", exc.strerror or exc,
+                                TICK_S)
+                self._failing = True
+                selector.unregister(self.listener)
+                self._paused = time.monotonic()
                 return
+            if self._failing:
+                log.info("probe socket: accepting again")
+                self._failing = False
             pid, uid, _ = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
             peer = Peer(pid, uid)
             mine = sum(conn.peer.uid == uid for conn in self._conns.values())
