@@ -466,40 +466,6 @@ def test_a_job_is_named_by_its_command_and_its_pod_when_known(
     assert job_labels(part) == [{"pid": str(os.getpid()), "command": "trainer"}]
 
 
-def test_out_of_descriptors_the_socket_says_so_once_and_serves_the_waiting_report_when_it_can(
-        serve: Callable[..., JobReports], place: Path, caplog: pytest.LogCaptureFixture) -> None:
-    part = serve()
-    assert send(place / "probe.sock", line())["accepted"] is True  # the socket's thread is serving
-    caplog.set_level(logging.INFO, logger="tpuwatch.jobreports.server")
-    waiting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # made before this process runs out
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    taken: list[int] = []
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (max(int(fd) for fd in os.listdir("/proc/self/fd")) + 2, hard))
-        with contextlib.suppress(OSError):
-            while True:
-                taken.append(os.dup(0))
-        waiting.settimeout(10)
-        waiting.connect(str(place / "probe.sock"))
-        waiting.sendall(line())  # the whole report, sent while the daemon cannot take the connection
-        wait_until(lambda: any("cannot accept" in r.getMessage() for r in caplog.records),
-                   what="the daemon saying it cannot accept")
-        start = time.monotonic()
-        wait_until(lambda: time.monotonic() - start > 3 * server.TICK_S, what="a few ticks out of descriptors")
-    finally:
-        for fd in taken:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    with waiting:
-        answer = json.loads(waiting.recv(4096))  # served without another connection to wake the daemon
-    assert answer["accepted"] is True and accepted(part) == 2
-    said = [r.getMessage() for r in caplog.records if "cannot accept" in r.getMessage()]
-    assert len(said) == 1  # not once a wake-up: the listener, still readable, is set aside for a tick
-    assert said == ["probe socket: cannot accept: Too many open files (trying again every 0.2s)"]
-    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO][-1] == "probe socket: accepting again"
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-
-
 class Clock:
     """The server's clock, moved by the test."""
 
@@ -570,3 +536,59 @@ def test_a_report_not_whole_at_its_deadline_is_refused_then_and_not_before(
         answer = json.loads(slow.recv(4096))
     assert answer == {"accepted": False, "reason": "timeout", "detail": "no whole report within 2s"}
     assert refused == ["timeout"]
+
+
+class CountingListener(socket.socket):
+    """A listening socket that counts the connections the server tries to take."""
+
+    tries = 0
+
+    def accept(self) -> tuple[socket.socket, Any]:
+        self.tries += 1
+        return super().accept()
+
+
+def test_out_of_descriptors_the_socket_says_so_once_and_serves_the_waiting_report_when_it_can(
+        place: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = place / "bare.sock"
+    listener = CountingListener(socket.AF_UNIX, socket.SOCK_STREAM, fileno=server.bind(str(path)).detach())
+    served = server.ReportServer(listener, server.Limits(32, 4096, 10.0, 60),
+                                 lambda peer, data: {"accepted": True, "report": data.decode()}, lambda reason: None)
+    served.start()
+    waiting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # made before this process runs out
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    taken: list[int] = []
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as first:  # the socket's thread is serving
+            first.settimeout(10)
+            first.connect(str(path))
+            first.sendall(b"first\n")
+            assert first.makefile("rb").read() == b'{"accepted": true, "report": "first"}\n'  # and closed its end
+        caplog.set_level(logging.INFO, logger="tpuwatch.jobreports.server")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(int(fd) for fd in os.listdir("/proc/self/fd")) + 2, hard))
+        with contextlib.suppress(OSError):
+            while True:
+                taken.append(os.dup(0))
+        waiting.settimeout(10)
+        waiting.connect(str(path))
+        waiting.sendall(b"waiting\n")  # the whole report, sent while the daemon cannot take the connection
+        wait_until(lambda: any("cannot accept" in r.getMessage() for r in caplog.records),
+                   what="the daemon saying it cannot accept")
+        tries, start = listener.tries, time.monotonic()
+        wait_until(lambda: time.monotonic() - start > 3 * server.TICK_S, what="a few ticks out of descriptors")
+        tries = listener.tries - tries
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        with waiting:
+            answer = json.loads(waiting.recv(4096))  # served without another connection to wake the daemon
+    finally:
+        served.stop()
+    assert answer == {"accepted": True, "report": "waiting"}
+    assert tries <= 6  # once a tick, not at every wake-up: the listener, still readable, is set aside meanwhile
+    said = [r.getMessage() for r in caplog.records if "cannot accept" in r.getMessage()]
+    assert said == ["probe socket: cannot accept: Too many open files (trying again every 0.2s)"]  # once
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO][-1] == "probe socket: accepting again"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
