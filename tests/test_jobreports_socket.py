@@ -8,6 +8,7 @@ live in a temporary directory; a process holds a chip by keeping its file open.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from conftest import wait_until
 
 NOBODY = 65534
 TPU = "google.com/tpu"
+CLONE_NEWPID = 0x20000000
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs a peer as another user (needs root)")
 
 
@@ -592,3 +594,52 @@ def test_out_of_descriptors_the_socket_says_so_once_and_serves_the_waiting_repor
     assert said == ["probe socket: cannot accept: Too many open files (trying again every 0.2s)"]  # once
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO][-1] == "probe socket: accepting again"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def in_new_pid_namespace(work: Callable[[], Any]) -> Any:
+    """What ``work`` returns (JSON), run as pid 1 of a PID namespace of its own (a container's first process)."""
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # only this process's calls until _exit: unshare, fork, then work in the grandchild
+        try:
+            if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWPID) != 0:
+                os.write(writer, json.dumps({"error": os.strerror(ctypes.get_errno())}).encode())
+                os._exit(0)
+            grandchild = os.fork()
+            if grandchild == 0:
+                try:
+                    os.write(writer, json.dumps({"pid": os.getpid(), "out": work()}).encode())
+                finally:
+                    os._exit(0)
+            os.waitpid(grandchild, 0)
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader, "rb") as pipe:
+        out = json.loads(pipe.read() or b'{"error": "no answer"}')
+    os.waitpid(child, 0)
+    if "error" in out:
+        pytest.skip(f"cannot make a PID namespace here: {out['error']}")
+    assert out["pid"] == 1
+    return out["out"]
+
+
+@needs_root
+def test_the_first_process_of_the_daemon_s_pid_namespace_is_named_like_any_other(
+        serve: Callable[..., JobReports], place: Path) -> None:
+    procfs = fake_procfs(place, 1, [0, 1, 2, 3], comm="entrypoint")  # pid 1 as the daemon's namespace sees it
+    fake_procfs(place, os.getpid(), [0, 1, 2, 3], comm="trainer")
+
+    def report_as_pid_1() -> dict[str, Any]:
+        pods = Pods(PodRef(pod_uid="uid-1"))
+        part = serve(pods=pods, procfs=procfs, socket=str(place / "pid1.sock"))  # this daemon sees its own pid: 1
+        answer = send(place / "pid1.sock", line())
+        jobs = [r.job for r in part.book.results()]
+        part.close()
+        return {"accepted": answer["accepted"], "jobs": jobs, "asked": [pid for pid, _ in pods.asked]}
+
+    assert in_new_pid_namespace(report_as_pid_1) == {"accepted": True, "jobs": ["pid 1 (entrypoint) in pod UID uid-1"],
+                                                     "asked": [1]}
+    part = serve(pods=Pods(PodRef(pod_uid="uid-2")), procfs=procfs)  # and any other process alike
+    assert send(place / "probe.sock", line())["accepted"] is True
+    assert [r.job for r in part.book.results()] == [f"pid {os.getpid()} (trainer) in pod UID uid-2"]
