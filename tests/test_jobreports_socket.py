@@ -177,13 +177,20 @@ def test_the_socket_says_up_and_is_removed_at_close(place: Path, serve: Callable
     assert not (place / "probe.sock").exists()
 
 
-def test_a_stale_socket_is_replaced_and_a_live_one_kept(place: Path, serve: Callable[..., JobReports]) -> None:
+def test_a_stale_socket_is_replaced_and_a_live_one_kept(
+        place: Path, serve: Callable[..., JobReports], caplog: pytest.LogCaptureFixture) -> None:
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(str(place / "probe.sock"))  # left by a daemon killed with -9: bound, nobody listening
     stale.close()
+    caplog.set_level(logging.INFO, logger="tpuwatch.jobreports.collector")
     first = serve()
+    assert first.problem is None
     second = serve()  # a second daemon on the same path: it must not steal the first's socket
-    assert second.problem is not None and "another process listens there" in second.problem
+    problem = f"cannot listen on {place / 'probe.sock'}: another process listens there"
+    assert second.problem == problem
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("INFO", f"probe reports: listening on {place / 'probe.sock'}"),
+        ("WARNING", f"probe reports off: {problem} (in-job probes cannot report here)")]
     assert {s.name: s.value for s in second.collect()}["tpuwatch_probe_socket_up"] == 0
     assert send(place / "probe.sock", line())["accepted"] is True  # root holding nothing: named chips
     assert accepted(first) == 1
@@ -643,3 +650,32 @@ def test_the_first_process_of_the_daemon_s_pid_namespace_is_named_like_any_other
     part = serve(pods=Pods(PodRef(pod_uid="uid-2")), procfs=procfs)  # and any other process alike
     assert send(place / "probe.sock", line())["accepted"] is True
     assert [r.job for r in part.book.results()] == [f"pid {os.getpid()} (trainer) in pod UID uid-2"]
+
+
+def test_the_probe_sdc_drill_s_job_is_started_with_the_socket_and_stopped_at_close(
+        serve: Callable[..., JobReports], place: Path) -> None:
+    def drill_jobs() -> list[int]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            with contextlib.suppress(OSError):
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if b"tpuwatch.probe.drill" in command and str(place / "probe.sock").encode() in command:
+                    found.append(int(pid))
+        return found
+
+    part = serve(socket=str(place / "probe.sock"))
+    assert drill_jobs() == []  # the simulated job is the probe-sdc scenario's only
+    part.close()
+    config = config_module.parse(yaml.safe_dump({
+        "state_dir": str(place / "state"), "probe": {"socket": str(place / "probe.sock")},
+        "devices": {"backend": "sim", "sim": {"scenario": "probe-sdc", "device_dir": str(place / "dev")}}}))
+    board = Board()
+    board.publish(readings(place), {})
+    drilled = JobReports(config, CanaryCollector(config), board)
+    try:
+        [job] = wait_until(drill_jobs, what="the drill's simulated job")
+    finally:
+        drilled.close()
+    assert not Path(f"/proc/{job}").exists()  # killed and reaped
+    drilled.close()  # closing twice does nothing more
+    assert not (place / "probe.sock").exists()
