@@ -46,7 +46,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -63,6 +63,7 @@ from tpuwatch.canary.checks import faults  # noqa: E402
 from tpuwatch.canary.checks.suite import Settings, Suite  # noqa: E402
 from tpuwatch.canary.judge import DeviceOutcome, History, judge  # noqa: E402
 from tpuwatch.canary.runner import SCHEDULE  # noqa: E402
+from tpuwatch.canary.spec import TIMED_CHECKS as TIMED  # noqa: E402
 
 from common import BENCHMARKS_MD, cpu_model, machine_and_command, write_section  # noqa: E402
 
@@ -144,14 +145,40 @@ def verdict(lines: list[dict[str, Any]], history: History) -> tuple[dict[str, De
 
 
 def suite_run(suite: Suite, entry: int, history: History
-              ) -> tuple[dict[str, DeviceOutcome], History, list[dict[str, Any]]]:
-    """One run of ``suite`` at ``entry``, judged: (chip -> verdict, the history to keep, the results)."""
+              ) -> tuple[dict[str, DeviceOutcome], History, list[dict[str, Any]], list[dict[str, Any]]]:
+    """One run of ``suite`` at ``entry``, judged: (chip -> verdict, the history to keep, the results, the confirm
+    lines)."""
     results = suite.run(CHIPS, entry)
     confirms = suite.confirm(CHIPS, results, {})
     lines = [{**START, "scale": 3.6073094633660014}, *({"event": "result", **r} for r in results),
              *({"event": "confirm", **c} for c in confirms)]
     outcomes, history = verdict(lines, history)
-    return outcomes, history, results
+    return outcomes, history, results, confirms
+
+
+def _ms(seconds: Sequence[float] | float | None) -> str:
+    if seconds is None:
+        return "-"
+    if isinstance(seconds, (int, float)):
+        return f"{seconds * 1000:.2f}"
+    return "/".join(f"{t * 1000:.2f}" for t in seconds)
+
+
+def speed_rounds(chip: str, results: list[dict[str, Any]], confirms: list[dict[str, Any]]) -> list[str]:
+    """The speed check's rounds for ``chip`` as lines of text (ms): its timing, its peers' timings in the same
+    round, its fastest so far against its peers' median fastest, the host reference beside its runs, the round's
+    verdict; a chip never timed again: every chip's first timing."""
+    line = next((c for c in confirms if c["check"] == "speed" and c["device"] == chip), None)
+    if line is None or not line.get("rounds"):
+        first = {r["device"]: r for r in results if r["check"] in TIMED}
+        return ["never timed again; first timings: " + ", ".join(
+            f"chip {d} {_ms(r['duration_seconds'])} (runs {_ms(r.get('runs_seconds'))}, host "
+            f"{_ms(r.get('host_seconds'))})" for d, r in first.items())]
+    return [f"round {i}: chip {_ms(r['took'])}, peers beside {_ms(r['beside'])}; fastest {_ms(r['best'])} vs peers' "
+            f"{_ms(r['peers_best'])} ({r['best'] / r['peers_best']:.2f}x); host {_ms(r['host'])}; "
+            f"{'slow' if r['slow'] else 'clear'}{', conclusive' if r['slow'] and r['conclusive'] else ''}"
+            f"{', not slow beside its peers' if r['slow'] and not r['conclusive'] else ''}"
+            for i, r in enumerate(line["rounds"])]
 
 
 def by_status(outcomes: dict[str, DeviceOutcome]) -> dict[str, str]:
@@ -159,14 +186,28 @@ def by_status(outcomes: dict[str, DeviceOutcome]) -> dict[str, str]:
     return {device: o.status for device, o in outcomes.items()}
 
 
-def trial(kind: Kind, text: str, chip: str, baseline: History, first_entry: int) -> dict[str, tuple[bool, int, bool]]:
-    """checker -> (caught, runs until caught, wrong chip flagged) for one injected fault."""
+def trial(kind: Kind, text: str, chip: str, baseline: History, first_entry: int,
+          missed: list[str] | None = None) -> dict[str, tuple[bool, int, bool]]:
+    """checker -> (caught, runs until caught, wrong chip flagged) for one injected fault; a slow fault the suite
+    missed adds its last run's speed rounds to ``missed``."""
     fault = faults.parse(text)
     out = {}
     suite = Suite(jax, "cpu", SETTINGS, fault, chip)
     history = dict(baseline)
-    out["suite"] = _until(kind.runs, chip,
-                          lambda k: by_status(suite_run(suite, (first_entry + k) % SCHEDULE, history)[0]))
+    last: dict[str, Any] = {}
+
+    def run_suite(k: int) -> dict[str, str]:
+        outcomes, _, results, confirms = suite_run(suite, (first_entry + k) % SCHEDULE, history)
+        last.update(outcomes=outcomes, results=results, confirms=confirms)
+        return by_status(outcomes)
+
+    out["suite"] = _until(kind.runs, chip, run_suite)
+    if fault.kind == "slow" and not out["suite"][0] and missed is not None:
+        o = last["outcomes"][chip]
+        block = [f"{text} on chip {chip} missed: {o.status} ({o.check or '-'}): {o.reason or 'no reason'}",
+                 *(f"    {t}" for t in speed_rounds(chip, last["results"], last["confirms"]))]
+        missed.extend(block)
+        print("\n".join(block), file=sys.stderr, flush=True)
     fixed = Suite(jax, "cpu", Settings(("model",)), fault, chip)
     out["fixed-input canary"] = _until(kind.runs, chip, lambda k: by_status(suite_run(fixed, 0, dict(baseline))[0]))
     selfish = Suite(jax, "cpu", Settings(("gemm",)), fault, chip)
@@ -190,22 +231,27 @@ def _until(runs: int, chip: str, run: Callable[[int], dict[str, str]]) -> tuple[
     return False, runs, wrong
 
 
-def clean_runs(count: int) -> tuple[int, Counter[str], list[float], list[float]]:
+def clean_runs(count: int, alarmed: list[str] | None = None) -> tuple[int, Counter[str], list[float], list[float]]:
     """(runs with a chip flagged, flagged chips by verdict and check, chip time per chip and run, wall time per
     run) over ``count`` clean runs.  A chip whose speed was inconclusive (a pass, check ``speed``: the host too
-    busy to tell) is not flagged; it is counted apart as ``inconclusive (speed)`` and printed like an alarm."""
+    busy to tell) is not flagged; it is counted apart as ``inconclusive (speed)`` and printed like an alarm.  Each
+    chip flagged slow adds its speed rounds to ``alarmed``."""
     suite = Suite(jax, "cpu", SETTINGS)
     history: History = {}
     alarms, kinds, chip_time, wall = 0, Counter[str](), [], []
     for k in range(count):
         started = time.perf_counter()
-        outcomes, history, results = suite_run(suite, k % SCHEDULE, history)
+        outcomes, history, results, confirms = suite_run(suite, k % SCHEDULE, history)
         wall.append(time.perf_counter() - started)
         flagged = [o for o in outcomes.values() if o.status != "pass"]
         alarms += bool(flagged)
         for o in flagged + [o for o in outcomes.values() if o.status == "pass" and o.check == "speed"]:
             kinds[f"{o.status} ({o.check or '-'})" if o.status != "pass" else "inconclusive (speed)"] += 1
             print(f"clean run {k + 1}: chip {o.device} {o.status} ({o.check}): {o.reason}", file=sys.stderr, flush=True)
+            if o.status == "slow" and alarmed is not None:
+                alarmed.append(f"clean run {k + 1}: chip {o.device} {o.status}: {o.reason}")
+                alarmed.extend(f"    {t}" for t in speed_rounds(o.device, results, confirms))
+                print("\n".join(speed_rounds(o.device, results, confirms)), file=sys.stderr, flush=True)
         if (k + 1) % 1000 == 0:
             print(f"clean runs: {k + 1}, false alarms so far {alarms}", file=sys.stderr, flush=True)
         for name, _ in CHIPS:
@@ -227,15 +273,18 @@ def main() -> int:
     began = time.monotonic()
     baseline: History = {}
     for k in range(SCHEDULE):  # a day of clean runs: every chip's past on every entry, as a running host has
-        _, baseline, _ = suite_run(Suite(jax, "cpu", SETTINGS), k, baseline)
-    alarms, kinds, chip_time, wall = clean_runs(args.clean)
+        _, baseline, _, _ = suite_run(Suite(jax, "cpu", SETTINGS), k, baseline)
+    alarmed: list[str] = []
+    missed: list[str] = []
+    alarms, kinds, chip_time, wall = clean_runs(args.clean, alarmed)
     rng = np.random.default_rng(args.seed)
     checkers = ("suite", "fixed-input canary", "self-compare")
     scores = {(kind.name, c): Score() for kind in KINDS for c in checkers}
     for kind in KINDS:
         for _ in range(args.trials):
             text, chip = kind.draw(rng), str(int(rng.integers(len(CHIPS))))
-            for checker, (caught, runs, wrong) in trial(kind, text, chip, baseline, int(rng.integers(SCHEDULE))).items():
+            first = int(rng.integers(SCHEDULE))
+            for checker, (caught, runs, wrong) in trial(kind, text, chip, baseline, first, missed).items():
                 score = scores[(kind.name, checker)]
                 score.trials += 1
                 if caught:
@@ -264,6 +313,10 @@ def main() -> int:
                   f"and judging included: median {statistics.median(wall) * 1000:.0f} ms. Flagged chips by verdict "
                   f"(check), and chips whose speed was inconclusive (passed, not flagged): "
                   f"{', '.join(f'{k} {n}' for k, n in kinds.most_common()) or 'none'}.",
+              "", "Speed rounds (ms) of each clean chip flagged slow and each slow chip the suite missed: the chip's "
+              "timing (fastest of 3 runs), its peers' timings in the same round, its fastest so far against its "
+              "peers' median fastest, the host reference beside its runs, and the round's verdict:", "",
+              "```", *(alarmed or ["no clean chip flagged slow"]), *(missed or ["no slow chip missed"]), "```",
               "", f"Whole run: {(time.monotonic() - began) / 60:.1f} min.", ""]
     lines += machine_and_command({"CPU": f"{cpu_model()} ({os.cpu_count()} logical CPUs)",
                                   "Python": platform.python_version(), "jax": jax.__version__}, started,

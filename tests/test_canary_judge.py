@@ -15,7 +15,7 @@ import pytest
 
 from tpuwatch.canary import spec
 from tpuwatch.canary.judge import CanaryResult, DeviceOutcome, Drill, DrillVerdict, history_key, judge
-from tpuwatch.canary.speed import MIN_CONCLUSIVE
+from tpuwatch.canary.speed import needed
 
 DATA = Path(__file__).parent / "testdata" / "canary"
 A, B, C = "a" * 16, "b" * 16, "c" * 16
@@ -218,14 +218,33 @@ def test_a_slow_chip_computed_right_and_its_fingerprint_is_kept() -> None:
     assert history[history_key(STACK, "cpu", "float32", "gemm", 5)] == {d: B for d in "0123"}
 
 
-def test_a_speed_inconclusive_says_how_many_timings_were_slow_beyond_the_host() -> None:
-    calm = MIN_CONCLUSIVE - 1
+def test_a_speed_inconclusive_says_how_many_timings_were_slow_beside_its_peers() -> None:
+    beside = needed(5) - 1
     verdict, _ = judge(timed({"1": 0.006}, {"deviations": [True] * 5,
-                                            "conclusive": [True] * calm + [False] * (5 - calm)}), None, {})
+                                            "conclusive": [True] * beside + [False] * (5 - beside)}), None, {})
     assert outcome(verdict, "1") == DeviceOutcome("1", "pass", ERROR, B, 0.006, (
-        f"speed inconclusive: 6 ms of device time, 3.0x its peers' median, slow in all 5 timings, but the host's own "
-        f"reference ran slow enough beside {5 - calm} of them to explain it; {calm} slow beyond the host's pace, "
-        f"{MIN_CONCLUSIVE} needed to call it slow"), "speed")
+        f"speed inconclusive: 6 ms of device time, 3.0x its peers' median, slow in all 5 timings against its "
+        f"peers' fastest, but against its peers timed beside it in only {beside} (a busy host slows some timings, a "
+        f"slow chip every one); {needed(5)} needed to call it slow"), "speed")
+    # 3 in 4 of them beside its peers make it slow
+    verdict, _ = judge(timed({"1": 0.006}, {"deviations": [True] * 5, "conclusive": [True] * 4 + [False]}), None, {})
+    assert outcome(verdict, "1").status == "slow"
+
+
+def test_a_chip_slow_at_first_only_against_its_fastest_peer_is_judged_by_its_rounds() -> None:
+    # its first timing 1.9x its peers' median (two of them timed in a busy moment), 3x its fastest: timed again,
+    # it was slow against its peers' fastest and beside them in every round
+    def lines(again: dict[str, Any]) -> list[dict[str, Any]]:
+        out = timed({"1": 0.0095, "2": 0.005, "3": 0.005, "0": 0.0032})
+        out.insert(-1, {"event": "confirm", "device": "1", "check": "speed", "entry": 0, **again})
+        return out
+
+    assert judge(lines({"deviations": []}), None, {})[0].status == "pass"  # not slow against its peers' median
+    rounds = [{"best": 0.0096, "peers_best": 0.0032}]
+    verdict, _ = judge(lines({"deviations": [True] * 4, "conclusive": [True] * 4, "rounds": rounds}), None, {})
+    assert outcome(verdict, "1").status == "slow"
+    assert outcome(verdict, "1").reason == "9.6 ms of device time at its fastest, 3.0x its peers' median fastest"
+    assert judge(lines({"deviations": [False], "conclusive": [True]}), None, {})[0].status == "pass"
 
 
 def test_a_pass_gives_every_chip_whose_speed_was_inconclusive() -> None:

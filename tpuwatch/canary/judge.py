@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tpuwatch.canary import spec
-from tpuwatch.canary.speed import INCONCLUSIVE, MIN_CONCLUSIVE, SLOW, slow_against_peers, speed_verdict
+from tpuwatch.canary.speed import INCONCLUSIVE, SLOW, median, needed, slow_against_peers, speed_verdict
 
 History = dict[str, dict[str, str]]
 KEPT_STACKS = 256  # keys kept in the history (a stack has a key per check and schedule entry), the newest
@@ -198,22 +198,31 @@ def _confirmed(lines: list[dict[str, Any]], problems: dict[str, list[tuple[str, 
 
 def _slow(took: dict[str, float], lines: list[dict[str, Any]]) -> tuple[dict[str, str], dict[str, str]]:
     """(device -> why it is slow, device -> why its speed is inconclusive).  Slow: its device time over
-    SLOW_FACTOR x its peers' median (three chips or more), so in every round where the worker timed the chips
-    again, and in at least MIN_CONCLUSIVE of them beyond what the host's own slowdown explains (speed.py).
-    Inconclusive: slow in every round, but in too few of them beyond the host's slowdown."""
+    SLOW_FACTOR x its peers' median (three chips or more), or a speed line of rounds (a chip slow at first only
+    against its fastest peer); its fastest time so over its peers' fastest in every round where the worker timed
+    the chips again, and in CONSISTENT (3 in 4) of its timings, MIN_CONCLUSIVE at least, also against its peers
+    timed in that same round (speed.py).  Inconclusive: slow in every round, but in too few of them against its
+    peers beside it."""
     again = {line["device"]: line for line in lines if line["event"] == "confirm" and line["check"] == SPEED}
     slow, unsure = {}, {}
-    for device, median in slow_against_peers(took).items():
+    first = slow_against_peers(took)
+    for device in [*first, *(d for d, line in again.items() if d not in first and d in took and line["deviations"])]:
         line = again.get(device)
         found = SLOW if line is None else speed_verdict(line["deviations"], line.get("conclusive"))
-        seen = f"{took[device] * 1000:.3g} ms of device time, {took[device] / median:.1f}x its peers' median"
+        if device in first:
+            seen = f"{took[device] * 1000:.3g} ms of device time, {took[device] / first[device]:.1f}x its peers' median"
+        else:  # slow at first only against its fastest peer (speed.py): what its rounds found
+            last = (line or {}).get("rounds") or [{"best": took[device], "peers_best": median(
+                [t for d, t in took.items() if d != device])}]
+            seen = (f"{last[-1]['best'] * 1000:.3g} ms of device time at its fastest, "
+                    f"{last[-1]['best'] / last[-1]['peers_best']:.1f}x its peers' median fastest")
         if found == SLOW:
             slow[device] = seen
         elif found == INCONCLUSIVE and line is not None:
-            calm, timed = sum(bool(c) for c in line["conclusive"]), len(line["deviations"])
-            unsure[device] = (f"speed inconclusive: {seen}, slow in all {timed} timings, but the host's own "
-                              f"reference ran slow enough beside {timed - calm} of them to explain it; "
-                              f"{calm} slow beyond the host's pace, {MIN_CONCLUSIVE} needed to call it slow")
+            beside, timed = sum(bool(c) for c in line["conclusive"]), len(line["deviations"])
+            unsure[device] = (f"speed inconclusive: {seen}, slow in all {timed} timings against its peers' fastest, "
+                              f"but against its peers timed beside it in only {beside} (a busy host slows some "
+                              f"timings, a slow chip every one); {needed(timed)} needed to call it slow")
     return slow, unsure
 
 

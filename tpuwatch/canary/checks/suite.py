@@ -9,7 +9,6 @@ duration_seconds, and a note where the check has one.
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -21,7 +20,16 @@ import numpy as np
 from tpuwatch.canary import spec
 from tpuwatch.canary.checks import bf16, collective, faults, gemm, memory, reference_model, transcendental
 from tpuwatch.canary.checks.base import Case, measure
-from tpuwatch.canary.speed import BUSY_ROUNDS, MIN_CONCLUSIVE, SPEED_ROUNDS, beyond_host, is_slow, slow_against_peers
+from tpuwatch.canary.speed import (
+    BUSY_ROUNDS,
+    SLOW,
+    SPEED_ROUNDS,
+    looks_slow,
+    median,
+    slow_against_peers,
+    slow_beside,
+    speed_verdict,
+)
 
 CHIP_CHECKS = {m.NAME: m for m in (reference_model, gemm, transcendental, bf16)}
 ALL = spec.CHECKS
@@ -173,40 +181,49 @@ class Suite:
         return out + self._confirm_speed(chips, results)
 
     def _confirm_speed(self, chips: Sequence[Chip], results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """When a chip looks slow, every chip is timed up to SPEED_ROUNDS times more (BUSY_ROUNDS more while the
-        host is too busy to tell), in a rotated order; each round compares the chips' fastest times so far, until
-        no chip looks slow (speed.py).  A round that says slow is conclusive when the chip's timing in it is still
-        slow with the host's own slowdown beside it divided out (the host reference against its median so far)."""
+        """When a chip looks slow (against its peers' median, or its fastest peer), every chip is timed up to
+        SPEED_ROUNDS times more (BUSY_ROUNDS more while the host is too busy to tell), in a rotated order; each round
+        compares the chips' fastest times so far, until no chip looks slow (speed.py).  A chip slow at first only
+        against its fastest peer has its rounds from its second timing on.  A round that says slow is conclusive
+        when the chip's timing in it is also slow against its peers' timings in that same round (the host's pace at
+        that moment).  Each speed line keeps its rounds (``rounds``: the chip's timing, its peers' beside it, its
+        fastest and its peers' median fastest so far, the host reference beside its runs, the round's verdict) so a
+        verdict can be read back."""
         timed = {r["device"]: r for r in results if r["check"] in spec.TIMED_CHECKS}
         best = {d: r["duration_seconds"] for d, r in timed.items()}
-        refs = [t for r in timed.values() for t in r.get("host_seconds", ())]  # the host reference's times so far
         flags: dict[str, list[bool]] = {}
         conclusive: dict[str, list[bool]] = {}
+        rounds: dict[str, list[dict[str, Any]]] = {}
 
-        def judge_round(now: dict[str, dict[str, Any]]) -> None:
-            slow, usual = slow_against_peers(best), statistics.median(refs) if refs else 0.0
-            for name in flags:
-                r = now[name]
+        def judge_round(now: dict[str, dict[str, Any]], names: Sequence[str] | None = None) -> None:
+            slow = slow_against_peers(best)
+            for name in flags if names is None else names:
+                mine = now[name]["duration_seconds"]
+                beside = [r["duration_seconds"] for d, r in now.items() if d != name]
                 flags[name].append(name in slow)
-                conclusive[name].append(name not in slow or is_slow(beyond_host(
-                    r.get("runs_seconds") or [r["duration_seconds"]], r.get("host_seconds"), usual), slow[name]))
+                conclusive[name].append(name not in slow or slow_beside(mine, beside))
+                rounds[name].append({"took": mine, "beside": beside, "best": best[name],
+                                     "peers_best": median([t for d, t in best.items() if d != name]),
+                                     "host": now[name].get("host_seconds"), "slow": flags[name][-1],
+                                     "conclusive": conclusive[name][-1]})
 
-        for name in slow_against_peers(best):
-            flags[name], conclusive[name] = [], []
-        judge_round(timed)
+        for name in looks_slow(best):
+            flags[name], conclusive[name], rounds[name] = [], [], []
+        first = set(slow_against_peers(best))
+        judge_round(timed, [name for name in flags if name in first])
         by_name, order = dict(chips), list(timed)
         for done in range(SPEED_ROUNDS + BUSY_ROUNDS if flags else 0):
             open_ = [n for n, seen in flags.items() if all(seen)]
-            if not open_ or (done >= SPEED_ROUNDS and all(sum(conclusive[n]) >= MIN_CONCLUSIVE for n in open_)):
+            if not open_ or (done >= SPEED_ROUNDS and all(
+                    speed_verdict(flags[n], conclusive[n]) == SLOW for n in open_)):
                 break
             order = order[1:] + order[:1]
             now = {d: self.run_check(timed[d]["check"], (d, by_name[d]), timed[d]["entry"]) for d in order}
             for d, r in now.items():
                 best[d] = min(best[d], r["duration_seconds"])
-                refs.extend(r.get("host_seconds", ()))
             judge_round(now)
         return [{"device": name, "check": SPEED, "entry": 0, "deviations": flags[name],
-                 "conclusive": conclusive[name]} for name in flags]
+                 "conclusive": conclusive[name], "rounds": rounds[name]} for name in flags]
 
     def _again(self, result: dict[str, Any], chips: Sequence[Chip], by_name: dict[str, Any]) -> dict[str, Any]:
         name, check = result["device"], result["check"]
