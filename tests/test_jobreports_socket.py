@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import logging
 import os
@@ -192,6 +193,9 @@ def test_a_stale_socket_is_replaced_and_a_live_one_kept(
         ("INFO", f"probe reports: listening on {place / 'probe.sock'}"),
         ("WARNING", f"probe reports off: {problem} (in-job probes cannot report here)")]
     assert {s.name: s.value for s in second.collect()}["tpuwatch_probe_socket_up"] == 0
+    with pytest.raises(OSError) as taken:
+        server.bind(str(place / "probe.sock"))
+    assert (taken.value.errno, taken.value.strerror) == (errno.EADDRINUSE, "another process listens there")
     assert send(place / "probe.sock", line())["accepted"] is True  # root holding nothing: named chips
     assert accepted(first) == 1
 
@@ -568,13 +572,14 @@ def test_out_of_descriptors_the_socket_says_so_once_and_serves_the_waiting_repor
     waiting = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # made before this process runs out
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     taken: list[int] = []
+    caplog.set_level(logging.INFO, logger="tpuwatch.jobreports.server")
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as first:  # the socket's thread is serving
             first.settimeout(10)
             first.connect(str(path))
             first.sendall(b"first\n")
             assert first.makefile("rb").read() == b'{"accepted": true, "report": "first"}\n'  # and closed its end
-        caplog.set_level(logging.INFO, logger="tpuwatch.jobreports.server")
+        assert caplog.records == []  # nothing to say while all is well
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(int(fd) for fd in os.listdir("/proc/self/fd")) + 2, hard))
         with contextlib.suppress(OSError):
             while True:
@@ -682,3 +687,23 @@ def test_the_probe_sdc_drill_s_job_is_started_with_the_socket_and_stopped_at_clo
     assert not Path(f"/proc/{job}").exists()  # killed and reaped
     drilled.close()  # closing twice does nothing more
     assert not (place / "probe.sock").exists()
+
+
+def test_the_socket_is_made_in_a_directory_made_for_it_and_served_by_a_daemon_thread_of_its_own(
+        serve: Callable[..., JobReports], place: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    part = serve(socket=str(place / "run" / "tpuwatch" / "probe.sock"))  # /run/tpuwatch after a reboot: not there
+    assert send(place / "run" / "tpuwatch" / "probe.sock", line())["accepted"] is True
+    assert (place / "run" / "tpuwatch").stat().st_mode & 0o777 == 0o755 & ~current_umask()
+    [thread] = [t for t in threading.enumerate() if t.name == "tpuwatch-probe-socket"]
+    assert thread.daemon  # the daemon's exit never waits on a connection
+    part.close()
+    assert not thread.is_alive()
+    monkeypatch.chdir(place)
+    server.bind("here.sock").close()  # a path without a directory: the current one
+    assert sorted(p.name for p in place.iterdir()) == ["dev", "here.sock", "run", "state"]
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
