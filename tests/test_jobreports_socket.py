@@ -707,3 +707,27 @@ def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_a_report_the_daemon_fails_to_handle_is_closed_unanswered_said_once_and_the_socket_serves_on(
+        place: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def handle(peer: server.Peer, data: bytes) -> dict[str, Any]:
+        if data == b"disk full":
+            raise OSError(errno.ENOSPC, "No space left on device")  # writing the chips' history, say
+        return {"accepted": True}
+
+    path = place / "bare.sock"
+    served = server.ReportServer(server.bind(str(path)), server.Limits(32, 4096, 30.0, 60), handle,
+                                 lambda reason: None)
+    served.start()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(10)  # well before the read deadline (30 s)
+            conn.connect(str(path))
+            conn.sendall(b"disk full\n")
+            assert conn.recv(4096) == b""  # closed, without an answer it could take for a verdict
+        assert send(path, b"fine\n") == {"accepted": True}
+    finally:
+        served.stop()
+    assert [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records] == [
+        ("ERROR", f"probe socket: cannot handle the report of pid {os.getpid()} (closed without an answer)", True)]

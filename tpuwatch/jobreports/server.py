@@ -10,8 +10,10 @@ that (a user cannot escape the limit by forking).  A report not whole within
 ``read_timeout`` is ``timeout``, one over ``max_report_bytes`` ``oversized``;
 a connection closed before it sent anything is neither answered nor counted
 (a liveness check).  What is read whole goes to ``handle(peer, data)``, which
-answers.  All of it runs in this one thread: sampling and alerting never wait
-on it, and a hostile user costs at most its share of reads and parses.
+answers (a report it fails on is closed unanswered, and the failure logged).
+Out of descriptors, the listener is set aside a tick at a time.  All of it runs
+in this one thread: sampling and alerting never wait on it, and a hostile user
+costs at most its share of reads and parses.
 """
 
 from __future__ import annotations
@@ -234,7 +236,13 @@ class ReportServer:
         if not newline and not chunk and not conn.data:
             self._drop(selector, conn, None, None)  # closed before a byte: a liveness check, not a report
         elif newline or not chunk:
-            self._drop(selector, conn, None, self.handle(conn.peer, bytes(line)))
+            try:
+                answer = self.handle(conn.peer, bytes(line))
+            except Exception:  # noqa: BLE001 - left open, the connection would fail again at every wake-up
+                log.exception("probe socket: cannot handle the report of pid %d (closed without an answer)",
+                              conn.peer.pid)
+                answer = None
+            self._drop(selector, conn, None, answer)
 
     def _expire(self, selector: selectors.BaseSelector) -> None:
         now = self.clock()
