@@ -731,3 +731,30 @@ def test_a_report_the_daemon_fails_to_handle_is_closed_unanswered_said_once_and_
         served.stop()
     assert [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records] == [
         ("ERROR", f"probe socket: cannot handle the report of pid {os.getpid()} (closed without an answer)", True)]
+
+
+def test_the_socket_s_thread_outlives_an_error_of_its_own_and_serves_on(
+        place: Path, caplog: pytest.LogCaptureFixture) -> None:
+    calls: list[str] = []
+
+    def refuse(reason: str) -> None:  # the part's counter: failing once
+        calls.append(reason)
+        if len(calls) == 1:
+            raise RuntimeError("the counter failed")
+
+    path = place / "bare.sock"
+    served = server.ReportServer(server.bind(str(path)), server.Limits(32, 64, 30.0, 60),
+                                 lambda peer, data: {"accepted": True}, refuse)
+    served.start()
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as first:
+            first.connect(str(path))
+            first.sendall(b"x" * 100)  # oversized: its refusal fails (not waited for: it may never be answered)
+        wait_until(lambda: caplog.records, what="the error said")
+        assert send(path, b"x" * 100) == {"accepted": False, "reason": "oversized", "detail": "over 64 bytes"}
+        assert send(path, b"fine\n") == {"accepted": True}
+    finally:
+        served.stop()
+    assert calls == ["oversized", "oversized"]
+    assert [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records] == [
+        ("ERROR", "probe socket: unexpected error, serving on", True)]
