@@ -115,7 +115,7 @@ class DaemonProcess:
     """`tpuwatch run` as a real subprocess, with its config file and stderr log."""
 
     def __init__(self, workdir: Path, config: dict[str, Any], args: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
         self.workdir = workdir
         self.config_path = workdir / "config.yaml"
         self.log_path = workdir / "stderr.log"
@@ -126,7 +126,7 @@ class DaemonProcess:
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tpuwatch", "run", "--config", str(self.config_path), *(args or [])],
-            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, cwd=cwd,
         )
 
     def write_config(self, config: dict[str, Any]) -> None:

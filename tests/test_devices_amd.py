@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tpuwatch.alerting.tracker import Track, Tracker
-from tpuwatch.config import Config, DevicesConfig, HostConfig, KernelLogConfig, MaintenanceConfig, Paths
+from tpuwatch.config import Config, DevicesConfig, HostConfig, KernelLogConfig, Paths
 from tpuwatch.devices import select_backend
 from tpuwatch.devices.amd import AmdBackend, parse_hwmon, parse_ras
 from tpuwatch.devices.base import reading_samples
@@ -351,7 +351,7 @@ def test_one_holder_scan_a_cycle_names_a_render_node_s_holder_by_chip_in_the_fir
     compute = subprocess.Popen([sys.executable, "-c", script, f"{paths.dev}/dri/renderD129"], stdin=subprocess.PIPE)
     sources = build_sources(dataclasses.replace(
         config(paths), state_dir=str(tmp_path / "state"), kernel_log=KernelLogConfig(source="none"),
-        host=HostConfig(pod_resources_socket=None), maintenance=MaintenanceConfig(cloud="off")), persist=False)
+        host=HostConfig(pod_resources_socket=None)), persist=False)
     try:
         wait_until(lambda: _holds(compute.pid, f"{paths.dev}/dri/renderD129"), what="the holder to open its file")
         sampler = Sampler(sources.stages(), SeriesStore(10, 10_000), 1.0, sources.inventory)

@@ -23,9 +23,10 @@ from tpuwatch.cloud.events import (
     parse_gce_event,
     parse_gce_upcoming,
 )
+from tpuwatch.cloud.plugin import MaintenanceConfig
 from tpuwatch.cloud.standin import UNAVAILABLE, MetadataStandIn
-from tpuwatch.config import KubernetesConfig, MaintenanceConfig
-from tpuwatch.kubernetes.conditions import MAINTENANCE_CONDITION, condition_table
+from tpuwatch.config import KubernetesConfig, parse
+from tpuwatch.kubernetes.conditions import condition_table, offered
 from tpuwatch.kubernetes.remediation import Ladders, Trigger
 from tpuwatch.schema import ConfigError, build
 from tpuwatch.units import from_now
@@ -316,8 +317,14 @@ def test_a_cordon_before_the_window_waits_until_the_window_is_that_close() -> No
 
 
 def test_the_maintenance_condition_is_off_by_default_and_added_when_asked() -> None:
-    assert "HostMaintenanceScheduled" not in [c.type for c in condition_table(KubernetesConfig())]
-    table = condition_table(KubernetesConfig(node_conditions=True, maintenance_condition=True))
-    assert table[-1] == MAINTENANCE_CONDITION and [s.alert for s in table[-1].sources] == ["MaintenanceScheduled"]
-    with pytest.raises(ConfigError, match="kubernetes.maintenance_condition: needs node_conditions: true"):
-        build(KubernetesConfig, {"maintenance_condition": True}, "kubernetes")
+    off = parse("kubernetes: {node_conditions: true}")
+    assert "HostMaintenanceScheduled" not in [c.type for c in condition_table(off.kubernetes, offered(off))]
+    on = parse("kubernetes: {node_conditions: true}\nmaintenance: {node_condition: true}")
+    table = condition_table(on.kubernetes, offered(on))
+    assert table[-1].type == "HostMaintenanceScheduled"
+    assert [(s.alert, s.reason) for s in table[-1].sources] == [("MaintenanceScheduled", "MaintenanceScheduled")]
+    named = parse("kubernetes: {node_conditions: true, conditions: [{type: HostMaintenanceScheduled, sources: "
+                  "[{alert: MaintenanceScheduled, reason: Announced}]}]}\nmaintenance: {node_condition: true}")
+    assert [c.type for c in condition_table(named.kubernetes, offered(named))] == ["HostMaintenanceScheduled"]
+    with pytest.raises(ConfigError, match="maintenance.node_condition: needs kubernetes.node_conditions: true"):
+        parse("maintenance: {node_condition: true}")

@@ -114,9 +114,9 @@ def test_kubernetes_condition_and_cordon_ahead_of_the_window(start_daemon: Any, 
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig", tls.ca_cert)
         daemon = start_daemon({
             **SIM_FAST, "devices": {"backend": "sim", "sim": {"fault_after": "1s"}},
-            "kubernetes": {"node_conditions": True, "maintenance_condition": True, "kubeconfig": str(kubeconfig),
-                           "max_unhealthy_nodes": 1, "lease_namespace": "monitoring",
-                           "remediation": [{"trigger": "MaintenanceScheduled",
+            "maintenance": {"node_condition": True},
+            "kubernetes": {"node_conditions": True, "kubeconfig": str(kubeconfig), "max_unhealthy_nodes": 1,
+                           "lease_namespace": "monitoring", "remediation": [{"trigger": "MaintenanceScheduled",
                                             "actions": [{"type": "cordon", "before_window": "3h"}]}]}},
             args=["--simulate", "maintenance"], env={"NODE_NAME": "tpu-node-1"})
         daemon.wait_ready()

@@ -10,7 +10,7 @@ caller switches to the new parts and then ``retire()``s what was replaced.
 The pipeline the sampler runs, in order within each cycle:
 
     devices (this cycle's chips and their holders: the inventory every later part reads) -> store
-    sources (host, kernel log, canary results, probe reports) -> store
+    sources (host, kernel log, canary results, the plugins') -> store
     analysis (trend detectors; tpuwatch's own metrics)   -> store
     alerting (rules over the store; delivery runs in its own threads)
     actions (the Kubernetes node agent, fed the alert state)
@@ -33,11 +33,12 @@ from tpuwatch.analysis.state import TrendStateFile
 from tpuwatch.analysis.trend import TrendAnalyzer
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.canary.needs import drill_samples
+from tpuwatch.collectors import Collector
 from tpuwatch.config import Config
 from tpuwatch.devices import sim
 from tpuwatch.devices.base import DeviceReading, reading_samples
-from tpuwatch.jobreports import collector as job_reports
-from tpuwatch.registry import ACTIONS, Action, Sources, build_canary, build_sources
+from tpuwatch.plugincontext import Context
+from tpuwatch.registry import ACTIONS, Action, Sources, build_canary, build_plugins, build_sources
 from tpuwatch.sampler import Sampler, Stage
 from tpuwatch.samples import Sample, sample
 from tpuwatch.statedir import is_simulated
@@ -81,7 +82,7 @@ class Parts:
     trend_state: TrendStateFile | None
     sources: Sources
     canary: CanaryCollector | None
-    job_reports: job_reports.JobReports | None  # in-job probes' reports, judged into the canary's book
+    plugins: dict[str, Collector]  # the registered plugins' collectors (tpuwatch/plugins.py), by name
     alerting: Alerting
     actions: dict[str, Action]  # those enabled, by name (ACTIONS)
     sampler: Sampler
@@ -93,7 +94,7 @@ class Parts:
 
 def _sources_key(config: Config) -> tuple[Any, ...]:
     return (config.devices, config.paths, config.host, config.collector_deadline, config.kernel_log,
-            config.state_dir, config.maintenance)
+            config.state_dir)
 
 
 def _trend_key(config: Config) -> tuple[Any, ...]:
@@ -152,7 +153,7 @@ def _same(previous: Parts | None, config: Config, key: Callable[[Config], Any]) 
 
 
 def _pipeline(config: Config, store: SeriesStore, trend: TrendAnalyzer, trend_state: TrendStateFile | None,
-              sources: Sources, canary: CanaryCollector | None, reports: job_reports.JobReports | None,
+              sources: Sources, canary: CanaryCollector | None, plugins: dict[str, Collector],
               alerting: Alerting, actions: dict[str, Action], daemon_samples: SampleSource) -> Sampler:
     """The stages of one cycle (module docstring), each part behind its guard."""
     own = SelfMetrics([store.samples, daemon_samples, drill_samples(config),
@@ -171,9 +172,9 @@ def _pipeline(config: Config, store: SeriesStore, trend: TrendAnalyzer, trend_st
         return []
 
     # The chips first: they publish the cycle's inventory, which every later part of the cycle (host holders,
-    # kernel-log attribution, the canary's chips, the probe socket, actions) reads, sealed once the stage is over.
+    # kernel-log attribution, the canary's chips, the plugins, actions) reads, sealed once the stage is over.
     devices, others = sources.stages()
-    stages: list[list[Any]] = [devices, [*others, *(part for part in (canary, reports) if part is not None)],
+    stages: list[list[Any]] = [devices, [*others, *([canary] if canary is not None else []), *plugins.values()],
                                [own, Stage("trend", lambda: trend.observe(store.current(), time.time()))],
                                [Stage("alerting", evaluate)]]
     if actions:
@@ -213,37 +214,23 @@ def assemble(config: Config, previous: Parts | None, daemon_samples: SampleSourc
         if kept_sources is None:
             sources.close()
         raise
-    reports = _job_reports(config, previous, canary, sources)
+    # Last, when nothing can fail any more: a plugin rebuilt closes its predecessor first (a socket path).
+    host = sources.collectors.get("host")
+    plugins, _ = build_plugins(config, Context(sources.inventory, canary, getattr(host, "pods", None)),
+                                   previous.plugins if previous is not None else None,
+                                   previous.config if previous is not None else None)
     sampler = None
     if previous is not None and previous.config.collector_deadline == config.collector_deadline and all(
             new is old for new, old in ((store, previous.store), (trend, previous.trend),
-                                        (sources, previous.sources), (canary, previous.canary),
-                                        (reports, previous.job_reports))) \
-            and actions == previous.actions:
+                                        (sources, previous.sources), (canary, previous.canary))) \
+            and plugins == previous.plugins and actions == previous.actions:
         sampler = previous.sampler
     if sampler is None:
-        sampler = _pipeline(config, store, trend, trend_state, sources, canary, reports, alerting, actions,
+        sampler = _pipeline(config, store, trend, trend_state, sources, canary, plugins, alerting, actions,
                             daemon_samples)
         if previous is not None:  # the last cycle ended when it did, whatever a reload rebuilt since
             sampler.last_cycle_end = previous.sampler.last_cycle_end
-    return Parts(config, web, store, trend, trend_state, sources, canary, reports, alerting, actions, sampler)
-
-
-def _job_reports(config: Config, previous: Parts | None, canary: CanaryCollector | None,
-                 sources: Sources) -> job_reports.JobReports | None:
-    """The probe socket: the previous one, re-pointed at this assembly's book and chips, while its settings hold;
-    else the previous one closed (its socket path may be the new one's) and a new one.  Built last, when
-    nothing can fail any more."""
-    old = previous.job_reports if previous is not None else None
-    key = (config.probe, config.paths, config.state_dir)
-    if old is not None and previous is not None and canary is not None and config.probe.enabled and \
-            (previous.config.probe, previous.config.paths, previous.config.state_dir) == key:
-        old.book, old.inventory = canary, sources.inventory
-        return old
-    if old is not None:
-        old.close()
-    host = sources.collectors.get("host")
-    return job_reports.build(config, canary, sources.inventory, getattr(host, "pods", None))
+    return Parts(config, web, store, trend, trend_state, sources, canary, plugins, alerting, actions, sampler)
 
 
 def retire(old: Parts, new: Parts) -> None:

@@ -1,29 +1,16 @@
 """The metric catalogue: every tpuwatch_* family, its type, help and labels.
 
 /metrics emits exactly these families (tests compare the two), so a new metric
-is added here first.  A ``summary`` family is carried as samples named after
+is added here first, or, for a plugin's own metrics, in its declaration
+(``tpuwatch.pluginspec``), which this catalogue takes in.  A ``summary`` family is carried as samples named after
 the family with a ``quantile`` label, plus ``NAME_count`` and ``NAME_sum``
 samples; ``spec_of`` finds the family of any sample name.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    """What one metric family is."""
-
-    name: str
-    kind: Literal["gauge", "counter", "summary"]
-    help: str
-    labels: tuple[str, ...] = ()  # a summary's samples also carry "quantile", its _count and _sum do not
-    allow_negative: bool = False
-    # Labels only some samples carry (a MIG instance on NVIDIA), exposed only where they do.
-    optional_labels: tuple[str, ...] = ()
-
+from tpuwatch.metricspec import MetricSpec
+from tpuwatch.plugins import PLUGINS
 
 _SPECS = [
     # Devices (one backend at a time).
@@ -176,17 +163,6 @@ _SPECS = [
     MetricSpec("tpuwatch_previous_boot_crash", "gauge",
                "1 when the boot before this one ended in a crash, by kind (panic, oops, mce, hardware_error) and "
                "where it was found (pstore, journal).", ("kind", "source")),
-    # --- cloud maintenance (docs/maintenance.md) ---
-    MetricSpec("tpuwatch_maintenance_scheduled", "gauge",
-               "1 while the cloud announces maintenance for this VM: kind (migrate, terminate, reboot, stop, "
-               "retirement, maintenance, scheduled), the window in words and its start (Unix seconds) where known.",
-               ("cloud", "kind", "event", "event_id", "window", "start")),
-    MetricSpec("tpuwatch_maintenance_start_timestamp_seconds", "gauge",
-               "Start of the announced maintenance window (absent when the cloud gives none).",
-               ("cloud", "kind", "event_id")),
-    MetricSpec("tpuwatch_maintenance_errors_total", "counter",
-               "Failed requests to the cloud's metadata server by result (timeout, unreachable, too_large, "
-               "http_error, garbage).", ("cloud", "result")),
     # --- canary ---
     MetricSpec("tpuwatch_canary_healthy", "gauge",
                "1 if the chip's last canary run (either path) passed, 0 if it computed wrong numbers or errored.",
@@ -211,13 +187,6 @@ _SPECS = [
                "shows.", ("device",)),
     MetricSpec("tpuwatch_canary_last_success_timestamp_seconds", "gauge",
                "Unix time the chip was last proven right, per path (scheduled, job).", ("device", "path")),
-    # --- in-job probe reports (tpuwatch/jobreports) ---
-    MetricSpec("tpuwatch_probe_socket_up", "gauge",
-               "1 while the daemon listens for in-job probe reports on probe.socket, 0 if it cannot."),
-    MetricSpec("tpuwatch_probe_reports_total", "counter", "Probe reports accepted, judged and recorded."),
-    MetricSpec("tpuwatch_probe_reports_rejected_total", "counter",
-               "Probe reports refused, by reason (busy, rate_limited, timeout, oversized, malformed, not_holder, "
-               "unknown_chip).", ("reason",)),
     # --- trend analysis ---
     MetricSpec("tpuwatch_memory_leak_suspected", "gauge",
                "1 if the memory series (hbm per device, host, process per pid, process_hbm per device and pid) "
@@ -309,7 +278,7 @@ _SPECS = [
                "Failed saves of the Kubernetes agent's state (remediation counts, acks) to the state directory."),
 ]
 
-CATALOG: dict[str, MetricSpec] = {spec.name: spec for spec in _SPECS}
+CATALOG: dict[str, MetricSpec] = {spec.name: spec for spec in [*_SPECS, *(m for p in PLUGINS for m in p.metrics)]}
 SUMMARY_SUFFIXES = ("_count", "_sum")
 
 

@@ -9,14 +9,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 import yaml
 
 from tpuwatch import yamlfile
 from tpuwatch.backends import BACKENDS
 from tpuwatch.notifiers import ReceiverConfig
-from tpuwatch.probewire import DEFAULT_SOCKET, MAX_REPORT_BYTES
+from tpuwatch.plugins import PLUGINS, drill
 from tpuwatch.schema import (
     Check,
     ConfigError,
@@ -28,17 +28,22 @@ from tpuwatch.schema import (
     Url,
     build,
     build_field,
+    did_you_mean,
     dump,
+    join_key,
     short,
 )
+
+_Section = TypeVar("_Section")
+_PLUGIN_KEYS = frozenset(p.name for p in PLUGINS)
 
 DEFAULT_PATH = Path("/etc/tpuwatch/config.yaml")
 DEFAULT_PORT = 9847
 
-SCENARIOS = ("healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost", "hung", "maintenance",
-             "probe-sdc")
-Scenario = Literal["healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost", "hung", "maintenance",
-                   "probe-sdc"]
+# The simulated chips' own scenarios, then the plugins' drills (tpuwatch.pluginspec.Drill).
+CHIP_SCENARIOS = ("healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost", "hung")
+SCENARIOS = CHIP_SCENARIOS + tuple(d.scenario for p in PLUGINS for d in p.drills)
+Scenario = Annotated[str, OneOf(SCENARIOS)]
 SimChip = Literal["v4", "v5e", "v5p", "v6e", "h100", "h200"]
 AbsolutePath = Annotated[str, FilePath()]
 # Rule file patterns are expanded with the user's home: ~/alerts/*.yaml.
@@ -231,31 +236,6 @@ class AlertingConfig:
                               "must be an http://, https:// or file:/// URL without blanks (or null)")
 
 
-@dataclass(frozen=True)
-class MaintenanceConfig:
-    """The cloud's maintenance notices for this VM, from its metadata server (docs/maintenance.md)."""
-
-    cloud: Literal["auto", "gce", "ec2", "off"] = "auto"
-    watch_timeout: Annotated[float, Duration(minimum=1.0, maximum=3600.0)] = 60.0
-    poll_interval: Annotated[float, Duration(minimum=1.0, maximum=86400.0)] = 300.0
-    request_timeout: Annotated[float, Duration(minimum=0.1, maximum=60.0)] = 5.0
-    retry_max: Annotated[float, Duration(minimum=1.0, maximum=3600.0)] = 300.0
-
-
-@dataclass(frozen=True)
-class ProbeConfig:
-    """The socket in-job probes (tpuwatch.probe) report to, and what one process may send (docs/probe.md)."""
-
-    enabled: bool = True
-    socket: AbsolutePath = DEFAULT_SOCKET
-    max_report_bytes: Annotated[int, Range(1024, MAX_REPORT_BYTES)] = MAX_REPORT_BYTES
-    reports_per_minute: Annotated[int, Range(1, 600)] = 12  # per process; as many may come at once
-    max_connections: Annotated[int, Range(1, 1024)] = 32
-    read_timeout: Annotated[float, Duration(minimum=0.1, maximum=60.0)] = 2.0
-    # Reports of other processes this recent are the chips' peers (their fingerprints count in the majority).
-    peer_window: Annotated[float, Duration(minimum=1.0)] = 900.0
-
-
 # --- kubernetes (docs/kubernetes.md) ---------------------------------------------------------
 
 _CAMEL_CASE = r"[A-Z][A-Za-z0-9]{0,127}"
@@ -349,7 +329,6 @@ class KubernetesConfig:
     node_name: str | None = None
     kubeconfig: str | None = None
     conditions: list[NodeConditionConfig] = field(default_factory=list)
-    maintenance_condition: bool = False
     clear_after: Annotated[float, Duration(maximum=7 * 86400.0)] = 300.0
     heartbeat: Annotated[float, Duration(minimum=10.0, maximum=3600.0)] = 300.0
     remediation: list[RemediationConfig] = field(default_factory=list)
@@ -374,8 +353,6 @@ class KubernetesConfig:
                 raise ConfigError(f"{path}.conditions[{i}].type", f"duplicate condition {name!r}")
         if self.remediation and not self.node_conditions:
             raise ConfigError(f"{path}.remediation", "needs node_conditions: true")
-        if self.maintenance_condition and not self.node_conditions:
-            raise ConfigError(f"{path}.maintenance_condition", "needs node_conditions: true")
 
 
 @dataclass(frozen=True)
@@ -398,8 +375,14 @@ class Config:
     alerting: AlertingConfig = field(default_factory=AlertingConfig)
     notify: list[ReceiverConfig] = field(default_factory=list)  # tpuwatch/notifiers: the types and their checks
     kubernetes: KubernetesConfig = field(default_factory=KubernetesConfig)
-    maintenance: MaintenanceConfig = field(default_factory=MaintenanceConfig)
-    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    # The registered plugins' sections (tpuwatch/plugins.py), by name: each is a top-level key of the file.
+    sections: dict[str, Any] = field(default_factory=lambda: {p.name: p.settings() for p in PLUGINS},
+                                     metadata={"key": False})
+
+    def section(self, kind: type[_Section]) -> _Section:
+        """The plugin section of type ``kind`` (``config.section(ProbeConfig)``)."""
+        found = next(value for value in self.sections.values() if type(value) is kind)
+        return cast(_Section, found)
 
     @property
     def collector_deadline(self) -> float:
@@ -413,6 +396,10 @@ class Config:
         for i, name in enumerate(names):
             if name in names[:i]:
                 raise ConfigError(f"notify[{i}].name", f"duplicate receiver name {short(name)}")
+        for plugin in PLUGINS:
+            for condition in plugin.conditions:
+                if getattr(self.sections[plugin.name], condition.opt_in) and not self.kubernetes.node_conditions:
+                    raise ConfigError(f"{plugin.name}.{condition.opt_in}", "needs kubernetes.node_conditions: true")
 
 
 def parse(text: str, source: str = "<config>") -> Config:
@@ -435,7 +422,20 @@ def load(path: str | os.PathLike[str] | None) -> Config:
 
 def _build(data: object, source: str) -> Config:
     try:
-        config: Config = build(Config, data)
+        core = data
+        sections = {}
+        if isinstance(data, dict):
+            known = [f.name for f in dataclasses.fields(Config) if f.metadata.get("key", True)] + sorted(_PLUGIN_KEYS)
+            for key in data:
+                if key not in known:
+                    raise ConfigError(join_key("", key), "unknown key" + (
+                        did_you_mean(key, known) or f" (known keys: {', '.join(sorted(known))})"))
+            core = {key: value for key, value in data.items() if key not in _PLUGIN_KEYS}
+            sections = {p.name: build(p.settings, data[p.name], p.name) for p in PLUGINS if p.name in data}
+        config: Config = build(Config, core)
+        if sections:
+            config = dataclasses.replace(config, sections={**config.sections, **sections})
+            config.validate("")
     except ConfigError as exc:
         if exc.path:
             raise
@@ -460,17 +460,24 @@ DRILL_HANG_AFTER_S = 30.0  # --simulate hung: the hang time, when devices.hang.a
 
 def simulated(config: Config, scenario: Scenario) -> Config:
     """``config`` with the simulated backend forced on, running ``scenario``; the ``hung`` drill judges a chip
-    hung after at most DRILL_HANG_AFTER_S, so that it fires while one waits; the ``probe-sdc`` drill's chips get
-    device files under state_dir (for its simulated job to hold) unless devices.sim.device_dir names a place."""
+    hung after at most DRILL_HANG_AFTER_S, so that it fires while one waits; a plugin's drill that asks for device
+    files (the probe-sdc drill's simulated job holds them) gets them under state_dir unless devices.sim.device_dir
+    names a place."""
     sim = dataclasses.replace(config.devices.sim, scenario=scenario)
-    if scenario == "probe-sdc" and sim.device_dir is None:
-        sim = dataclasses.replace(sim, device_dir=os.path.join(config.state_dir, "probe-drill", "dev"))
+    found = drill(scenario)
+    if found is not None and found[1].device_files and sim.device_dir is None:
+        sim = dataclasses.replace(sim, device_dir=os.path.join(config.state_dir, "drill", "dev"))
     hang = config.devices.hang
     if scenario == "hung":
         hang = dataclasses.replace(hang, after=min(hang.after, DRILL_HANG_AFTER_S))
     return dataclasses.replace(config, devices=dataclasses.replace(config.devices, backend="sim", sim=sim, hang=hang))
 
 
+def plain(config: Config) -> dict[str, Any]:
+    """The effective config as plain data in the file's shape (the plugins' sections last), secrets redacted."""
+    return {**dump(config), **{name: dump(section) for name, section in config.sections.items()}}
+
+
 def to_yaml(config: Config) -> str:
     """The effective config as YAML, secrets redacted."""
-    return yaml.safe_dump(dump(config), sort_keys=False, default_flow_style=False)
+    return yaml.safe_dump(plain(config), sort_keys=False, default_flow_style=False)

@@ -31,7 +31,7 @@ from tpuwatch.canary.runner import kill_running_workers
 from tpuwatch.config import Config
 from tpuwatch.exporter import build_registry
 from tpuwatch.malloc import Trimmer
-from tpuwatch.registry import ACTIONS
+from tpuwatch.registry import ACTIONS, close
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
 from tpuwatch.statedir import StateDir, is_simulated, namespaced, probe_every
@@ -136,8 +136,8 @@ class Daemon:
             action.stop()
         if (kernel_log := self.parts.sources.kernel_log) is not None:
             kernel_log.close()  # its follower stops and saves its position
-        if self.parts.job_reports is not None:
-            self.parts.job_reports.close()
+        for plugin in self.parts.plugins.values():
+            close(plugin)  # its threads stop, its socket is removed
         self.endpoint.close()
         self.state.close()
         log.info("tpuwatch stopped")

@@ -17,6 +17,8 @@ from tpuwatch.devices import DeviceReading
 from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.hw.recovery import action_words
 from tpuwatch.kernel_log.collector import event_problems
+from tpuwatch.plugins import PLUGINS
+from tpuwatch.registry import hooks
 from tpuwatch.statedir import StateDir, holder, probe
 from tpuwatch.units import celsius, duration
 
@@ -184,11 +186,10 @@ def health_report(parts: Parts, state: StateDir, reload_ok: bool, started_at: fl
         events = kernel_log.recent_events()
         checks["kernel_log"] = {"status": "critical_events" if event_problems(events) else "ok",
                                 "recent_events": [e.to_json() for e in events]}
-    maintenance = parts.sources.maintenance
-    if maintenance is not None:
-        notices = maintenance.notices()
-        checks["maintenance"] = {"status": "scheduled" if notices else "none",
-                                 "notices": [{**n.to_json(), "text": n.sentence(now)} for n in notices]}
+    for plugin in PLUGINS:
+        collector, check = parts.plugins.get(plugin.name), hooks(plugin).healthz
+        if collector is not None and check is not None:
+            checks[plugin.name] = check(collector, now)
     checks["state"] = state_check(parts, state, now)
     drills = blocked_drills(parts.store.current())
     if drills:

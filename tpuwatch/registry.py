@@ -1,18 +1,23 @@
-"""What a config makes: the source collectors and the actions, registered by name, and the canary.
+"""What a config makes: the source collectors, the plugins' and the actions, registered by name, and the canary.
 
 A source is built by a factory from the config, the sources built before it
 and the cycle's inventory board: the devices stage publishes the chips and
 their holders there, and the later parts (the host's holders, the kernel
 log's attribution, the canary's chips) read only that; each says in one
 sentence what it chose.  ``run`` and ``check`` build the same
-sources.  An action (the Kubernetes node agent) is handed the alert state
-after every cycle and acts in its own thread.  Adding a source or an action
-is one factory and one entry in ``SOURCES`` or ``ACTIONS``.
+sources.  A plugin (``tpuwatch.pluginspec``: a folder of its own plus one line
+in ``tpuwatch/plugins.py``) is built by its hooks module after the canary,
+with what it may use (``tpuwatch.plugincontext``).  An action (the
+Kubernetes node agent) is handed the alert state after every cycle and acts
+in its own thread.  Adding a core source or an action is one factory and one
+entry in ``SOURCES`` or ``ACTIONS``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -24,8 +29,6 @@ import psutil
 from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.canary.needs import jax_missing_here
 from tpuwatch.canary.record import record_path
-from tpuwatch.cloud.collector import MaintenanceCollector
-from tpuwatch.cloud.collector import build as build_maintenance
 from tpuwatch.collectors import Collector
 from tpuwatch.collectors.host import HostCollector
 from tpuwatch.config import Config
@@ -39,6 +42,10 @@ from tpuwatch.kernel_log.attribution import device_lookup
 from tpuwatch.kernel_log.collector import BUDGET_SHARE, KernelLogCollector
 from tpuwatch.kernel_log.collector import build_collector as build_kernel_log
 from tpuwatch.kernel_log.lastboot import PreviousBootCollector
+from tpuwatch.kubernetes.conditions import offered
+from tpuwatch.plugincontext import Context
+from tpuwatch.plugins import PLUGINS
+from tpuwatch.pluginspec import Plugin
 from tpuwatch.pods import PodLookup
 from tpuwatch.samples import Sample
 
@@ -122,17 +129,11 @@ def _previous_boot(config: Config, built: dict[str, Collector], board: Board,
         " and the journal" if settings.source in ("auto", "journal") else "")
 
 
-def _maintenance(config: Config, built: dict[str, Collector], board: Board,
-                 persist: bool) -> tuple[Collector | None, str]:
-    return build_maintenance(config)
-
-
 SOURCES: dict[str, Factory] = {
     "host": _host,
     "devices": _devices,
     "kernel_log": _kernel_log,
     "previous_boot": _previous_boot,
-    "maintenance": _maintenance,
 }
 
 
@@ -163,12 +164,6 @@ class Sources:
         found = self.collectors.get("previous_boot")
         return found if isinstance(found, PreviousBootCollector) else None
 
-    @property
-    def maintenance(self) -> MaintenanceCollector | None:
-        """The cloud's maintenance notices, if a cloud was found (or forced)."""
-        found = self.collectors.get("maintenance")
-        return found if isinstance(found, MaintenanceCollector) else None
-
     def device_readings(self) -> tuple[DeviceReading, ...]:
         """The chips of the latest cycle's inventory (none without a backend)."""
         return self.inventory.current.readings
@@ -184,9 +179,7 @@ class Sources:
     def close(self) -> None:
         """Release what the collectors hold (file descriptors, channels)."""
         for collector in self:
-            close = getattr(collector, "close", None)
-            if close is not None:
-                close()
+            close(collector)
 
 
 def build_sources(config: Config, persist: bool = True) -> Sources:
@@ -206,12 +199,74 @@ def build_sources(config: Config, persist: bool = True) -> Sources:
     return Sources(built, notes, board)
 
 
+@dataclass(frozen=True)
+class Hooks:
+    """A plugin's hooks module (``Plugin.hooks``) as the rest of tpuwatch calls it: ``build`` is required, the
+    rest optional (None where the module defines none)."""
+
+    # (config, context) -> (its collector or None, one sentence on what was chosen)
+    build: Callable[[Config, Context], tuple[Collector | None, str]]
+    # (collector, new context) -> whether it keeps running across a reload that left its settings alone
+    keep: Callable[[Any, Context], bool] | None = None
+    # (collector, now) -> its /healthz check
+    healthz: Callable[[Any, float], dict[str, Any]] | None = None
+    # (collector, now) -> (its value in ``check --json``, its warnings)
+    report: Callable[[Any, float], tuple[Any, list[str]]] | None = None
+    # (the store's current samples, now) -> (headline, details) per line on the status page and in ``top``
+    notices: Callable[[list[Sample], float], list[tuple[str, str]]] | None = None
+
+
+@functools.cache
+def hooks(plugin: Plugin) -> Hooks:
+    """``plugin``'s hooks (its hooks module is imported on first use)."""
+    module = importlib.import_module(plugin.hooks)
+    return Hooks(module.build, *(getattr(module, name, None) for name in ("keep", "healthz", "report", "notices")))
+
+
+def plugin_key(plugin: Plugin, config: Config) -> tuple[Any, ...]:
+    """What ``plugin`` is built from: its section and the config keys it names; a change rebuilds it."""
+    return config.sections[plugin.name], *(getattr(config, key) for key in plugin.rebuild_on)
+
+
+def build_plugins(config: Config, context: Context, running: dict[str, Collector] | None = None,
+                  before: Config | None = None) -> tuple[dict[str, Collector], list[str]]:
+    """The registered plugins' collectors ``config`` enables, by name, and what was chosen for each.
+
+    A running one (``running``, built from ``before``) whose key did not change and whose hooks keep it is
+    reused; any other running one is closed before its successor is built (it may hold what the new one needs,
+    a socket path)."""
+    built: dict[str, Collector] = {}
+    notes = []
+    for plugin in PLUGINS:
+        old = (running or {}).get(plugin.name)
+        keep = hooks(plugin).keep
+        if old is not None and before is not None and plugin_key(plugin, before) == plugin_key(plugin, config) \
+                and keep is not None and keep(old, context):
+            built[plugin.name] = old
+            continue
+        if old is not None:
+            close(old)
+        collector, note = hooks(plugin).build(config, context)
+        notes.append(note)
+        if collector is not None:
+            built[plugin.name] = collector
+    return built, notes
+
+
+def close(collector: Collector) -> None:
+    """Release what ``collector`` holds, if it holds anything (its ``close()``)."""
+    release = getattr(collector, "close", None)
+    if release is not None:
+        release()
+
+
 def build_canary(config: Config, inventory: Board) -> CanaryCollector | None:
-    """The daemon's canary book, or None when neither the canary nor probe reports are on.
+    """The daemon's canary book, or None when neither the canary nor a plugin that records into it is on.
 
     Its scheduled runs need jax where the worker runs: without it, ``runnable`` says why (once at WARNING), and
     the book keeps only what in-job probes report."""
-    if not config.canary.enabled and not config.probe.enabled:
+    if not config.canary.enabled and not any(p.uses_canary_book(config.sections[p.name]) for p in PLUGINS
+                                             if p.uses_canary_book is not None):
         return None
     canary = CanaryCollector(config, lambda: inventory.current.devices, record_path(config.state_dir))
     if not config.canary.enabled:
@@ -262,5 +317,5 @@ def _kubernetes(config: Config) -> Action | None:
 
 
 ACTIONS: dict[str, ActionFactory] = {
-    "kubernetes": ActionFactory(lambda c: c.kubernetes, _kubernetes, "kubernetes.node_conditions is off"),
+    "kubernetes": ActionFactory(lambda c: (c.kubernetes, offered(c)), _kubernetes, "kubernetes.node_conditions is off"),
 }

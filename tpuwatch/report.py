@@ -8,7 +8,6 @@ from typing import Any
 
 from tpuwatch.canary import record as chip_record
 from tpuwatch.canary.needs import blocked_drill
-from tpuwatch.cloud.collector import problems as maintenance_problems
 from tpuwatch.config import Config
 from tpuwatch.devices.base import sources_line
 from tpuwatch.health import (
@@ -20,19 +19,21 @@ from tpuwatch.health import (
 )
 from tpuwatch.hw.units import GIB
 from tpuwatch.kernel_log.collector import event_problems
-from tpuwatch.registry import build_sources
+from tpuwatch.plugincontext import Context
+from tpuwatch.plugins import PLUGINS
+from tpuwatch.registry import build_plugins, build_sources, close, hooks
 from tpuwatch.sampler import Sampler
 from tpuwatch.store import SeriesStore
 from tpuwatch.units import PATH_WORDS, duration, reading_texts
 
 # Drills whose fault only a part of the running daemon sees, never one reading: what ``check`` cannot judge, and
-# where to see it instead.  (A drill whose part cannot run here at all is a problem: blocked_drill.)
+# where to see it instead (a plugin's drill says it in its declaration).  (A drill whose part cannot run here at
+# all is a problem: blocked_drill.)
 NOT_CHECKED = {
     "sdc": "`tpuwatch check` does not run the canary, the only part that sees the sdc drill's wrong numbers: "
            "`tpuwatch canary --inject scale` runs that drill now, `tpuwatch run --simulate sdc` on the canary's "
            "schedule",
-    "probe-sdc": "`tpuwatch check` starts no job, and only the in-job probe of a running one sees the probe-sdc "
-                 "drill's wrong numbers: `tpuwatch run --simulate probe-sdc` runs it",
+    **{d.scenario: d.not_checked for p in PLUGINS for d in p.drills if d.not_checked},
 }
 
 
@@ -47,8 +48,13 @@ def not_checked(config: Config) -> list[str]:
 def check_once(config: Config) -> dict[str, Any]:
     """Sample once and judge: the ``tpuwatch check --json`` object (docs: README, Commands)."""
     sources = build_sources(config, persist=False)
+    host_source = sources.collectors.get("host")
+    plugins, notes = build_plugins(config, Context(sources.inventory, None, getattr(host_source, "pods", None),
+                                                   persist=False))
     store = SeriesStore(points_per_series=2, max_series=100_000)
-    sampler = Sampler(sources.stages(), store, config.collector_deadline, sources.inventory)
+    devices_stage, others = sources.stages()
+    sampler = Sampler([devices_stage, [*others, *plugins.values()]], store, config.collector_deadline,
+                      sources.inventory)
     sampler.run_once()
     devices, kernel_log = sources.devices, sources.kernel_log
     readings = sources.device_readings()
@@ -62,7 +68,11 @@ def check_once(config: Config) -> dict[str, Any]:
     if drill is not None:
         problems.append(drill.sentence())
     current = store.current()
-    notices = sources.maintenance.notices() if sources.maintenance is not None else []
+    now = time.time()
+    added = {p.name: hook(plugins[p.name], now) for p in PLUGINS
+             if p.name in plugins and (hook := hooks(p).report) is not None}
+    for plugin in plugins.values():
+        close(plugin)
     host = {s.name.removeprefix("tpuwatch_host_"): s.value for s in current if s.name.startswith("tpuwatch_host_")}
     holders = [{**dict(s.labels), "resident_memory_bytes": s.value} for s in current
                if s.name == "tpuwatch_holder_process_resident_memory_bytes"]
@@ -70,7 +80,7 @@ def check_once(config: Config) -> dict[str, Any]:
     return {
         "status": "unhealthy" if problems else "healthy",
         "backend": devices.backend.name if devices else "none",
-        "notes": sources.notes,
+        "notes": sources.notes + notes,
         "devices": [{**dataclasses.asdict(r), "proven": {p: at for (chip, p), at in sorted(proven.items())
                                                          if chip == r.device}} for r in readings],
         "host": host,
@@ -81,10 +91,10 @@ def check_once(config: Config) -> dict[str, Any]:
             for g in sampler.guards
         ],
         "kernel_events": [e.to_json() for e in [*crashed, *events]],
-        "maintenance": [n.to_json() for n in notices],
+        **{name: value for name, (value, _) in added.items()},
         "problems": problems,
         "warnings": ([f"{e.message.splitlines()[0]}: {' | '.join(e.message.splitlines()[1:3])}" for e in crashed]
-                     + maintenance_problems(notices, time.time())
+                     + [w for _, warnings in added.values() for w in warnings]
                      + collector_warnings(sampler.guards) + state_dir_warnings(config.state_dir)
                      + ([] if problems else not_checked(config))),
     }

@@ -382,7 +382,7 @@ def _build_dataclass(cls: Any, value: Any, path: str) -> Any:
     if not isinstance(value, dict):
         raise ConfigError(path, f"expected a mapping, got {_kind(value)}")
     hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.metadata.get("key", True)}
     for key in value:
         if key not in fields:
             hint = did_you_mean(key, fields) or f" (known keys: {', '.join(sorted(fields))})"
@@ -422,6 +422,8 @@ def dump(instance: Any) -> Any:
     hints = _hints(instance.__class__)
     out: dict[str, Any] = {}
     for field in dataclasses.fields(instance):
+        if not field.metadata.get("key", True):
+            continue  # not a key of the file (metadata {"key": False}): its owner dumps it
         value = getattr(instance, field.name)
         hint = hints[field.name]
         if isinstance(value, list) and typing.get_origin(hint) is list:

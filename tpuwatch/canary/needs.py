@@ -2,7 +2,8 @@
 
 A scenario names what its drill needs beyond the simulated chips (``tpuwatch.devices.sim.NEEDS``: ``sdc``
 corrupts no reading, so only the canary sees it).  ``blocked_drill(config)`` asks each need's probe in
-``PROBES`` whether that part can run with ``config``, and names the first that cannot and why.  The daemon
+``PROBES`` whether that part can run with ``config``, and names the first that cannot and why; a plugin's drill
+answers for itself (``tpuwatch.pluginspec.Drill``).  The daemon
 keeps the answer as ``tpuwatch_drill_cannot_run`` (``drill_samples``), from which its start-up log, /healthz,
 the status page (``blocked_drills``) and the ``TpuwatchDrillCannotRun`` alert read it; ``tpuwatch check``
 counts it as a problem.
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 
 from tpuwatch.config import Config
 from tpuwatch.devices.sim import NEEDS
+from tpuwatch.plugins import drill
 from tpuwatch.samples import Sample, sample
 
 METRIC = "tpuwatch_drill_cannot_run"
@@ -61,8 +63,6 @@ def canary_unavailable(config: Config, timeout: float = PROBE_TIMEOUT_S) -> str 
 PROBES: dict[str, Callable[[Config], str | None]] = {
     "canary": canary_unavailable,
     "hang detector": lambda config: None if config.devices.hang.enabled else "devices.hang.enabled is false",
-    "maintenance source": lambda config: "maintenance.cloud is off" if config.maintenance.cloud == "off" else None,
-    "probe": lambda config: "probe.enabled is false" if not config.probe.enabled else jax_missing_here(),
 }
 
 
@@ -93,6 +93,12 @@ def blocked_drill(config: Config) -> BlockedDrill | None:
         reason = PROBES[need](config)
         if reason is not None:
             return BlockedDrill(scenario, need, reason)
+    found = drill(scenario)
+    if found is not None:
+        plugin, its = found
+        reason = its.blocked(config.sections[plugin.name]) or (jax_missing_here() if its.needs_jax else None)
+        if reason is not None:
+            return BlockedDrill(scenario, its.needs, reason)
     return None
 
 

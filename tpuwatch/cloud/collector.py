@@ -1,4 +1,4 @@
-"""The maintenance source: which cloud this VM is on, its watcher, and the notices as samples.
+"""The maintenance source: its watcher's notices as samples, and the drill's stand-in metadata server.
 
 The watcher's threads do the talking; ``collect()`` only reads what they hold, so sampling never waits on a
 metadata server (the first cycle waits, within the collector's deadline, for the first answers).
@@ -6,23 +6,16 @@ metadata server (the first cycle waits, within the collector's deadline, for the
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from pathlib import Path
 
-from tpuwatch.cloud.ec2 import Ec2Watch
-from tpuwatch.cloud.events import Maintenance, detect
-from tpuwatch.cloud.gce import GceWatch
+from tpuwatch.cloud.events import Maintenance
 from tpuwatch.cloud.standin import MetadataStandIn
 from tpuwatch.cloud.watch import RESULTS, Watch
-from tpuwatch.config import Config
 from tpuwatch.samples import Sample, sample
 
-log = logging.getLogger(__name__)
-
 DMI_FILES = ("product_name", "sys_vendor", "product_uuid", "board_asset_tag")
-FIRST_ANSWER_SHARE = 0.5  # of the collector deadline, waited once for the first answers
 DRILL_WINDOW_IN_S = 2 * 3600.0 + 20 * 60.0
 DRILL_WINDOW_S = 4 * 3600.0
 
@@ -81,11 +74,6 @@ class MaintenanceCollector:
             self.drill.close()
 
 
-def problems(notices: list[Maintenance], now: float) -> list[str]:
-    """One sentence per pending maintenance, for ``check`` and the status page."""
-    return [f"{n.cloud} maintenance scheduled: {n.sentence(now)}" for n in notices]
-
-
 class MaintenanceDrill:
     """``--simulate maintenance``: a stand-in Compute Engine metadata server in the daemon, which announces a
     terminating maintenance window ``fault_after`` into the run; the real watcher reads it."""
@@ -109,38 +97,3 @@ class MaintenanceDrill:
         """Stop the timer and the server."""
         self._timer.cancel()
         self.standin.close()
-
-
-def build(config: Config) -> tuple[MaintenanceCollector | None, str]:
-    """The maintenance source ``config`` asks for, and one sentence on what was chosen (logged)."""
-    collector, note = _choose(config)
-    log.info("%s", note)
-    return collector, note
-
-
-def _choose(config: Config) -> tuple[MaintenanceCollector | None, str]:
-    settings = config.maintenance
-    first_wait = config.collector_deadline * FIRST_ANSWER_SHARE
-    sim = config.devices.sim
-    if config.devices.backend == "sim" and sim.scenario == "maintenance" and settings.cloud != "off":
-        drill = MaintenanceDrill(sim.fault_after)
-        return (MaintenanceCollector(GceWatch(settings, drill.standin.host), first_wait, drill),
-                f"maintenance: drill, a stand-in Compute Engine metadata server at {drill.standin.host} announces "
-                f"a window {sim.fault_after:g}s into the run")
-    cloud: str = settings.cloud
-    why = "maintenance.cloud"
-    if cloud == "auto":
-        found = detect(read_dmi(config.paths.sysfs))
-        if found is None:
-            return None, f"maintenance: off (no Compute Engine or EC2 in {config.paths.sysfs}/class/dmi/id)"
-        cloud, why = found, f"DMI under {config.paths.sysfs}/class/dmi/id"
-    if cloud == "off":
-        return None, "maintenance: off (maintenance.cloud)"
-    try:
-        watch: Watch = GceWatch(settings) if cloud == "gce" else Ec2Watch(settings)
-    except ValueError as exc:  # an environment variable naming no usable address
-        return None, f"maintenance: off ({exc})"
-    where = watch.link.base
-    what = ("watching maintenance-event and upcoming-maintenance" if cloud == "gce"
-            else f"polling scheduled events every {settings.poll_interval:g}s")
-    return MaintenanceCollector(watch, first_wait), f"maintenance: {cloud} ({why}), {what} at {where}"

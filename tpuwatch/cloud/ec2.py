@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 from tpuwatch.cloud.events import parse_ec2_scheduled
 from tpuwatch.cloud.http import Answer, Link
+from tpuwatch.cloud.plugin import MaintenanceConfig
 from tpuwatch.cloud.watch import HttpError, Watch
-from tpuwatch.config import MaintenanceConfig
 
 TOKEN_PATH = "/latest/api/token"
 EVENTS_PATH = "/latest/meta-data/events/maintenance/scheduled"

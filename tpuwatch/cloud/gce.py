@@ -17,8 +17,8 @@ from urllib.parse import urlencode
 
 from tpuwatch.cloud.events import Maintenance, parse_gce_event, parse_gce_upcoming
 from tpuwatch.cloud.http import Failed, Link
+from tpuwatch.cloud.plugin import MaintenanceConfig
 from tpuwatch.cloud.watch import HttpError, Watch
-from tpuwatch.config import MaintenanceConfig
 
 ROOT = "/computeMetadata/v1/instance/"
 HEADERS = {"Metadata-Flavor": "Google"}

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from tpuwatch.cloud.events import Maintenance
 from tpuwatch.cloud.http import Failed, Link
-from tpuwatch.config import MaintenanceConfig
+from tpuwatch.cloud.plugin import MaintenanceConfig
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ reproducible.
 The simulator exports every signal tpuwatch knows, including temperature,
 power and ECC counters that real TPUs do not expose, so that every alert
 route can be drilled on any host.  A scenario whose fault only another part
-of tpuwatch can see declares it in ``NEEDS``: where that part cannot run, the
-drill cannot either, and tpuwatch says so (tpuwatch.canary.needs).
+of tpuwatch can see declares it in ``NEEDS`` (a plugin's drill, in its
+declaration): where that part cannot run, the drill cannot either, and tpuwatch says so (tpuwatch.canary.needs).
 
 In the ``hung`` scenario every chip is held by a simulated training process
 and reports a runtime status whose sequencer advances at every read with
@@ -46,10 +46,9 @@ OVERHEAT_C_PER_S = 0.5
 OVERHEAT_MAX_C = 96.0
 UNCORRECTED_AFTER_S = (0.0, 120.0)  # after the fault starts, one uncorrectable error at each
 # What a scenario's drill needs beyond the simulated chips: sdc corrupts no reading, only the canary's numbers;
-# hung needs the hang detector on (devices.hang.enabled); maintenance's notice comes from a stand-in metadata
-# server that the maintenance source reads (tpuwatch.cloud.collector.MaintenanceDrill), the chips stay healthy.
-NEEDS: dict[Scenario, tuple[str, ...]] = {"sdc": ("canary",), "hung": ("hang detector",),
-                                          "maintenance": ("maintenance source",), "probe-sdc": ("probe",)}
+# hung needs the hang detector on (devices.hang.enabled).  A plugin's drill (tpuwatch.pluginspec.Drill) plays
+# its fault itself and says what it needs; the simulated chips stay healthy.
+NEEDS: dict[Scenario, tuple[str, ...]] = {"sdc": ("canary",), "hung": ("hang detector",)}
 HUNG_QUEUED = 3  # programs queued on each chip of the hung scenario
 
 

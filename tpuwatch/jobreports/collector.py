@@ -27,6 +27,7 @@ from tpuwatch.devices.inventory import Board
 from tpuwatch.hw.procfs import read_text
 from tpuwatch.jobreports import chips, drill
 from tpuwatch.jobreports.message import Refused, parse
+from tpuwatch.jobreports.plugin import ProbeConfig
 from tpuwatch.jobreports.server import Limits, Peer, ReportServer, bind
 from tpuwatch.jobreports.verdicts import Judge
 from tpuwatch.pods import PodLookup, PodRef
@@ -42,7 +43,7 @@ class JobReports:
 
     def __init__(self, config: Config, book: CanaryCollector, inventory: Board,
                  pods: PodLookup | None = None) -> None:
-        settings = config.probe
+        settings = config.section(ProbeConfig)
         self.book = book
         self.inventory = inventory
         self.pods = pods
@@ -121,11 +122,3 @@ class JobReports:
                 os.unlink(self.socket)
             except OSError:
                 pass
-
-
-def build(config: Config, book: CanaryCollector | None, inventory: Board,
-          pods: PodLookup | None) -> JobReports | None:
-    """The part ``probe.enabled`` asks for, reporting into ``book`` (None: no canary book, nothing to judge into)."""
-    if not config.probe.enabled or book is None:
-        return None
-    return JobReports(config, book, inventory, pods)

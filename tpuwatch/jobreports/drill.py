@@ -15,6 +15,7 @@ from pathlib import Path
 
 import tpuwatch
 from tpuwatch.config import Config
+from tpuwatch.jobreports.plugin import ProbeConfig
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ def start(config: Config) -> subprocess.Popen[bytes] | None:
     root = str(Path(tpuwatch.__file__).resolve().parent.parent)
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={sim.count}", "JAX_PLATFORMS": "cpu",
            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    command = [sys.executable, "-m", "tpuwatch.probe.drill", "--socket", config.probe.socket,
+    command = [sys.executable, "-m", "tpuwatch.probe.drill", "--socket", config.section(ProbeConfig).socket,
                "--device-dir", sim.device_dir, "--count", str(sim.count), "--fault-device", str(sim.fault_device),
                "--fault-after", str(sim.fault_after)]
     try:

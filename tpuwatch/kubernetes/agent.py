@@ -16,15 +16,15 @@ import os
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tpuwatch import statefile
-from tpuwatch.config import Config, KubernetesConfig
+from tpuwatch.config import Config, KubernetesConfig, NodeConditionConfig
 from tpuwatch.kubernetes import actions
 from tpuwatch.kubernetes.client import ApiError, KubeClient, connect, in_cluster_namespace
-from tpuwatch.kubernetes.conditions import ConditionBook, Fault, PatchGate, condition_table, faults
+from tpuwatch.kubernetes.conditions import ConditionBook, Fault, PatchGate, condition_table, faults, offered
 from tpuwatch.kubernetes.node import Marks, patch_for
 from tpuwatch.kubernetes.remediation import MARK_ACTIONS, Ladders, Trigger, add_mark
 from tpuwatch.kubernetes.slots import SlotLimiter
@@ -49,7 +49,8 @@ def build(config: Config) -> KubernetesAgent | None:
     if not node:
         raise ConfigError("kubernetes.node_name", "unset and $NODE_NAME is empty (set it from the downward API: "
                           "fieldRef spec.nodeName)")
-    return KubernetesAgent(section, node, connect(section.kubeconfig, section.api_timeout), Path(config.state_dir))
+    return KubernetesAgent(section, node, connect(section.kubeconfig, section.api_timeout), Path(config.state_dir),
+                           offered(config))
 
 
 class KubernetesAgent:
@@ -57,12 +58,13 @@ class KubernetesAgent:
 
     name = "kubernetes"
 
-    def __init__(self, section: KubernetesConfig, node: str, client: KubeClient, state_dir: Path) -> None:
+    def __init__(self, section: KubernetesConfig, node: str, client: KubeClient, state_dir: Path,
+                 plugins: Sequence[NodeConditionConfig] = ()) -> None:
         self.section, self.node, self.client = section, node, client
         self.state_path = state_dir / STATE_FILE
         self.requests_dir = state_dir / REQUESTS_DIR
         state = statefile.load(self.state_path, "kubernetes state", shape=None) or {}
-        self.table = condition_table(section)
+        self.table = condition_table(section, plugins)
         self.book = ConditionBook(self.table, section.clear_after, time.time())
         self.gate = PatchGate(section.heartbeat)
         try:

@@ -9,12 +9,13 @@ carries: a True condition stays True (held as if its fault had just been seen) i
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from tpuwatch.config import ConditionSourceConfig, KubernetesConfig, NodeConditionConfig
+from tpuwatch.config import ConditionSourceConfig, Config, KubernetesConfig, NodeConditionConfig
+from tpuwatch.plugins import PLUGINS
 
 MESSAGE_MAX = 1024
 # A reason or message change with the status unchanged is patched at most this often (NPD's resync period).
@@ -45,19 +46,18 @@ DEFAULT_CONDITIONS: list[NodeConditionConfig] = [
 ]
 
 
-# The cloud's maintenance notice as a condition (kubernetes.maintenance_condition): off by default, as a notice
-# is not a fault and a True condition is what remediation ladders and schedulers act on.
-MAINTENANCE_CONDITION = NodeConditionConfig("HostMaintenanceScheduled", _sources(
-    ("MaintenanceScheduled", "MaintenanceScheduled")))
+def offered(config: Config) -> list[NodeConditionConfig]:
+    """The conditions the registered plugins offer (``Condition``) and ``config`` turns on with their key."""
+    return [NodeConditionConfig(c.type, _sources(*c.alerts)) for p in PLUGINS for c in p.conditions
+            if getattr(config.sections[p.name], c.opt_in)]
 
 
-def condition_table(config: KubernetesConfig) -> list[NodeConditionConfig]:
-    """The conditions ``config`` asks for: its own list, or the default table; with ``maintenance_condition``,
-    HostMaintenanceScheduled too (unless the list names it already)."""
-    table = config.conditions or DEFAULT_CONDITIONS
-    if config.maintenance_condition and all(c.type != MAINTENANCE_CONDITION.type for c in table):
-        table = [*table, MAINTENANCE_CONDITION]
-    return table
+def condition_table(section: KubernetesConfig,
+                    plugins: Sequence[NodeConditionConfig] = ()) -> list[NodeConditionConfig]:
+    """The conditions ``section`` asks for: its own list, or the default table; then those the plugins offer
+    and the config turns on (``offered``), unless the list names them already."""
+    table = section.conditions or DEFAULT_CONDITIONS
+    return [*table, *(c for c in plugins if all(t.type != c.type for t in table))]
 
 
 def healthy_reason(condition: str) -> str:

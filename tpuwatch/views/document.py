@@ -17,8 +17,9 @@ from tpuwatch import __version__
 from tpuwatch.analysis.leak import LeakView
 from tpuwatch.canary.judge import CanaryResult, DeviceOutcome
 from tpuwatch.canary.needs import blocked_drills
-from tpuwatch.cloud.events import describe
 from tpuwatch.devices.base import DeviceReading
+from tpuwatch.plugins import PLUGINS
+from tpuwatch.registry import hooks
 from tpuwatch.samples import Sample
 from tpuwatch.views.series import decimate
 from tpuwatch.views.sources import StatusSources
@@ -163,13 +164,13 @@ def _host(current: list[Sample], leak: LeakView | None, now: float) -> dict[str,
     holders = [{"pid": dict(s.labels).get("pid"), "command": dict(s.labels).get("command"),
                 "resident_memory_bytes": s.value, "device_files": sorted(files.get(dict(s.labels).get("pid", ""), []))}
                for s in current if s.name == "tpuwatch_holder_process_resident_memory_bytes"]
-    maintenance = [{**dict(s.labels), "text": describe(dict(s.labels), now)} for s in current
-                   if s.name == "tpuwatch_maintenance_scheduled"]
+    notices = [{"headline": headline, "text": text} for plugin in PLUGINS
+               if (hook := hooks(plugin).notices) is not None for headline, text in hook(current, now)]
     return {"memory_total_bytes": values.get("memory_total_bytes"),
             "memory_available_bytes": values.get("memory_available_bytes"),
             "cpu_utilization_ratio": values.get("cpu_utilization_ratio"),
             "memory_leak_suspected": leak.state.firing if leak is not None else None,
-            "holders": holders, "maintenance": maintenance}
+            "holders": holders, "notices": notices}
 
 
 def _monitor(health: tuple[bool, dict[str, Any]] | None, current: list[Sample]) -> dict[str, Any]:

@@ -58,8 +58,7 @@ def frame(doc: dict[str, Any], where: str, every: float, unicode: bool, error: s
     used = total - available if total is not None and available is not None else None
     rows.append([(f"host memory {gib_of(used, total)} in use · CPU {percent(host['cpu_utilization_ratio'])}"
                   + (" · host memory leak suspected" if host["memory_leak_suspected"] else ""), "")])
-    rows += [[(f"{m.get('cloud', '')} maintenance scheduled: {m.get('text', '')}", "warning")]
-             for m in host.get("maintenance", [])]
+    rows += [[(f"{n.get('headline', '')}: {n.get('text', '')}", "warning")] for n in host.get("notices", [])]
     rows.append([])
     rows += _table(doc, unicode, width)
     rows += _listing("ALERTS", [(_alert(a), "critical" if a.get("labels", {}).get("severity") == "critical"

@@ -263,10 +263,10 @@ def _host(doc: dict[str, Any]) -> str:
     leak = " · <strong>memory leak suspected</strong>" if h["memory_leak_suspected"] else ""
     holders = "".join(f"<li>pid {_e(p['pid'])} ({_e(p['command'])}): {gib(p['resident_memory_bytes'], 2)} "
                       f"resident, {_e(', '.join(p['device_files']) or '-')}</li>" for p in h["holders"])
-    maintenance = "".join(f"<p class=warnings><strong>{_e(m['cloud'])} maintenance scheduled</strong>: "
-                          f"{_e(m['text'])}</p>" for m in h["maintenance"])
+    notices = "".join(f"<p class=warnings><strong>{_e(n['headline'])}</strong>: {_e(n['text'])}</p>"
+                      for n in h["notices"])
     return (f'<section id="host"><h2>Host</h2><p>memory {gib_of(used, total)} in use '
-            f'({gib(available)} available) · CPU {percent(h["cpu_utilization_ratio"])}{leak}</p>{maintenance}'
+            f'({gib(available)} available) · CPU {percent(h["cpu_utilization_ratio"])}{leak}</p>{notices}'
             f'{f"<ul>{holders}</ul>" if holders else ""}</section>')
 
 
