@@ -41,6 +41,10 @@ def chips(tmp_path: Path) -> Path:
 def daemon(start_daemon: Callable[..., DaemonProcess], chips: Path) -> DaemonProcess:
     started = start_daemon({**SIM_FAST, "devices": {"backend": "sim", "sim": {"count": 4, "device_dir": str(chips)}}})
     started.wait_ready()
+    # A first cycle may be sampled with the chips' read past its deadline (a busy host): no inventory yet, and a
+    # report would be refused as unknown_chip.  The chips are known once their readings are stored.
+    wait_until(lambda: all(f'tpuwatch_device_up{{device="{d}"}}' in metrics(started) for d in "0123"), timeout=30,
+               what="the four simulated chips in the daemon's inventory")
     return started
 
 
