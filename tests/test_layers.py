@@ -51,15 +51,19 @@ _RANKS = {part: rank for rank, (_, parts) in enumerate(LAYERS) for part in parts
 
 
 class _Ranks(dict[str, int]):
-    """Part -> layer; every plugin's declaration (``cloud.plugin``) in the declarations' layer."""
+    """Part -> layer; every plugin's declaration (``cloud.plugin``) in the declarations' layer, and a plugin's
+    folder not listed in LAYERS among the sources."""
 
     def __missing__(self, part: str) -> int:
         if part.endswith(".plugin"):
             return _RANKS[DECLARATION]
+        if (PACKAGE / part / "plugin.py").is_file():  # a plugin's folder: a source, with no line here
+            return _RANKS["devices"]
         raise KeyError(part)
 
     def __contains__(self, part: object) -> bool:
-        return isinstance(part, str) and (part in _RANKS or part.endswith(".plugin"))
+        return isinstance(part, str) and (part in _RANKS or part.endswith(".plugin")
+                                          or (PACKAGE / part / "plugin.py").is_file())
 
 
 RANK = _Ranks(_RANKS)

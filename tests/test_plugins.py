@@ -3,7 +3,8 @@ in the config, /metrics, ``check``, /healthz, the status page and the drills wit
 
 The new plugin is written into a copy of the package (``tpuwatch/uptime/``: a config section, a metric, a
 check, a page line and a drill), registered by one line in the copy's ``tpuwatch/plugins.py``, and run there:
-``config check``, ``check --json`` and a real daemon with ``--simulate uptime``.
+``config check``, ``check --json``, the layers test and a real daemon with ``--simulate uptime``.  A new device
+backend is likewise one module (``tpuwatch/devices/toy.py``) plus one line in ``tpuwatch/backends.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import requests
+import test_layers
 import yaml
 from test_layers import PACKAGE, imports
 
@@ -121,6 +124,62 @@ def _copy_with_plugin(tmp_path: Path) -> Path:
     changed = [line for line in registry.read_text().splitlines() if line not in text.splitlines()]
     assert changed == ['    "tpuwatch.uptime.plugin",']
     return root
+
+
+def test_the_copy_with_a_new_plugin_keeps_the_layers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _copy_with_plugin(tmp_path)
+    monkeypatch.setattr(test_layers, "PACKAGE", root / "tpuwatch")
+    test_layers.test_every_part_imports_only_its_layer_and_below()
+    test_layers.test_no_import_cycle_between(test_layers._part)
+    assert test_layers.RANK["uptime.plugin"] < test_layers.RANK["config"] < test_layers.RANK["uptime"]
+
+
+BACKEND = '''
+import os
+
+from tpuwatch.devices.base import DeviceReading
+
+
+def chips(sysfs):
+    return [f"0000:7{i}:00.0" for i in range(int(open(os.path.join(sysfs, "toy")).read()))] \\
+        if os.path.exists(os.path.join(sysfs, "toy")) else []
+
+
+class ToyBackend:
+    name = "toy"
+
+    def __init__(self, sysfs):
+        self.sysfs = sysfs
+
+    def read(self):
+        return [DeviceReading(device=str(i), chip="toy", pci=pci, memory_used_bytes=1e9, memory_total_bytes=2e9)
+                for i, pci in enumerate(chips(self.sysfs))]
+
+
+def build(config):
+    return ToyBackend(config.paths.sysfs)
+'''
+
+
+def test_a_new_backend_is_one_module_and_one_line(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    shutil.copytree(PACKAGE, root / "tpuwatch", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "tpuwatch" / "devices" / "toy.py").write_text(BACKEND)
+    backends = root / "tpuwatch" / "backends.py"
+    anchor = '    "amd": "tpuwatch.devices.amd",\n'
+    assert anchor in backends.read_text()
+    backends.write_text(backends.read_text().replace(anchor, anchor + '    "toy": "tpuwatch.devices.toy",\n'))
+    sysfs = tmp_path / "sys"
+    sysfs.mkdir()
+    (sysfs / "toy").write_text("3")
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"state_dir": str(tmp_path / "state"), "paths": {"sysfs": str(sysfs)},
+                                      "kernel_log": {"source": "none"}, "canary": {"enabled": False},
+                                      "maintenance": {"cloud": "off"}}))
+    result = json.loads(_cli(root, "check", "--json", "--config", str(config)).stdout)
+    assert result["backend"] == "toy" and [d["pci"] for d in result["devices"]] == [
+        "0000:70:00.0", "0000:71:00.0", "0000:72:00.0"]
+    assert result["status"] == "healthy", result["problems"]
 
 
 def _cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
