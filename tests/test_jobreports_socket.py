@@ -758,3 +758,28 @@ def test_the_socket_s_thread_outlives_an_error_of_its_own_and_serves_on(
     assert calls == ["oversized", "oversized"]
     assert [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records] == [
         ("ERROR", "probe socket: unexpected error, serving on", True)]
+
+
+def test_stopping_waits_5_s_at_most_for_a_thread_stuck_in_a_report(place: Path) -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def handle(peer: server.Peer, data: bytes) -> dict[str, Any]:
+        entered.set()
+        release.wait(30)  # a judge stuck on a hung filesystem, say
+        return {"accepted": True}
+
+    path = place / "bare.sock"
+    served = server.ReportServer(server.bind(str(path)), server.Limits(32, 4096, 30.0, 60), handle,
+                                 lambda reason: None)
+    served.start()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect(str(path))
+        conn.sendall(b"stuck\n")
+        assert entered.wait(10)
+        start = time.monotonic()
+        served.stop()  # the daemon's shutdown: it must not hang on the stuck thread
+        took = time.monotonic() - start
+        release.set()
+        served._thread.join(10)
+    assert 4.9 <= took < 5.6
+    assert served.listener.fileno() == -1  # closed all the same

@@ -153,7 +153,8 @@ class ReportServer:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop serving and close every connection and the listener (within about TICK_S)."""
+        """Stop serving and close every connection and the listener (within about TICK_S; a thread stuck in
+        ``handle`` is waited for 5 s at most, then left to end on its own)."""
         self._stopping.set()
         if self._thread.is_alive():
             self._thread.join(5.0)
