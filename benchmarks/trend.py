@@ -296,25 +296,42 @@ class Score:
                 f"{self.false_alarms} | {median} | {p90} |")
 
 
-def evaluate(per_kind: int, seeds: list[int]) -> tuple[dict[str, Score], dict[int, Score], int, float, int]:
-    """Scores per detector, tpuwatch's score per seed, samples replayed, replay seconds, trace count."""
-    detectors: dict[str, Callable[[Trace, np.ndarray], float | None]] = {"rule A": rule_a, "rule B": rule_b}
-    scores = {"tpuwatch": Score(), **{name: Score() for name in detectors}}
+DETECTORS: dict[str, Callable[[Trace, np.ndarray], float | None]] = {"rule A": rule_a, "rule B": rule_b}
+
+
+def _seed_alerts(per_kind: int, seed: int) -> list[tuple[Trace, dict[str, float | None], int, float]]:
+    """Every trace of ``seed`` (its samples dropped) with each detector's first alert, its sample count and
+    tpuwatch's replay seconds."""
+    out = []
+    for trace in traces(per_kind, seed):
+        started = time.perf_counter()
+        alerts = {"tpuwatch": tpuwatch_rule(trace)}
+        replay_s = time.perf_counter() - started
+        at = np.arange(trace.times[0], trace.times[-1] + 1, EVAL_EVERY_S)
+        alerts.update((name, rule(trace, at)) for name, rule in DETECTORS.items())
+        size = trace.times.size
+        trace.times = trace.used = np.empty(0)
+        out.append((trace, alerts, size, replay_s))
+    return out
+
+
+def evaluate(per_kind: int, seeds: list[int], jobs: int = 1) -> tuple[dict[str, Score], dict[int, Score], int, float,
+                                                                      int]:
+    """Scores per detector, tpuwatch's score per seed, samples replayed, replay seconds (one core's, summed),
+    trace count; the seeds on ``jobs`` processes."""
+    scores = {"tpuwatch": Score(), **{name: Score() for name in DETECTORS}}
     per_seed = {seed: Score() for seed in seeds}
     replayed, replay_s, count = 0, 0.0, 0
-    for seed in seeds:
-        for trace in traces(per_kind, seed):
-            count += 1
-            started = time.perf_counter()
-            alert = tpuwatch_rule(trace)
-            replay_s += time.perf_counter() - started
-            scores["tpuwatch"].add(trace, alert)
-            per_seed[seed].add(trace, alert)
-            replayed += trace.times.size
-            at = np.arange(trace.times[0], trace.times[-1] + 1, EVAL_EVERY_S)
-            for name, rule in detectors.items():
-                scores[name].add(trace, rule(trace, at))
-        print(f"seed {seed}: {per_seed[seed].row('tpuwatch')}", file=sys.stderr, flush=True)
+    with ProcessPoolExecutor(max(1, jobs)) as pool:
+        for seed, results in zip(seeds, pool.map(_seed_alerts, [per_kind] * len(seeds), seeds)):
+            for trace, alerts, size, seconds in results:
+                count += 1
+                replay_s += seconds
+                replayed += size
+                per_seed[seed].add(trace, alerts["tpuwatch"])
+                for name, alert in alerts.items():
+                    scores[name].add(trace, alert)
+            print(f"seed {seed}: {per_seed[seed].row('tpuwatch')}", file=sys.stderr, flush=True)
     return scores, per_seed, replayed, replay_s, count
 
 
@@ -401,21 +418,24 @@ def main() -> int:
     parser.add_argument("--fast-held-out", type=seed_range, default=[], metavar="S,S,...",
                         help="also score the fast leaks of these seeds, reported apart (seeds not looked at while "
                              "tuning the fast check)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="processes for the seeds (default 1; the replay rate is one core's either way)")
     parser.add_argument("--output", type=Path, default=BENCHMARKS_MD, help="markdown file to update")
     args = parser.parse_args()
     per_kind = 2 if args.quick else args.traces
-    scores, per_seed, replayed, replay_s, count = evaluate(per_kind, args.seeds)
+    scores, per_seed, replayed, replay_s, count = evaluate(per_kind, args.seeds, args.jobs)
     free = None
     if free_seeds := args.leak_free_seeds:
-        with ProcessPoolExecutor() as pool:
+        with ProcessPoolExecutor(args.jobs if args.jobs > 1 else None) as pool:
             results = list(pool.map(leak_free_alarms, [per_kind] * len(free_seeds), free_seeds))
         named = f"{free_seeds[0]}-{free_seeds[-1]}" if free_seeds == list(range(free_seeds[0], free_seeds[-1] + 1)) \
             else ", ".join(map(str, free_seeds))
         free = (named, sum(n for n, _ in results), [kind for _, kinds in results for kind in kinds])
     fast_per_cell = 1 if args.quick else args.fast_traces
-    fast = fastleaks.report(fastleaks.evaluate(fast_per_cell, args.fast_seeds), args.fast_seeds, fast_per_cell)
+    fast = fastleaks.report(fastleaks.evaluate(fast_per_cell, args.fast_seeds, args.jobs), args.fast_seeds,
+                            fast_per_cell)
     if args.fast_held_out:
-        held = fastleaks.report(fastleaks.evaluate(fast_per_cell, args.fast_held_out), args.fast_held_out,
+        held = fastleaks.report(fastleaks.evaluate(fast_per_cell, args.fast_held_out, args.jobs), args.fast_held_out,
                                 fast_per_cell)
         fast += ["", *(line.replace("### Fast leaks", "### Held out: fast leaks", 1) for line in held)]
     command = shlex.join(["python", "benchmarks/trend.py", *sys.argv[1:]])

@@ -143,8 +143,9 @@ def test_a_climb_back_to_a_level_seen_within_the_lookback_is_not_growth_and_one_
 
 def test_a_climb_whose_newest_floor_fell_back_below_its_newest_segment_is_not_growth() -> None:
     def first_page(drop: float) -> float | None:
-        """The climb from 400 s stops at 464 s, where the series falls by ``drop`` and stays."""
-        detector = LeakDetector(dataclasses.replace(SMALL, floor_windows=(6.0,), persistence=1))
+        """The climb from 400 s stops at 464 s, where the series falls by ``drop`` and stays (the newest segment's
+        halves not judged: the end check alone)."""
+        detector = LeakDetector(dataclasses.replace(SMALL, floor_windows=(6.0,), persistence=1, newest_half=-math.inf))
         for t in times(700.0):
             detector.update(t, 100.0 + RATE * min(max(0.0, t - START), 64.0) - (drop if t >= 464.0 else 0.0),
                             CAPACITY)
@@ -354,3 +355,17 @@ def test_a_fast_page_is_critical_only_when_the_chip_fills_sooner_than_critical_e
 def test_the_fast_check_runs_with_the_detectors_settings() -> None:
     paged = _fast_changes()[0][0]
     assert _fast_changes(LeakParams(fast=FastParams(persistence=8)))[0][0] > paged  # findings needed before a page
+
+
+def test_a_climb_that_has_stopped_within_its_newest_segment_is_no_longer_growth() -> None:
+    # The small-scale climb stops at START + 150. Its segments' medians still rise in order while the newest
+    # segment holds the end of the climb; once that segment's newer half is no higher than its older half (a
+    # warm-up or a load that has levelled off), the finding is not renewed.
+    def last_finding(newest_half: float) -> float:
+        return changes(dataclasses.replace(SMALL, newest_half=newest_half, persistence=1))[-2][0]
+
+    assert last_finding(SMALL.newest_half) == START + 190
+    assert last_finding(0.0) == START + 198
+    # A straight climb's newest segment rises between its halves by half a segment's rise, two thirds of
+    # rise / segments (the rise spans three segments' steps): asked for all of rise / segments, it is never found.
+    assert changes(dataclasses.replace(SMALL, newest_half=1.0)) == []

@@ -108,20 +108,20 @@ def test_an_allocator_climb_that_has_dropped_back_is_not_a_leak() -> None:
     # A captured trace (see testdata/trend/make_fixtures.py): without the check that the newest floor has not fallen
     # back below its segment, the detector fired just after a long allocator climb was released.
     assert _first_alert("sawtooth_turning.csv", LeakParams()) is None
-    assert _first_alert("sawtooth_turning.csv", LeakParams(end_slack=math.inf)) is not None
+    assert _first_alert("sawtooth_turning.csv", LeakParams(end_slack=math.inf, newest_half=-math.inf)) is not None
 
 
 def test_a_load_cycle_near_its_top_is_not_a_leak() -> None:
     # A captured trace: a load cycle of over 2 h whose rise slows near its top; without the check that the newest
     # segment rises at least half as much as the steepest, the detector fired there.
     assert _first_alert("periodic_turning.csv", LeakParams()) is None
-    assert _first_alert("periodic_turning.csv", LeakParams(newest_ratio=0.0)) is not None
+    assert _first_alert("periodic_turning.csv", LeakParams(newest_ratio=0.0, newest_half=-math.inf)) is not None
 
 
 def test_a_warm_up_that_is_levelling_off_is_not_a_leak() -> None:
     # A captured trace: a 23 GiB warm-up that rose for 40 min, its rise slowing; without the same check, it fired.
     assert _first_alert("warmup_levelling.csv", LeakParams()) is None
-    assert _first_alert("warmup_levelling.csv", LeakParams(newest_ratio=0.0)) is not None
+    assert _first_alert("warmup_levelling.csv", LeakParams(newest_ratio=0.0, newest_half=-math.inf)) is not None
 
 
 def test_a_staircase_with_three_steps_in_an_hour_is_found_without_waiting_for_a_fourth() -> None:

@@ -28,8 +28,10 @@ a climb without lag, under a sawtooth too (its teeth's tops).  On each:
   acceleration.  A deceleration over ``decelerating`` standard errors is a
   bend: the climb is projected to where it levels off (the nearer of the slope
   falling linearly, slope^2/2a, and the thirds' rises shrinking geometrically,
-  r q/(1-q)); if that is below capacity the climb is a warm-up and vetoes the
-  other floors' findings.  No bend: projected straight at its fitted slope.
+  r q/(1-q)); if that is below capacity the climb is a warm-up: seen so on
+  the high it vetoes the other floors' findings, on floors unless more floors
+  find the climb going on (a floor between two teeth or two steps bends for
+  a minute).  No bend: projected straight at its fitted slope.
   While the least bend the fit could tell from noise is over ``bend`` times
   the slope falling to nothing over the climb, it waits;
 * projected from the high (the sawtooth's top is what fills the chip), it
@@ -153,6 +155,7 @@ class FastCheck:
         need = p.reference + p.longest + 1
         least = p.min_rise * capacity
         finding = None
+        findings = vetoes = 0
         precedents: dict[int, float] = {}
         for series, held in ((self._lows, 0), (floors[0], 0), (self._fives, 1), (floors[1], 1), (self._highs, 0)):
             start = len(series) - need
@@ -173,10 +176,15 @@ class FastCheck:
             values = list(series)[start:] if isinstance(series, deque) else list(series[start:])
             found = self._climb(values, precedent, high, capacity, bucket)
             if found is LEVELS:
-                return None  # any floor that sees the climb bend to below capacity vetoes
-            if found is not None and finding is None:
-                finding = found
-        return finding
+                if series is self._highs:
+                    return None  # the high, which does not lag, sees the climb bend to below capacity: it vetoes
+                vetoes += 1
+            elif found is not None:
+                findings += 1
+                finding = finding or found
+        # Floors that see it bend veto unless more of them see it go on: a floor caught between two teeth of a
+        # sawtooth or two steps of a staircase bends for a minute.
+        return None if vetoes >= findings else finding
 
     def _climb(self, values: list[float], precedent: float, high: float, capacity: float,
                bucket: float) -> FastFinding | None:

@@ -25,6 +25,10 @@ growth on a floor when
 * the rise is at least ``min_rise`` of the capacity (or of the level);
 * the newest floor is within ``end_slack`` of the rise of the newest
   segment's median (periodic load has turned back down by then);
+* the newest segment still climbs within itself: the median of its newer half
+  tops that of its older half by ``newest_half`` of the rise per segment (a
+  leak's by about two thirds of it; a warm-up or a load that has levelled off,
+  whose earlier segments still rise in order, by nothing);
 * the newest segment tops the segments of the ``lookback`` before the window
   by ``new_high`` of the rise (periodic load returns to levels already seen);
 * no single one-minute jump of the floor carries more than ``max_jump`` of
@@ -98,6 +102,7 @@ class LeakParams:
     fast_scale: float = 5400.0
     fast_floor: float = 480.0
     end_slack: float = 0.1
+    newest_half: float = 0.25
     alpha: float = 0.001
     min_ratio: float = 0.35
     newest_ratio: float = 0.5
@@ -267,6 +272,11 @@ class LeakDetector:
             return None
         rise = levels[0] - levels[-1]
         if floors[-1] < levels[0] - p.end_slack * rise:
+            return None
+        # Still climbing within the newest segment: its newer half above its older one (a leak's by half a
+        # segment's rise; a warm-up or a load that has levelled off, by nothing).
+        half = length // 2
+        if median(floors[end - half:]) - median(floors[end - length:end - half]) < p.newest_half * rise / p.segments:
             return None
         if rise < p.min_rise * (self._capacity if self._capacity is not None else levels[0]):
             return None
