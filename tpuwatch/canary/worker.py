@@ -14,6 +14,9 @@ a crash:
     {"event": "result", "device": "0", "check": "gemm", "entry": N, "finite": true, "max_abs_error": X,
      "error_ratio": X, "fingerprint": HEX, "duration_seconds": X}          (one per check and chip)
     {"event": "confirm", "device": "0", "check": "gemm", "entry": N, "deviations": [true, false, false]}
+    {"event": "confirm", "device": "1", "check": "speed", "entry": 0, "deviations": [...], "conclusive": [...],
+     "rounds": [{"took": X, "beside": [X, ...], "best": X, "peers_best": X, "host": [X, ...], "slow": true,
+                 "conclusive": true}, ...]}                          (a chip that looked slow: canary/speed.py)
     {"event": "error", "reason": "..."}      (the run could not start)
     {"event": "done"}
 
