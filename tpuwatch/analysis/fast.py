@@ -23,15 +23,15 @@ a climb without lag, under a sawtooth too (its teeth's tops).  On each:
   ``shortest`` minutes, rising in every third, the slowest third at least
   ``min_ratio`` as steep as the steepest, no one-minute rise over ``max_jump``
   of the climb (a model load is a jump, not a climb).  A climb that rose and
-  fell back in its newest third has levelled off;
+  fell back in its newest third has levelled off (on the high, a veto; on a
+  floor, one unless more floors find the climb going on: a floor caught
+  between two teeth of a sawtooth falls back for a minute);
 * its shape: a quadratic fitted by least squares gives the slope now and the
   acceleration.  A deceleration over ``decelerating`` standard errors is a
   bend: the climb is projected to where it levels off (the nearer of the slope
   falling linearly, slope^2/2a, and the thirds' rises shrinking geometrically,
-  r q/(1-q)); if that is below capacity the climb is a warm-up: seen so on
-  the high it vetoes the other floors' findings, on floors unless more floors
-  find the climb going on (a floor between two teeth or two steps bends for
-  a minute).  No bend: projected straight at its fitted slope.
+  r q/(1-q)); if that is below capacity the climb is a warm-up and vetoes the
+  other floors' findings.  No bend: projected straight at its fitted slope.
   While the least bend the fit could tell from noise is over ``bend`` times
   the slope falling to nothing over the climb, it waits;
 * projected from the high (the sawtooth's top is what fills the chip), it
@@ -91,6 +91,7 @@ class FastFinding:
 FIVE = 5  # buckets of the floor between the 3 and 8 min ones (a sawtooth of a 4-5 min period)
 VETO = 0.0  # rising, then falling in the newest third: it has levelled off
 LEVELS = FastFinding(0.0, math.inf)  # a climb that bends and levels off below capacity
+TURNED = FastFinding(0.0, -math.inf)  # a climb whose thirds rose ever slower and fell in the newest
 
 
 class FastCheck:
@@ -175,15 +176,15 @@ class FastCheck:
             precedent = precedents[held]
             values = list(series)[start:] if isinstance(series, deque) else list(series[start:])
             found = self._climb(values, precedent, high, capacity, bucket)
-            if found is LEVELS:
-                if series is self._highs:
-                    return None  # the high, which does not lag, sees the climb bend to below capacity: it vetoes
+            if found is LEVELS or (found is TURNED and series is self._highs):
+                return None  # a significant bend to below capacity, or the high falling back: a warm-up
+            if found is TURNED:
                 vetoes += 1
             elif found is not None:
                 findings += 1
                 finding = finding or found
-        # Floors that see it bend veto unless more of them see it go on: a floor caught between two teeth of a
-        # sawtooth or two steps of a staircase bends for a minute.
+        # A floor whose newest third fell back vetoes unless more floors see the climb go on: a floor caught
+        # between two teeth of a sawtooth falls back for a minute.
         return None if vetoes >= findings else finding
 
     def _climb(self, values: list[float], precedent: float, high: float, capacity: float,
@@ -211,7 +212,7 @@ class FastCheck:
         rates = [(climb[b] - climb[a]) / (b - a) for a, b in zip(cuts, cuts[1:])]  # per bucket, each third
         if min(rates) <= 0 or min(rates) < p.min_ratio * max(rates):
             # Rising ever slower, the newest third far slower than the first: it levels off.
-            return LEVELS if rates[0] >= rates[1] >= rates[2] and rates[2] < VETO * rates[0] else None
+            return TURNED if rates[0] >= rates[1] >= rates[2] and rates[2] < VETO * rates[0] else None
         if max(b - a for a, b in zip(climb, climb[1:])) > p.max_jump * rise:
             return None
         diffs = sorted(b - a for a, b in zip(reference, reference[1:]))
