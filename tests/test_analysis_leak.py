@@ -369,3 +369,24 @@ def test_a_climb_that_has_stopped_within_its_newest_segment_is_no_longer_growth(
     # A straight climb's newest segment rises between its halves by half a segment's rise, two thirds of
     # rise / segments (the rise spans three segments' steps): asked for all of rise / segments, it is never found.
     assert changes(dataclasses.replace(SMALL, newest_half=1.0)) == []
+
+
+def _first_page_alone(capacity: float | None, **changes: Any) -> float | None:
+    """The first page on the small-scale series, judged on the 6 s floor alone, one analysis enough."""
+    detector = LeakDetector(dataclasses.replace(SMALL, floor_windows=(6.0,), persistence=1, **changes))
+    for t in times(700.0):
+        detector.update(t, level(t), capacity)
+    return detector.first_alert_at
+
+
+def test_a_rise_of_exactly_min_rise_of_the_capacity_is_growth() -> None:
+    # At START + 70 the segments' medians are 100, 127.5, 182.5 and 236.25: a rise of 136.25. Asked to rise all
+    # of a capacity of 136.25 (min_rise 1), it is found there; of a hair more, an analysis later.
+    assert _first_page_alone(136.25, min_rise=1.0) == START + 70
+    assert _first_page_alone(math.nextafter(136.25, math.inf), min_rise=1.0) == START + 74
+
+
+def test_without_a_capacity_the_rise_is_set_against_the_newest_segments_level() -> None:
+    # 136.25 is 0.577 of the newest segment's median (236.25) and 0.747 of the one before (182.5).
+    assert _first_page_alone(None, min_rise=0.57) == START + 70
+    assert _first_page_alone(None, min_rise=0.65) != START + 70
