@@ -390,3 +390,15 @@ def test_without_a_capacity_the_rise_is_set_against_the_newest_segments_level() 
     # 136.25 is 0.577 of the newest segment's median (236.25) and 0.747 of the one before (182.5).
     assert _first_page_alone(None, min_rise=0.57) == START + 70
     assert _first_page_alone(None, min_rise=0.65) != START + 70
+
+
+def test_the_segment_ratios_and_the_end_check_pass_exactly_at_their_thresholds() -> None:
+    # At START + 70 the segments' rises are 27.5, 55 and 53.75 (oldest first) and the newest floor is 261.25,
+    # 25 over the newest segment's median (236.25) of a rise of 136.25: each check passes exactly at its bound
+    # and refuses a hair beyond it (the climb is then found an analysis later).
+    assert _first_page_alone(CAPACITY, min_ratio=0.5) == START + 70
+    assert _first_page_alone(CAPACITY, min_ratio=math.nextafter(0.5, 1.0)) == START + 74
+    assert _first_page_alone(CAPACITY, newest_ratio=53.75 / 55) == START + 70
+    assert _first_page_alone(CAPACITY, newest_ratio=math.nextafter(53.75 / 55, 1.0)) == START + 74
+    assert _first_page_alone(CAPACITY, end_slack=-25 / 136.25) == START + 70
+    assert _first_page_alone(CAPACITY, end_slack=-25 / 136.25 - 1e-6) != START + 70
