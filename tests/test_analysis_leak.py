@@ -402,3 +402,12 @@ def test_the_segment_ratios_and_the_end_check_pass_exactly_at_their_thresholds()
     assert _first_page_alone(CAPACITY, newest_ratio=math.nextafter(53.75 / 55, 1.0)) == START + 74
     assert _first_page_alone(CAPACITY, end_slack=-25 / 136.25) == START + 70
     assert _first_page_alone(CAPACITY, end_slack=-25 / 136.25 - 1e-6) != START + 70
+
+
+def test_the_new_high_and_the_jump_checks_pass_exactly_at_their_bounds() -> None:
+    # At START + 70 the newest segment (236.25) tops the flat 100 before the window by all of the rise (136.25),
+    # and the floor's largest one-bucket rise in the window is 6.25.
+    assert _first_page_alone(CAPACITY, new_high=1.0) == START + 70
+    assert _first_page_alone(CAPACITY, new_high=math.nextafter(1.0, 2.0)) != START + 70
+    assert _first_page_alone(CAPACITY, max_jump_fast=6.25 / 136.25) == START + 70
+    assert _first_page_alone(CAPACITY, max_jump_fast=math.nextafter(6.25 / 136.25, 0.0)) != START + 70
