@@ -411,3 +411,21 @@ def test_the_new_high_and_the_jump_checks_pass_exactly_at_their_bounds() -> None
     assert _first_page_alone(CAPACITY, new_high=math.nextafter(1.0, 2.0)) != START + 70
     assert _first_page_alone(CAPACITY, max_jump_fast=6.25 / 136.25) == START + 70
     assert _first_page_alone(CAPACITY, max_jump_fast=math.nextafter(6.25 / 136.25, 0.0)) != START + 70
+
+
+def test_growth_needs_mann_kendalls_p_value_under_alpha(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first analysis that reaches the trend test (START + 70 on the 6 s floor) pages when its p-value is
+    # under alpha, not when alpha is exactly that p-value (then an analysis later).
+    from tpuwatch.analysis import leak
+
+    seen: list[float] = []
+
+    def recorded(*args: Any) -> float:
+        seen.append(mann_kendall_p(*args))
+        return seen[-1]
+
+    monkeypatch.setattr(leak, "mann_kendall_p", recorded)
+    assert _first_page_alone(CAPACITY) == START + 70
+    monkeypatch.undo()
+    assert _first_page_alone(CAPACITY, alpha=seen[0]) == START + 74
+    assert _first_page_alone(CAPACITY, alpha=math.nextafter(seen[0], 1.0)) == START + 70
