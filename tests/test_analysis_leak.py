@@ -429,3 +429,19 @@ def test_growth_needs_mann_kendalls_p_value_under_alpha(monkeypatch: pytest.Monk
     monkeypatch.undo()
     assert _first_page_alone(CAPACITY, alpha=seen[0]) == START + 74
     assert _first_page_alone(CAPACITY, alpha=math.nextafter(seen[0], 1.0)) == START + 70
+
+
+def test_the_fast_jump_limit_holds_at_fast_scale_and_fast_floor_and_not_beyond() -> None:
+    # The 90 s scale on the 6 s floor: its largest one-bucket rise (6.25 of 136.25 at START + 70) passes under
+    # max_jump_fast and not under a max_jump a hair below it.
+    tight = math.nextafter(6.25 / 136.25, 0.0)
+    assert _first_page_alone(CAPACITY, fast_scale=90.0, fast_floor=6.0, max_jump=tight, max_jump_fast=1.0) == START + 70
+    assert _first_page_alone(CAPACITY, fast_scale=90.0, fast_floor=5.0, max_jump=tight, max_jump_fast=1.0) != START + 70
+    assert _first_page_alone(CAPACITY, fast_scale=89.0, fast_floor=6.0, max_jump=tight, max_jump_fast=1.0) != START + 70
+
+
+def test_a_floor_serves_the_scales_from_floor_scales_0_to_floor_scales_1_times_its_window() -> None:
+    # The 6 s floor and the 90 s scale, 15 times it: served at exactly 15 both ways, not from 16 or up to 14.
+    assert _first_page_alone(CAPACITY, floor_scales=(15.0, 15.0)) == START + 70
+    assert _first_page_alone(CAPACITY, floor_scales=(16.0, 20.0)) is None
+    assert _first_page_alone(CAPACITY, floor_scales=(3.0, 14.0)) is None
