@@ -445,3 +445,12 @@ def test_a_floor_serves_the_scales_from_floor_scales_0_to_floor_scales_1_times_i
     assert _first_page_alone(CAPACITY, floor_scales=(15.0, 15.0)) == START + 70
     assert _first_page_alone(CAPACITY, floor_scales=(16.0, 20.0)) is None
     assert _first_page_alone(CAPACITY, floor_scales=(3.0, 14.0)) is None
+
+
+def test_the_cheap_check_asks_no_more_than_the_checks_it_stands_for() -> None:
+    # The cheap first check (the newest floor at least (1 - end_slack) of min_rise of the capacity over the oldest
+    # segment's least floor) must not refuse what the later checks pass. At START + 70 the newest floor (261.25)
+    # is 161.25 over the oldest segment's least (100) and the rise is 136.25.
+    assert _first_page_alone(120.0, min_rise=1.0, end_slack=0.5) == START + 70  # asks 60 of 161.25
+    assert _first_page_alone(136.25, min_rise=1.0, end_slack=-0.175) == START + 70  # 160.09: the newest floor
+    assert _first_page_alone(136.25, min_rise=1.0, end_slack=-25 / 136.25) == START + 70  # exactly 161.25
