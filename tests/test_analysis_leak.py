@@ -454,3 +454,12 @@ def test_the_cheap_check_asks_no_more_than_the_checks_it_stands_for() -> None:
     assert _first_page_alone(120.0, min_rise=1.0, end_slack=0.5) == START + 70  # asks 60 of 161.25
     assert _first_page_alone(136.25, min_rise=1.0, end_slack=-0.175) == START + 70  # 160.09: the newest floor
     assert _first_page_alone(136.25, min_rise=1.0, end_slack=-25 / 136.25) == START + 70  # exactly 161.25
+
+
+def test_without_a_capacity_a_series_in_small_units_is_judged_as_in_large_ones() -> None:
+    # The small-scale series in units 100,000 times larger (a rise of 0.0016 of them): without a capacity nothing
+    # is set against a fixed amount, so it is found when the series in bytes is.
+    detector = LeakDetector(dataclasses.replace(SMALL, floor_windows=(6.0,), persistence=1))
+    for t in times(700.0):
+        detector.update(t, level(t) * 1e-5, None)
+    assert detector.first_alert_at == _first_page_alone(None) == START + 70
