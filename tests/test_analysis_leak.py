@@ -19,7 +19,7 @@ import pytest
 
 from tpuwatch.analysis.fast import FastParams
 from tpuwatch.analysis.leak import LeakDetector, LeakParams, LeakState
-from tpuwatch.analysis.robust import mann_kendall_p, theil_sen
+from tpuwatch.analysis.robust import mann_kendall_p, median, theil_sen
 
 SMALL = LeakParams(bucket=2.0, floor_windows=(6.0, 16.0, 30.0), high_window=30.0, analyze_every=4.0,
                    scales=(90.0,), lookback=480.0, min_history=240.0, min_prior=120.0, fast=None)
@@ -463,3 +463,42 @@ def test_without_a_capacity_a_series_in_small_units_is_judged_as_in_large_ones()
     for t in times(700.0):
         detector.update(t, level(t) * 1e-5, None)
     assert detector.first_alert_at == _first_page_alone(None) == START + 70
+
+
+def test_growth_must_rise_more_than_noise_factor_times_the_scatter_over_the_whole_window() -> None:
+    # The small-scale climb with a wobble of up to 4: at START + 70 its rise over the window (Theil-Sen's slope
+    # times the window's span) is 41.9 robust standard deviations of the residuals, over a span one point
+    # shorter 40.9. Asked for 41.3 it is found; asked for exactly its own ratio, not (an analysis later).
+    def wobbly(t: float) -> float:
+        return level(t) + 4.0 * math.sin(t * 0.37) * math.cos(t * 1.3)
+
+    class Watched(LeakDetector):
+        windows: list[Any]
+
+    def first_page(**changes: Any) -> tuple[float | None, list[Any]]:
+        detector = Watched(dataclasses.replace(SMALL, floor_windows=(6.0,), persistence=1, **changes))
+        detector.windows = []
+        window = detector._window
+
+        def recorded(count: int, floors: Any) -> Any:
+            detector.windows.append((detector._floor_times[-1], window(count, floors)))
+            return detector.windows[-1][1]
+
+        detector._window = recorded  # type: ignore[method-assign]
+        for t in times(700.0):
+            detector.update(t, wobbly(t), CAPACITY)
+        return detector.first_alert_at, detector.windows
+
+    first, windows = first_page()
+    assert first == START + 70
+    at, values = next(window for when, window in windows if when == first)
+    at = at - at[-1]
+    slope = theil_sen(at, values)
+    residual = values - slope * at
+    noise = 1.4826 * median(abs(residual - median(residual)))
+    ratio = slope * (at[-1] - at[0]) / noise
+    shorter = slope * (at[-2] - at[0]) / noise
+    assert shorter < 41.3 < ratio
+    assert first_page(noise_factor=41.3)[0] == START + 70
+    if ratio * noise == slope * (at[-1] - at[0]):  # exactly on the bound: refused there
+        assert first_page(noise_factor=ratio)[0] != START + 70
