@@ -8,7 +8,7 @@ stdout, flushed as it goes, so the runner keeps what finished before a hang or
 a crash:
 
     {"event": "start", "platform": "cpu", "chip": "cpu", "devices": ["0", ...], "stack": "...",
-     "dtype": "float32", "scale": X, "suite": "v1", "entry": N}
+     "dtype": "float32", "scale": X, "suite": "v2", "entry": N}
     {"event": "skipped", "device": "2", "reason": "..."}
     {"event": "running", "device": "0"}
     {"event": "result", "device": "0", "check": "gemm", "entry": N, "finite": true, "max_abs_error": X,
