@@ -16,9 +16,10 @@ project's CPU hosts XLA does the 512-row product faster per row, and 8 repeats
 product's ~3.2 ms, leaving a busy host's jitter a larger share of each timing;
 16 give ~4.2 ms.  The host computes the float64 product; the bound per
 element is the worst-case rounding of a length-K float32 dot product,
-u * K * sum|a_ik * b_kj|, times the platform's factor and SAFETY.  Chips compare bits per entry; the history keeps each entry's
-fingerprint per chip (keyed by spec.SUITE_VERSION, bumped with the shape), so
-a chip meets its own past when the schedule comes round again.
+u * K * sum|a_ik * b_kj|, times the platform's factor and SAFETY.  Chips
+compare bits per entry; the history keeps each entry's fingerprint per chip
+(keyed by spec.SUITE_VERSION, bumped with the shape), so a chip meets its own
+past when the schedule comes round again.
 """
 
 from __future__ import annotations
