@@ -141,6 +141,30 @@ def test_a_climb_back_to_a_level_seen_within_the_lookback_is_not_growth_and_one_
     assert first_page(40.0) is not None  # until 40 s: over lookback (480 s) before the scale (90 s) by then
 
 
+def test_a_level_seen_in_the_lookbacks_oldest_segment_still_holds_back_a_climb_to_below_it() -> None:
+    # A lookback of 440 s is 220 floors, 20 whole segments of the 90 s scale (45 floors, 4 segments of 11): a
+    # segment starts exactly at the lookback's oldest floor. A level of 1000 held for 24 s from high_from makes the
+    # 6 s floor 1000 from high_from + 6 to high_from + 24 s; a climb of RATE from ``climb`` is found 70 s after it.
+    def first_page(high_from: float, climb: float) -> float | None:
+        detector = LeakDetector(dataclasses.replace(SMALL, floor_windows=(6.0,), persistence=1, lookback=440.0))
+        for t in times(800.0):
+            high = high_from <= t < high_from + 24.0
+            detector.update(t, 1000.0 if high else 100.0 + RATE * min(max(0.0, t - climb), 150.0), CAPACITY)
+        return detector.first_alert_at
+
+    # At 670 s the lookback's oldest segment is the floors from 144 to 164 s. The level from 100 s has left the
+    # lookback; the one from 130 s holds 6 of those 11 floors, so the climb (to 275) is not above what was seen.
+    # At 674 s (floors from 148 to 168 s, 4 of them at 1000) it is.
+    assert first_page(high_from=100.0, climb=600.0) == 670.0
+    assert first_page(high_from=130.0, climb=600.0) == 674.0
+    # History shorter than the window and the lookback: the lookback reaches back to the first floor, and at
+    # 506 s (253 floors, 198 before the newest segment's start: 18 segments) a segment starts there. The level
+    # held from the first reading (the floors of 2 to 24 s) holds the climb back until it has left the segments:
+    # at 522 s (the floors from 18 s on) 4 of 11.
+    assert first_page(high_from=1000.0, climb=436.0) == 506.0
+    assert first_page(high_from=0.0, climb=436.0) == 522.0
+
+
 def test_a_climb_whose_newest_floor_fell_back_below_its_newest_segment_is_not_growth() -> None:
     def first_page(drop: float) -> float | None:
         """The climb from 400 s stops at 464 s, where the series falls by ``drop`` and stays (the newest segment's
