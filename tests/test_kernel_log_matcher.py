@@ -670,3 +670,66 @@ rules:
     follow: {keywords: ["yy:"], regex: 'yy: detail', alone: true}
 """)
     assert [m.rule for m in feed(rules, ["yy: detail"])] == ["yy_first_fault"]  # one event, in rule order
+
+
+def test_a_message_over_records_ends_in_the_last_of_them() -> None:
+    # One record's message is one event, also when the rule's regex may take the newline after it (`\s*`) and the
+    # next record holds the rule's keyword: a match that ends where that record begins is the record before's.
+    rules = _only(r"""
+rules:
+  - {name: disk_lost, keywords: ["lost"], regex: 'disk \d+ lost\s*', lines: 2}
+""")
+    assert _feed(rules, ["disk 3 lost", "link lost"]) == [(1, "disk_lost", "warning")]
+
+
+def test_a_rule_over_several_records_may_look_behind_into_the_records_before() -> None:
+    # A match that lies in the last record alone, found only by looking behind into the ones before, is the event
+    # of that record, wherever in it the match starts.
+    rules = _only(r"""
+rules:
+  - {name: after_first, keywords: ["second half"], regex: '(?<=first half\n)second half', lines: 2}
+  - {name: tail_after_first, keywords: ["tail"], regex: '(?<=first half\nsecond )tail', lines: 2}
+""")
+    assert [(m.index, m.rule, m.record.message) for m in feed(rules, ["first half", "second half"])] == [
+        (2, "after_first", "second half")]
+    assert [(m.index, m.rule, m.record.message) for m in feed(rules, ["first half", "second tail"])] == [
+        (2, "tail_after_first", "second tail")]
+    assert feed(rules, ["other half", "second half", "second tail"]) == []
+
+
+# A block's event waits for its detail lines (hold); a port's fault has detail lines of its own, one of which the
+# block also prints ("xx: status"), and stands for its lost first line.
+BLOCK_AND_PORT = """
+rules:
+  - name: xx_block
+    keywords: ["xx: block"]
+    regex: 'xx: block'
+    {hold}
+    follow: {{keywords: ["xx: status"], regex: 'xx: status'}}
+  - name: xx_port
+    keywords: ["xx: port"]
+    regex: 'xx: port'
+    severity: {severity}
+    follow: {{keywords: ["xx: status", "xx: port detail"], regex: 'xx: (?:status|port detail)', within: 2, alone: true}}
+"""
+
+
+def test_a_line_a_waiting_event_takes_is_also_another_open_faults_line() -> None:
+    # The status line is the waiting block's and the port fault's: it keeps the port fault open, so the port's
+    # detail line two records later is that fault's (within 2 of the status line, 4 of the port's first line).
+    rules = _only(BLOCK_AND_PORT.format(hold="hold: 4", severity="warning"))
+    assert _given(StreamMatcher(rules), ["xx: port", "xx: block", "xx: status", "x", "xx: port detail"]) == [
+        (1, "xx_port", "warning", None, None), (2, "xx_block", "warning", None, None)]
+
+
+@pytest.mark.parametrize("hold", ["hold: 4", ""])
+def test_a_line_another_fault_took_stands_for_no_lost_first_line_unless_worse(hold: str) -> None:
+    # The block's status line is the port's detail line too; with no port fault open it would stand for the port
+    # fault's lost first line. It is the block's fault (waiting or not) instead, as another rule's match on it would
+    # be, unless the port fault is worse.
+    rules = _only(BLOCK_AND_PORT.format(hold=hold, severity="warning"))
+    assert _given(StreamMatcher(rules), ["xx: block", "xx: status"]) == [(1, "xx_block", "warning", None, None)]
+    assert _given(StreamMatcher(rules), ["xx: status"]) == [(1, "xx_port", "warning", None, None)]
+    worse = _only(BLOCK_AND_PORT.format(hold=hold, severity="critical"))
+    assert _given(StreamMatcher(worse), ["xx: block", "xx: status"]) == [
+        (1, "xx_block", "warning", None, None), (2, "xx_port", "critical", None, None)]

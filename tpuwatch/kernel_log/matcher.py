@@ -236,7 +236,8 @@ class StreamMatcher:
                 alone.append((i, found))
         options = [(RANK[m.severity], False, -i, i, m) for i, m in matches
                    if not _covered(m.pci or record_key, RANK[m.severity], absorbed)]
-        options += [(RANK[m.severity], True, -i, i, m) for i, m in alone]
+        options += [(RANK[m.severity], True, -i, i, m) for i, m in alone  # a lost first line, unless the line is
+                    if not _covered(m.pci or record_key, RANK[m.severity], absorbed)]  # another fault's, as severe
         if options:
             _, _, _, i, chosen = options[0] if len(options) == 1 else max(options, key=lambda o: o[:3])
             self._emit(i, chosen, record, record_key, index, out)
@@ -345,7 +346,8 @@ class StreamMatcher:
         return out
 
     def _joined(self, i: int, record: Record) -> Match | None:
-        """Rule ``i`` on this record joined with the ones before it: a match that starts before it and ends in it."""
+        """Rule ``i`` on this record joined with the ones before it: a match that ends in it (one that ends before it
+        was the records before's; one that lies in it alone and did not match it alone looks behind into them)."""
         rule = self._rules[i]
         assert self._context is not None
         parts = [*list(self._context)[-(rule.lines - 1):], record]
@@ -356,7 +358,7 @@ class StreamMatcher:
         for part in parts[:-1]:
             starts.append(starts[-1] + len(part.message) + 1)
         for found in rule.regex.finditer(text):
-            if found.start() < starts[-1] < found.end():
+            if starts[-1] < found.end():
                 first = max(k for k, at in enumerate(starts) if at <= found.start())
                 joined = Record(text[starts[first]:], record.kernel_device, parts[first].line)
                 match = rule.verdict(found, rule.severity)

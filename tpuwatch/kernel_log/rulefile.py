@@ -17,7 +17,8 @@ A rule file is ``rules: [...]`` where each rule has:
 - ``lines`` (1-8, default 1): the message may be printed over up to this many
   consecutive records (one per line, as ``dmesg -r`` and syslog files write a
   multi-line message); the regex is then also tried on the record joined with
-  the ones before it.  A keyword must be in the message's last line.
+  the ones before it, and a match must end in the record (a lookbehind may read
+  the ones before).  A keyword must be in the message's last line.
 - ``follow``: lines the kernel prints after the rule's line as part of the
   same fault, ``{regex, keywords, within, alone, same_device, severity}``.
   Within ``within`` records (1-256, default 16) of the fault's last line, a
@@ -26,7 +27,8 @@ A rule file is ``rules: [...]`` where each rule has:
   must agree; with ``same_device`` (default true) so must the device the kernel
   attributed both lines to.  With ``alone: true`` a follow line whose first line
   was lost (rate limit, ring overrun) is an event of this rule by itself, with
-  the follow's ``severity`` (default: the rule's, or ``severity_by``).
+  the follow's ``severity`` (default: the rule's, or ``severity_by``), unless
+  the line is another rule's open fault's line and not more severe.
 - ``hold`` (0-64 records, default 0): the event waits up to ``hold`` records
   (or the end of the read) for its follow lines, through records about other
   things, and ends sooner when the rule's next fault begins; fields such as
