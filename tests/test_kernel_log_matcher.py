@@ -710,7 +710,9 @@ rules:
     keywords: ["xx: port"]
     regex: 'xx: port'
     severity: {severity}
-    follow: {{keywords: ["xx: status", "xx: port detail"], regex: 'xx: (?:status|port detail)', within: 2, alone: true}}
+    follow:
+      {{keywords: ["xx: status", "xx: port detail"], regex: 'xx: (?:status|port detail)(?: peer (?P<pci>\\S+))?',
+       within: 2, alone: true}}
 """
 
 
@@ -730,6 +732,11 @@ def test_a_line_another_fault_took_stands_for_no_lost_first_line_unless_worse(ho
     rules = _only(BLOCK_AND_PORT.format(hold=hold, severity="warning"))
     assert _given(StreamMatcher(rules), ["xx: block", "xx: status"]) == [(1, "xx_block", "warning", None, None)]
     assert _given(StreamMatcher(rules), ["xx: status"]) == [(1, "xx_port", "warning", None, None)]
+    # A status line about another device is that device's port fault's.
+    block, status = f"xxdrv {PCI}: xx: block", f"xxdrv {PCI}: xx: status peer"
+    assert _given(StreamMatcher(rules), [block, f"{status} {PCI}"]) == [(1, "xx_block", "warning", None, None)]
+    assert _given(StreamMatcher(rules), [block, f"{status} 0000:3c:00.0"]) == [
+        (1, "xx_block", "warning", None, None), (2, "xx_port", "warning", "0000:3c:00.0", None)]
     worse = _only(BLOCK_AND_PORT.format(hold=hold, severity="critical"))
     assert _given(StreamMatcher(worse), ["xx: block", "xx: status"]) == [
         (1, "xx_block", "warning", None, None), (2, "xx_port", "critical", None, None)]
