@@ -20,14 +20,15 @@ from fakelibtpu import HUNG_QUEUED, Runtime, serving
 from test_devices_tpu import _holds, make_config, make_host
 from tpu_info.proto import tpu_metric_service_pb2 as pb2
 
-from tpuwatch.canary.needs import blocked_drill
-from tpuwatch.config import DRILL_HANG_AFTER_S, Config, DevicesConfig, HangConfig, simulated
+from tpuwatch.config import Config, DevicesConfig, HangConfig
 from tpuwatch.devices.base import reading_samples
 from tpuwatch.devices.hang import Observation, Track, judge
 from tpuwatch.devices.progress import ChipStatus
 from tpuwatch.devices.runtime import MalformedMetric
 from tpuwatch.devices.tpu import TpuBackend
 from tpuwatch.devices.tpustatus import MESSAGE_MAX, fold_status, parse_status
+from tpuwatch.drills.needs import blocked_drill
+from tpuwatch.drills.simulate import DRILL_HANG_AFTER_S, simulated
 from tpuwatch.health import device_problems
 from tpuwatch.schema import ConfigError, build
 

@@ -23,9 +23,10 @@ import requests
 import yaml
 
 from tpuwatch import config as config_module
-from tpuwatch.canary.needs import PROBES, BlockedDrill, blocked_drill, blocked_drills, canary_unavailable
+from tpuwatch.canary.needs import canary_unavailable
 from tpuwatch.config import SCENARIOS
-from tpuwatch.devices.sim import NEEDS
+from tpuwatch.drills import simulate
+from tpuwatch.drills.needs import NEEDS, PROBES, BlockedDrill, blocked_drill, blocked_drills, not_checked
 from tpuwatch.views.render import render_page
 
 from conftest import SIM_FAST, DaemonProcess, wait_until
@@ -48,7 +49,7 @@ def no_jax(tmp_path: Path) -> dict[str, str]:
 
 def simulated(scenario: str, **settings: object) -> config_module.Config:
     config = config_module.parse(yaml.safe_dump(settings))
-    return config_module.simulated(config, scenario)  # type: ignore[arg-type]
+    return simulate.simulated(config, scenario)
 
 
 def run_check(config: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -218,8 +219,6 @@ def test_check_with_jax_says_it_does_not_run_the_canary_and_how_to(tmp_path: Pat
 
 
 def test_only_drills_a_reading_cannot_show_are_named_by_check() -> None:
-    from tpuwatch.report import not_checked
-
     named = [s for s in SCENARIOS if not_checked(simulated(s))]
     assert named == ["sdc", "probe-sdc"]
     assert not_checked(config_module.parse("{}")) == []

@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("sources", {"devices", "kernel_log", "canary", "cloud", "jobreports", "plugincontext"}),
     ("libraries for other programs: the in-job probe (jax)", {"probe"}),
     ("analysis", {"analysis"}),
+    ("fire drills: what --simulate changes, what each drill needs, the simulated state and past", {"drills"}),
     ("alerting", {"alerting"}),
     ("actions", {"kubernetes"}),
     ("what a config builds: the registry of sources, the assembly of parts", {"registry", "assembly"}),

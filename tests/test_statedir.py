@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tpuwatch import statedir, statefile
-from tpuwatch.config import Config, DevicesConfig
-from tpuwatch.statedir import InUse, StateDir, acquire, holder, namespaced, probe
+from tpuwatch import statefile
+from tpuwatch.statedir import InUse, StateDir, acquire, holder, probe
 
 from conftest import Tmpfs
 
@@ -122,13 +121,6 @@ def test_state_dir_in_use_once_writable_again_stays_in_memory(tmpfs: Callable[..
         other.wait()
     state.refresh()
     assert state.writable
-
-
-def test_simulated_chips_have_their_own_namespace() -> None:
-    real = Config(state_dir="/var/lib/tpuwatch")
-    assert namespaced(real) is real
-    sim = Config(state_dir="/var/lib/tpuwatch", devices=DevicesConfig(backend="sim"))
-    assert namespaced(sim).state_dir == "/var/lib/tpuwatch/simulated" and statedir.is_simulated(sim)
 
 
 @pytest.mark.parametrize(("text", "why"), [

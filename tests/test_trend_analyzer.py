@@ -167,10 +167,10 @@ def test_the_drills_chips_show_no_temperature_drift_from_their_past_into_a_daemo
         second: int) -> None:
     # What a --simulate daemon does: its detectors learn the simulated chips' past (the status page's history),
     # then read the chips every 200 ms.  Whatever second of the minute it starts at, no healthy chip drifts.
-    from tpuwatch.assembly import SIM_HISTORY_S, SIM_HISTORY_STEP_S
     from tpuwatch.config import SimConfig
     from tpuwatch.devices import sim
     from tpuwatch.devices.base import reading_samples
+    from tpuwatch.drills.history import SIM_HISTORY_S, SIM_HISTORY_STEP_S
 
     config, start, clock = SimConfig(count=8, fault_after=10 ** 9), 1_767_225_600 + second + 0.37, [0.0]
     trend = TrendAnalyzer(TrendConfig())

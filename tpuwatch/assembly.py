@@ -32,25 +32,20 @@ from tpuwatch.alerting.service import Alerting
 from tpuwatch.analysis.state import TrendStateFile
 from tpuwatch.analysis.trend import TrendAnalyzer
 from tpuwatch.canary.collector import CanaryCollector
-from tpuwatch.canary.needs import drill_samples
 from tpuwatch.collectors import Collector
 from tpuwatch.config import Config
-from tpuwatch.devices import sim
-from tpuwatch.devices.base import DeviceReading, reading_samples
+from tpuwatch.devices.base import DeviceReading
+from tpuwatch.drills import history
+from tpuwatch.drills.needs import drill_samples
+from tpuwatch.drills.simulate import is_simulated
 from tpuwatch.plugincontext import Context
 from tpuwatch.registry import ACTIONS, Action, Sources, build_canary, build_plugins, build_sources
 from tpuwatch.sampler import Sampler, Stage
 from tpuwatch.samples import Sample, sample
-from tpuwatch.statedir import is_simulated
 from tpuwatch.store import PLOTTED, SeriesStore
 from tpuwatch.webconfig import WebConfig, load_web_config
 
 log = logging.getLogger(__name__)
-
-# Simulated chips come with this much past, so that the leak detector, which
-# learns for 2 h, judges the hbm-leak drill from the first minute.
-SIM_HISTORY_S = 3 * 3600.0
-SIM_HISTORY_STEP_S = 10.0
 
 SampleSource = Callable[[], Iterable[Sample]]
 
@@ -110,13 +105,7 @@ def _trend(config: Config, previous: Parts | None, store: SeriesStore) -> TrendA
     trend = TrendAnalyzer(config.trend)
     now = time.time()
     if is_simulated(config):
-        kept = config.store.points_per_series * config.interval
-        for offset, readings in sim.history(config.devices.sim, SIM_HISTORY_S, SIM_HISTORY_STEP_S):
-            samples = [s for r in readings for s in reading_samples(r, sim.SimBackend.name)]
-            trend.observe(samples, now + offset)
-            if -offset <= kept:
-                store.replace("devices", samples, now + offset)
-        store.forget("devices")  # the past is history only: current readings are the first cycle's
+        history.replay(config, trend, store, now)
     elif previous is not None:  # real chips keep what their detectors learned
         try:
             trend.restore(previous.trend.snapshot(now), now)

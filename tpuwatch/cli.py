@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 from tpuwatch import __version__, logsetup, statedir
 from tpuwatch import config as config_module
 from tpuwatch.config import SCENARIOS, Config
+from tpuwatch.drills.simulate import namespaced, simulated
 from tpuwatch.schema import ConfigError
 
 log = logging.getLogger("tpuwatch")
@@ -136,7 +137,7 @@ KEY_OPTIONS = ("listen", "state_dir")  # config keys an option sets over the fil
 def _from_command_line(args: argparse.Namespace, config: Config) -> Config:
     """``config`` as the command line changes it: --simulate's chips, and the keys options set."""
     scenario = getattr(args, "simulate", None)
-    config = config_module.simulated(config, scenario) if scenario else config
+    config = simulated(config, scenario) if scenario else config
     keys = {key: value for key in KEY_OPTIONS if (value := getattr(args, key, None)) is not None}
     return dataclasses.replace(config, **keys)
 
@@ -145,7 +146,7 @@ def _load(args: argparse.Namespace) -> Config:
     """The config the command works with; simulated chips' state_dir is their namespace (the daemon applies it
     to every config it loads, reloads included)."""
     config = _from_command_line(args, config_module.load(args.config))
-    return config if args.command == "run" else statedir.namespaced(config)
+    return config if args.command == "run" else namespaced(config)
 
 
 def _cmd_run(args: argparse.Namespace, config: Config) -> int:

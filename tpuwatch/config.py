@@ -16,7 +16,7 @@ import yaml
 from tpuwatch import yamlfile
 from tpuwatch.backends import BACKENDS
 from tpuwatch.notifiers import ReceiverConfig
-from tpuwatch.plugins import PLUGINS, drill
+from tpuwatch.plugins import PLUGINS
 from tpuwatch.schema import (
     Check,
     ConfigError,
@@ -40,7 +40,8 @@ _PLUGIN_KEYS = frozenset(p.name for p in PLUGINS)
 DEFAULT_PATH = Path("/etc/tpuwatch/config.yaml")
 DEFAULT_PORT = 9847
 
-# The simulated chips' own scenarios, then the plugins' drills (tpuwatch.pluginspec.Drill).
+# devices.sim.scenario's choices: the simulated chips' own scenarios, then the plugins' drills
+# (tpuwatch.pluginspec.Drill).  What a drill needs and changes is tpuwatch/drills/'s, which sits above the config.
 CHIP_SCENARIOS = ("healthy", "hbm-leak", "ecc-errors", "overheat", "sdc", "device-lost", "hung")
 SCENARIOS = CHIP_SCENARIOS + tuple(d.scenario for p in PLUGINS for d in p.drills)
 Scenario = Annotated[str, OneOf(SCENARIOS)]
@@ -453,24 +454,6 @@ def option_type(key: str) -> Callable[[str], Any]:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
     return convert
-
-
-DRILL_HANG_AFTER_S = 30.0  # --simulate hung: the hang time, when devices.hang.after is longer
-
-
-def simulated(config: Config, scenario: Scenario) -> Config:
-    """``config`` with the simulated backend forced on, running ``scenario``; the ``hung`` drill judges a chip
-    hung after at most DRILL_HANG_AFTER_S, so that it fires while one waits; a plugin's drill that asks for device
-    files (the probe-sdc drill's simulated job holds them) gets them under state_dir unless devices.sim.device_dir
-    names a place."""
-    sim = dataclasses.replace(config.devices.sim, scenario=scenario)
-    found = drill(scenario)
-    if found is not None and found[1].device_files and sim.device_dir is None:
-        sim = dataclasses.replace(sim, device_dir=os.path.join(config.state_dir, "drill", "dev"))
-    hang = config.devices.hang
-    if scenario == "hung":
-        hang = dataclasses.replace(hang, after=min(hang.after, DRILL_HANG_AFTER_S))
-    return dataclasses.replace(config, devices=dataclasses.replace(config.devices, backend="sim", sim=sim, hang=hang))
 
 
 def plain(config: Config) -> dict[str, Any]:

@@ -26,15 +26,16 @@ from tpuwatch import __version__, health, logsetup, sdnotify, statefile
 from tpuwatch import config as config_module
 from tpuwatch.analysis.state import SAVE_EVERY_S
 from tpuwatch.assembly import Parts, assemble, retire
-from tpuwatch.canary.needs import blocked_drills
 from tpuwatch.canary.runner import kill_running_workers
 from tpuwatch.config import Config
+from tpuwatch.drills.needs import blocked_drills
+from tpuwatch.drills.simulate import canary_drill, is_simulated, namespaced
 from tpuwatch.exporter import build_registry
 from tpuwatch.malloc import Trimmer
 from tpuwatch.registry import ACTIONS, close
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
-from tpuwatch.statedir import StateDir, is_simulated, namespaced, probe_every
+from tpuwatch.statedir import StateDir, probe_every
 from tpuwatch.views.page import StatusPage
 from tpuwatch.views.sources import StatusSources
 from tpuwatch.web import Endpoint, Route
@@ -43,17 +44,6 @@ log = logging.getLogger(__name__)
 
 JOB_EVENT_LOG_EVERY_S = 600.0  # a repeating missed, skipped or failed run is logged at most this often
 _SCHEDULER_EVENTS = {EVENT_JOB_ERROR: "error", EVENT_JOB_MISSED: "missed", EVENT_JOB_MAX_INSTANCES: "max_instances"}
-
-
-def _canary_drill(config: Config) -> dict[str, Any]:
-    """With simulated chips: as many CPU devices as chips, and the sdc scenario's corruption on its chip."""
-    if config.devices.backend != "sim":
-        return {}
-    sim = config.devices.sim
-    drill: dict[str, Any] = {"env": {"XLA_FLAGS": f"--xla_force_host_platform_device_count={sim.count}"}}
-    if sim.scenario == "sdc":
-        drill |= {"inject": "scale", "inject_device": sim.fault_device}
-    return drill
 
 
 class Daemon:
@@ -229,7 +219,7 @@ class Daemon:
     def _run_canary(self) -> None:
         canary = self.parts.canary
         if canary is not None:
-            canary.run_once(**_canary_drill(self.config))
+            canary.run_once(**canary_drill(self.config))
 
     def _sample(self) -> None:
         self.parts.sampler.run_once()

@@ -11,10 +11,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from tpuwatch import __version__, statefile
-from tpuwatch.canary.needs import blocked_drills
 from tpuwatch.collectors import GuardedCollector
 from tpuwatch.devices import DeviceReading
 from tpuwatch.devices.collector import DeviceCollector
+from tpuwatch.drills.needs import blocked_drills
 from tpuwatch.hw.recovery import action_words
 from tpuwatch.kernel_log.collector import event_problems
 from tpuwatch.plugins import PLUGINS

@@ -7,9 +7,9 @@ import time
 from typing import Any
 
 from tpuwatch.canary import record as chip_record
-from tpuwatch.canary.needs import blocked_drill
 from tpuwatch.config import Config
 from tpuwatch.devices.base import sources_line
+from tpuwatch.drills.needs import NOT_CHECKED, blocked_drill, not_checked
 from tpuwatch.health import (
     collector_problems,
     collector_warnings,
@@ -25,24 +25,6 @@ from tpuwatch.registry import build_plugins, build_sources, close, hooks
 from tpuwatch.sampler import Sampler
 from tpuwatch.store import SeriesStore
 from tpuwatch.units import PATH_WORDS, duration, reading_texts
-
-# Drills whose fault only a part of the running daemon sees, never one reading: what ``check`` cannot judge, and
-# where to see it instead (a plugin's drill says it in its declaration).  (A drill whose part cannot run here at
-# all is a problem: blocked_drill.)
-NOT_CHECKED = {
-    "sdc": "`tpuwatch check` does not run the canary, the only part that sees the sdc drill's wrong numbers: "
-           "`tpuwatch canary --inject scale` runs that drill now, `tpuwatch run --simulate sdc` on the canary's "
-           "schedule",
-    **{d.scenario: d.not_checked for p in PLUGINS for d in p.drills if d.not_checked},
-}
-
-
-def not_checked(config: Config) -> list[str]:
-    """What ``check`` did not judge for this config: a simulated drill only a daemon's part can see."""
-    if config.devices.backend != "sim":
-        return []
-    why = NOT_CHECKED.get(config.devices.sim.scenario)
-    return [why] if why else []
 
 
 def check_once(config: Config) -> dict[str, Any]:

@@ -1,20 +1,16 @@
-"""The state directory: one daemon per directory, whether state can be kept there now, and the simulated namespace.
+"""The state directory: one daemon per directory, and whether state can be kept there now.
 
 - ``acquire(path)`` takes an exclusive ``flock(2)`` on ``path/lock`` (the pid
   written inside); the kernel drops it when the holder dies, so a kill -9
   leaves no stale lock.  ``holder(path)`` says which process has it.
 - ``probe(path)`` says whether a new file can be written there now: not
   read-only, not full (``MIN_FREE_BYTES`` left).
-- ``namespaced(config)``: simulated chips keep all their state (alerts,
-  kernel-log positions, canary history) in ``state_dir/simulated``, apart from
-  the real chips'.
 - ``StateDir``: the daemon's lock and writability, probed periodically,
   saying each change once in the log.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import fcntl
 import logging
@@ -22,13 +18,11 @@ import os
 import pwd
 import stat
 
-from tpuwatch.config import Config
 from tpuwatch.hw.locks import flock_within
 
 log = logging.getLogger(__name__)
 
 LOCK_NAME = "lock"
-SIMULATED = "simulated"
 PROBE_BYTES = 4096
 MIN_FREE_BYTES = 1 << 20
 LOCK_WAIT_S = 0.5  # a concurrent holder() probe holds the lock for microseconds
@@ -40,19 +34,6 @@ class InUse(RuntimeError):
     def __init__(self, state_dir: str, pid: int | None) -> None:
         self.pid = pid
         super().__init__(f"state_dir {state_dir}: in use by {f'pid {pid}' if pid else 'another process'}")
-
-
-def is_simulated(config: Config) -> bool:
-    """True when the chips are simulated (``--simulate`` or ``devices.backend: sim``)."""
-    return config.devices.backend == "sim"
-
-
-def namespaced(config: Config) -> Config:
-    """``config`` with ``state_dir`` pointing at the state its chips keep: ``state_dir/simulated`` for simulated
-    ones.  Apply once to a loaded config."""
-    if not is_simulated(config):
-        return config
-    return dataclasses.replace(config, state_dir=os.path.join(config.state_dir, SIMULATED))
 
 
 # --- the lock ---------------------------------------------------------------------------------------------------

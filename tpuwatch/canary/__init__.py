@@ -6,6 +6,6 @@ fresh subprocess, ``supervisor`` keeps that subprocess's process group from
 outliving its parent, ``runner`` starts them, ``judge`` judges the answers
 (and fire drills), ``history`` keeps the fingerprints between runs,
 ``collector`` keeps the results for the daemon, ``cli`` is ``tpuwatch canary``,
-``needs`` tells whether the canary can run here (and so a simulated drill that needs it).
+``needs`` tells whether the canary can run here (the fire drills ask it: tpuwatch.drills).
 Only ``worker`` imports jax.
 """

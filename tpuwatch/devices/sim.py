@@ -11,9 +11,10 @@ reproducible.
 
 The simulator exports every signal tpuwatch knows, including temperature,
 power and ECC counters that real TPUs do not expose, so that every alert
-route can be drilled on any host.  A scenario whose fault only another part
-of tpuwatch can see declares it in ``NEEDS`` (a plugin's drill, in its
-declaration): where that part cannot run, the drill cannot either, and tpuwatch says so (tpuwatch.canary.needs).
+route can be drilled on any host.  It is a backend like the others: what a
+drill needs and changes beyond the chips' readings (the ``sdc`` drill's
+canary, the ``hung`` drill's shorter hang time, the state kept apart, feeding
+``history()`` to the detectors) belongs to ``tpuwatch.drills``.
 
 In the ``hung`` scenario every chip is held by a simulated training process
 and reports a runtime status whose sequencer advances at every read with
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from tpuwatch.config import Config, Scenario, SimConfig
+from tpuwatch.config import Config, SimConfig
 from tpuwatch.devices.base import DeviceReading, ProcessUse
 from tpuwatch.devices.progress import ChipStatus
 from tpuwatch.hw.chips import CHIPS
@@ -45,10 +46,6 @@ LEAK_LEAD_S = 3600.0  # the leak began this long before fault_after
 OVERHEAT_C_PER_S = 0.5
 OVERHEAT_MAX_C = 96.0
 UNCORRECTED_AFTER_S = (0.0, 120.0)  # after the fault starts, one uncorrectable error at each
-# What a scenario's drill needs beyond the simulated chips: sdc corrupts no reading, only the canary's numbers;
-# hung needs the hang detector on (devices.hang.enabled).  A plugin's drill (tpuwatch.pluginspec.Drill) plays
-# its fault itself and says what it needs; the simulated chips stay healthy.
-NEEDS: dict[Scenario, tuple[str, ...]] = {"sdc": ("canary",), "hung": ("hang detector",)}
 HUNG_QUEUED = 3  # programs queued on each chip of the hung scenario
 
 

@@ -16,8 +16,8 @@ from typing import Any
 from tpuwatch import __version__
 from tpuwatch.analysis.leak import LeakView
 from tpuwatch.canary.judge import CanaryResult, DeviceOutcome
-from tpuwatch.canary.needs import blocked_drills
 from tpuwatch.devices.base import DeviceReading
+from tpuwatch.drills.needs import blocked_drills
 from tpuwatch.plugins import PLUGINS
 from tpuwatch.registry import hooks
 from tpuwatch.samples import Sample
