@@ -59,7 +59,6 @@ def _walk(sieve: BacklogSieve, text: str) -> tuple[list[str], int]:
     """The messages of the records the sieve reads, and how many records went by (no keyword, or passed over)."""
     block = Splitter().split(text.encode())
     walk = sieve.walk(block)
-    assert walk is not None
     read: list[str] = []
     went_by = 0
     for item in walk:
@@ -121,10 +120,8 @@ def test_a_storm_of_follow_lines_and_storms_of_several_codes_are_passed_over() -
 def _passed_whole(sieve: BacklogSieve, text: str, monkeypatch: pytest.MonkeyPatch) -> list[int | Record]:
     """What the sieve's walk of ``text`` gives, told by counting: no record is tested on its own."""
     with monkeypatch.context() as patch:
-        patch.setattr(BacklogSieve, "_storm", lambda *_: pytest.fail("a record was tested on its own"))
-        walk = sieve.walk(Splitter().split(text.encode()))
-        assert walk is not None
-        return list(walk)
+        patch.setattr(BacklogSieve, "passes", lambda *_: pytest.fail("a record was tested on its own"))
+        return list(sieve.walk(Splitter().split(text.encode())))
 
 
 def test_a_storm_whose_lines_hold_a_keyword_after_its_template_is_passed_whole_and_hides_nothing(
@@ -205,10 +202,17 @@ def test_a_storm_of_no_device_does_not_hide_a_device_s_line(monkeypatch: pytest.
     assert read == [] and went_by == 101
 
 
-def test_a_record_longer_than_the_split_sees_is_read_whole() -> None:
-    sieve = _learned(_storm_lines(100))
+def test_a_record_longer_than_the_bound_amid_a_storm_is_split_as_the_block_counts_it() -> None:
+    """A record of more than MAX_CONTINUATION_LINES lines (the lines past them begin records of their own) does not
+    stop the sieve: the storm's lines around it are passed over, another GPU's line is read, and every record is
+    read or counted once."""
+    lines = _storm_lines(300)
+    sieve = _learned(lines[:100])
     long_record = "4,9,1,-;hello\n" + "".join(f" K{i}=v\n" for i in range(20))
-    assert sieve.walk(Block(long_record)) is None  # read it all, record by record
+    other = OTHERS["same code, other GPU"]
+    text = "\n".join(lines[100:200]) + "\n" + long_record + other + "\n" + "\n".join(lines[200:]) + "\n"
+    read, went_by = _walk(sieve, text)
+    assert read == [Record(other.split("] ", 1)[1]).message] and went_by == 200 + 2
 
 
 def test_journal_records_of_a_storm_are_passed_over_one_by_one() -> None:

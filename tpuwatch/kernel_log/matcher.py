@@ -18,7 +18,7 @@ parsed.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from tpuwatch.kernel_log.attribution import device_key, pci_of_key, prefix_device
@@ -107,12 +107,13 @@ class StreamMatcher:
         """The matches the next records of the stream complete: a ``Block`` of a text log, or records.  With
         ``passing``, the lines of the storms it knows are passed over unread (``BacklogSieve``)."""
         out: list[Match] = []
-        sieving = passing is not None and bool(passing.storms) and not self._always
+        sieve = passing if passing is not None and passing.storms and not self._always else None
+        items: Iterable[int | Record]
         if isinstance(batch, Block):
-            items = (passing.walk(batch) if sieving else None) or batch.walk(  # type: ignore[union-attr]
+            items = sieve.walk(batch) if sieve is not None else batch.walk(
                 None if self._always else self._finds, self.rules.max_lines - 1, self.rules.wants_context)
         else:
-            items = passing.each(batch) if sieving else batch  # type: ignore[union-attr]
+            items = sieve.each(batch) if sieve is not None else batch
         for item in items:
             if isinstance(item, int):
                 out += self.skip(item)

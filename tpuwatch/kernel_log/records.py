@@ -20,6 +20,7 @@ import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from tpuwatch.kernel_log.formats import (
     KMSG_HEAD_RE,
@@ -104,7 +105,7 @@ MAX_CONTINUATION_LINES = 16
 _CONTINUATION_RE = re.compile(r"\n[ \t]")
 _LINE_START_RE = re.compile(r"\n(?=.)", re.DOTALL)
 ESCAPE_RE = re.compile(r"\\")  # a kmsg or JSON escape: the message parsed from the line may hold a keyword
-RECORD_SPLIT_RE = re.compile(r"\n(?![ \t])")  # where records begin, within MAX_CONTINUATION_LINES (Block.capped)
+_RECORD_SPLIT_RE = re.compile(r"\n(?![ \t])")  # where records begin, while none has over MAX_CONTINUATION_LINES
 _WHITE = (" ", "\t")
 _TERMINAL_CODE_RE = re.compile(rb"\x1b\[[0-?]{0,32}[ -/]{0,8}[@-~]")  # an ECMA-48 control sequence (CSI)
 BLANK = "\ufffd"  # stands for a line that is no record (junk, over 64 KiB), so that line numbers hold
@@ -114,6 +115,17 @@ BLANK = "\ufffd"  # stands for a line that is no record (junk, over 64 KiB), so 
 _DMESG_JSON_RE = re.compile(rb'\A\s*\{\s*"dmesg"\s*:\s*\[')
 _DMESG_JSON_MSG_RE = re.compile(rb'^[ \t]*"msg"[ \t]*:[ \t]*("(?:[^"\\\n]|\\.)*")[ \t]*,?[ \t]*$', re.MULTILINE)
 _INDENT_RE = re.compile(rb"^[ \t]+", re.MULTILINE)
+
+
+class Passing(Protocol):
+    """What a walk over a block may pass over unread (``BacklogSieve``: the lines of the storms it knows)."""
+
+    def held(self, text: str) -> list[int]:
+        """Where, in ``text``, the records that may be passed over hold what tells them (sorted offsets)."""
+
+    def passes(self, raw: str) -> bool:
+        """True if the record whose text is ``raw`` (its lines, each with its newline) is passed over; it is then
+        counted with the records that went by."""
 
 
 class Block:
@@ -126,7 +138,7 @@ class Block:
     parsed only when asked for (``record``): most lines of a log hold no keyword and are only counted.
     """
 
-    __slots__ = ("text", "line", "skipped", "capped", "_continuations", "_blanks", "_length")
+    __slots__ = ("text", "line", "skipped", "_whole_split", "_continuations", "_blanks", "_length")
 
     def __init__(self, text: str, line: int = 1, skipped: dict[str, int] | None = None,
                  blanks: tuple[int, ...] = ()) -> None:
@@ -137,9 +149,7 @@ class Block:
         continuations = [m.start() + 1 for m in _CONTINUATION_RE.finditer(text)] if "\n " in text or "\n\t" in text \
             else []
         self._continuations = _bounded(text, continuations)
-        self.capped = len(self._continuations) != len(continuations)
-        """A record of the block had more than MAX_CONTINUATION_LINES: not every line that starts with white
-        space continues one (``RECORD_SPLIT_RE`` does not split it as the block counts it)."""
+        self._whole_split = len(self._continuations) == len(continuations)  # no record past the bound: one split
         self._length = self.lines - len(self._continuations)
 
     @property
@@ -163,7 +173,7 @@ class Block:
         """Where the record that holds ``offset`` begins."""
         start = self.text.rfind("\n", 0, offset) + 1
         continuations = self._continuations
-        while start and _holds(continuations, start):
+        while continuations and start and _holds(continuations, start):
             start = self.text.rfind("\n", 0, start - 1) + 1
         return start
 
@@ -171,7 +181,7 @@ class Block:
         """The offset just past the record that begins at ``start`` (its last line's newline)."""
         text, continuations = self.text, self._continuations
         end = text.find("\n", start)
-        while end >= 0 and _holds(continuations, end + 1):
+        while continuations and end >= 0 and _holds(continuations, end + 1):
             end = text.find("\n", end + 1)
         return len(text) if end < 0 else end + 1
 
@@ -194,39 +204,76 @@ class Block:
         return out
 
     def walk(self, finds: Callable[[str], list[tuple[int, str]]] | None, context: int,
-             wants_context: Callable[[str], bool]) -> Iterator[int | Record]:
+             wants_context: Callable[[str], bool], passing: Passing | None = None) -> Iterator[int | Record]:
         """The records to feed a stream matcher, and between them how many went by that hold no keyword (counted,
         not parsed): the records where ``finds`` finds a keyword (or an escape that parsing decodes, which may hide
         one; ``finds`` None: every record), up to ``context`` records before one whose message ``wants_context``
-        (a rule over several records), and the last ``context`` records (the next block's context)."""
+        (a rule over several records), and the last ``context`` records (the next block's context).  With
+        ``passing``, a record where only ``passing.held`` finds something is passed over, counted with those that
+        went by, when ``passing.passes`` its text (a storm's line; never parsed)."""
         text = self.text
         if finds is None:
-            offsets = [0, *(m.end() for m in _LINE_START_RE.finditer(text))]
+            reads = [0, *(m.end() for m in _LINE_START_RE.finditer(text))]
         else:
-            offsets = [offset for offset, _ in finds(text)]
+            reads = [offset for offset, _ in finds(text)]
             if "\\" in text:
-                offsets = sorted([*offsets, *(m.start() for m in ESCAPE_RE.finditer(text))])
-        pos, line = 0, self.line
-        for offset in [*offsets, len(text)]:
-            if offset < pos:
-                continue  # in a record fed already
-            if offset < len(text):
-                start = self.start_of(offset)
+                reads = sorted([*reads, *(m.start() for m in ESCAPE_RE.finditer(text))])
+        held = passing.held(text) if passing is not None else []
+        reads.append(len(text))
+        held.append(len(text))
+        passes = passing.passes if passing is not None else None
+        start_of, end_of, size, continuations = self.start_of, self.end_of, len(text), self._continuations
+        r = h = 0
+        pos, line, gap = 0, self.line, 0
+        while True:
+            while reads[r] < pos:
+                r += 1  # in a record fed or passed over already
+            while held[h] < pos:
+                h += 1
+            offset = min(reads[r], held[h])
+            if offset < size:
+                if continuations:
+                    start = start_of(offset)
+                    end = end_of(start)
+                else:  # every line a record (the storm's path: no calls)
+                    start = text.rfind("\n", 0, offset) + 1
+                    end = text.find("\n", offset) + 1 or size
+                if passes is not None and reads[r] >= end and passes(text[start:end]):
+                    newlines = text.count("\n", pos, end)
+                    gap += self.count(pos, end) if continuations else newlines + (text[end - 1] != "\n")
+                    line += newlines
+                    pos = end
+                    continue
                 record: Record | None = self.record(start, line + text.count("\n", pos, start))
             else:
                 start, record = offset, None
             before = self._previous(start, pos, context) if context and (
                 record is None or wants_context(record.message)) else []
-            if gap := self.count(pos, before[0] if before else start):
+            if gap := gap + self.count(pos, before[0] if before else start):
                 yield gap
+            gap = 0
             for at in before:
                 yield self.record(at, line + text.count("\n", pos, at))
             if record is None:
                 return
             yield record
-            end = self.end_of(start)
             line += text.count("\n", pos, end)
             pos = end
+
+    def raws(self) -> list[str]:
+        """The text of each record (its lines joined by newlines), in order, as the block counts them."""
+        text = self.text
+        if self._whole_split:
+            raws = _RECORD_SPLIT_RE.split(text)
+            if text.endswith("\n"):
+                raws.pop()  # the split's empty piece after the last newline
+            return raws
+        out, start = [], 0
+        while start < len(text):
+            end = self.end_of(start)
+            out.append(text[start:end].removesuffix("\n"))
+            start = end
+        return out
 
     def _previous(self, start: int, floor: int, count: int) -> list[int]:
         """The starts of up to ``count`` records before the one at ``start`` and not before ``floor``, oldest first."""

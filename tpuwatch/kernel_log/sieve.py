@@ -24,22 +24,25 @@ however many distinct lines the storm has and whatever their severity.  A
 record with an escape that parsing decodes (a kmsg ``\\xNN``, JSON) is always
 read.  Rules without keywords leave nothing to pass over.
 
-Passing a block over (``walk``) costs one search of its text for the keywords
-no storm's lines hold, and a few substring tests per record: the storms'
-records are never parsed.
+A block is walked as every block is (``Block.walk``, its records as the block
+counts them), over the keywords no storm's lines hold; the sieve is what the
+walk asks whether a record holding only the storms' keywords is passed over
+(``held``, ``passes``).  That costs two searches of the block's text and a few
+substring tests per storm line: the storms' records are never parsed.  A block
+of nothing but the storms' lines (and lines without keywords) is told by
+counting, with no test per record.
 """
 
 from __future__ import annotations
 
 import operator
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 
 from tpuwatch.kernel_log.attribution import names_a_device, printed_prefix
-from tpuwatch.kernel_log.prefilter import Prefilter, literal_alternation
-from tpuwatch.kernel_log.records import ESCAPE_RE, RECORD_SPLIT_RE, Block, Record, parse_record
+from tpuwatch.kernel_log.prefilter import Prefilter
+from tpuwatch.kernel_log.records import Block, Record
 from tpuwatch.kernel_log.rule import Match
 from tpuwatch.kernel_log.rules import RuleSet
 
@@ -74,13 +77,14 @@ class BacklogSieve:
         self.usable = prefilter is not None and not (rules.unkeyed or rules.unkeyed_follow)
         self.storms: tuple[Storm, ...] = ()
         self.passed = 0
-        self._counts: dict[Storm, int] = {}
+        self._counts: dict[Storm, int] = {}  # lines passed over per storm, before the storms in use now
+        self._tally: list[int] = []  # lines passed over per storm in use now (self.storms' order)
         # Each storm; the keywords its lines do not hold; each keyword the storms hold, and how often its template
         # holds it (a line of it holds a keyword only within its template).
-        self._tests: tuple[tuple[Storm, tuple[str, ...], tuple[tuple[str, int], ...]], ...] = ()
+        self._tests: tuple[tuple[int, Storm, tuple[str, ...], tuple[tuple[str, int], ...]], ...] = ()
         self._others: Prefilter | None = None  # the keywords no storm's lines hold
-        self._held: re.Pattern[str] | None = None  # a keyword some storm's lines hold
-        self._searches: dict[tuple[Storm, ...], tuple[Prefilter, re.Pattern[str] | None]] = {}  # the two, kept
+        self._held: Prefilter | None = None  # the keywords the storms' lines hold
+        self._searches: dict[tuple[Storm, ...], tuple[Prefilter, Prefilter]] = {}  # the two, kept
         self._whole: _Whole | None = None  # how a block of nothing but the storms' lines is told (see _whole_block)
 
     def use(self, storms: Iterable[Storm]) -> None:
@@ -88,16 +92,18 @@ class BacklogSieve:
         chosen = tuple(dict.fromkeys(storms))[:MAX_STORMS] if self.usable else ()  # two keys' lines may look alike
         if chosen == self.storms and self._others is not None:
             return
+        self._fold()
         self.storms = chosen
+        self._tally = [0] * len(chosen)
         held = sorted({keyword for storm in self.storms for keyword in storm.keywords})
-        self._tests = tuple((storm, tuple(k for k in held if k not in storm.keywords),
+        self._tests = tuple((at, storm, tuple(k for k in held if k not in storm.keywords),
                              tuple((k, n) for k in held if storm.template and (n := storm.template.count(k))))
-                            for storm in self.storms)
+                            for at, storm in enumerate(self.storms))
         if len(self._searches) >= _MAX_SEARCHES:
             self._searches.clear()
         self._others, self._held = self._searches.setdefault(self.storms, (  # anchored where their lines are not
             Prefilter((k for k in self._keywords if k not in held), "\n".join(storm.line for storm in self.storms)),
-            re.compile(literal_alternation(held)) if held else None))
+            Prefilter(held)))
         self._whole = _Whole.of(self.storms, held)
 
     def key(self, match: Match, pci: str | None) -> tuple[object, ...]:
@@ -147,6 +153,7 @@ class BacklogSieve:
 
     def take_counts(self) -> dict[Storm, int]:
         """The lines passed over per storm since the last call."""
+        self._fold()
         counts, self._counts = self._counts, {}
         return counts
 
@@ -160,58 +167,24 @@ class BacklogSieve:
                 keywords.update(other for other in self._hides.get(keyword, ()) if other in record.message)
             raw = record.message if record.kernel_device is None else \
                 f"{record.message}\n{_TAG}{record.kernel_device}"
-            yield 1 if keywords and keywords <= held and self._storm(raw, self._tests) else record
+            yield 1 if keywords and keywords <= held and self.passes(raw) else record
 
-    def walk(self, block: Block) -> Iterator[int | Record] | None:
+    def walk(self, block: Block) -> Iterator[int | Record]:
         """The records of ``block`` to read, and between them how many went by that hold no keyword or are a
-        storm's line (passed over, counted in ``passed``), as ``StreamMatcher`` takes them; None where a record
-        is longer than the record split sees (``Block.capped``): read it all."""
-        if block.capped or self._others is None:
-            return None
-        return self._walk(block)
-
-    def _walk(self, block: Block) -> Iterator[int | Record]:
+        storm's line (passed over, counted in ``passed``), as ``StreamMatcher`` takes them: ``Block.walk`` over the
+        keywords no storm's lines hold, passing over the storms' lines (``held``, ``passes``); a block that holds
+        no such keyword goes by at once when its records are nothing but the storms' lines (``_whole_block``)."""
+        assert self._others is not None  # storms are in use
         text = block.text
-        records = RECORD_SPLIT_RE.split(text)
-        if text.endswith("\n"):
-            records.pop()  # the split's empty piece after the last newline
-        assert self._others is not None
-        others = [offset for offset, _ in self._others.finds(text)]
-        if "\\" in text:  # an escape that parsing decodes may hide a keyword: its record is read
-            others = sorted([*others, *(m.start() for m in ESCAPE_RE.finditer(text))])
-        elif not others and self._whole_block(text, records):
-            yield len(records)
-            return
-        held, tests = self._held, self._tests
-        context = self._ruleset.max_lines - 1
-        quiet: list[int] = []  # the records just before, without a keyword: a rule over several lines may need them
-        pos, k, gap = 0, 0, 0
-        for index, raw in enumerate(records):
-            end = pos + len(raw) + 1
-            pos = end
-            if k < len(others) and others[k] < end:
-                while k < len(others) and others[k] < end:
-                    k += 1
-            elif self._storm(raw, tests):
-                gap += 1
-                quiet.clear()
-                continue
-            elif held is None or held.search(raw) is None:
-                gap += 1
-                quiet.append(index)
-                continue
-            record = parse_record(raw.split("\n"))
-            before = quiet[-context:] if context and quiet and self._ruleset.wants_context(record.message) else []
-            quiet.clear()
-            if gap := gap - len(before):
-                yield gap
-            gap = 0
-            yield from (parse_record(records[at].split("\n")) for at in before)
-            yield record
-        tail = quiet[-context:] if context else []
-        if gap := gap - len(tail):
-            yield gap
-        yield from (parse_record(records[at].split("\n")) for at in tail)
+        reads = self._others.finds(text)
+        if not reads and "\\" not in text and self._whole_block(text, block.raws()):
+            return iter((len(block),))
+        return block.walk(lambda _: reads, self._ruleset.max_lines - 1, self._ruleset.wants_context, self)
+
+    def held(self, text: str) -> list[int]:
+        """Where the keywords the storms' lines hold are in ``text`` (``Passing.held``)."""
+        assert self._held is not None  # storms are in use
+        return [offset for offset, _ in self._held.finds(text)]
 
     def _whole_block(self, text: str, records: list[str]) -> bool:
         """True if every record of ``text`` (which holds no escape and no keyword but the storms') that holds a
@@ -239,17 +212,16 @@ class BacklogSieve:
                 return False
         self.passed += sum(map(operator.contains, records, repeat(whole.common))) if whole.common is not None else \
             sum(templated(range(len(whole.templates))))
-        for storm, at in zip(self.storms, whole.of_storm):
-            self._counts[storm] = self._counts.get(storm, 0) + counts[at]
+        for index, at in enumerate(whole.of_storm):
+            self._tally[index] += counts[at]
         return True
 
-    def _storm(self, raw: str, tests: tuple[tuple[Storm, tuple[str, ...], tuple[tuple[str, int], ...]], ...]
-               ) -> bool:
-        """True if ``raw`` (which holds no keyword no storm holds) is a storm's line: counted, passed over.  With a
-        template, the keywords in it occur in the line only within the template's occurrences: the storm's text
-        written inside another line (a process name) does not make it one."""
+    def passes(self, raw: str) -> bool:
+        """True if ``raw`` (a record's text, which holds no keyword no storm holds) is a storm's line: counted, passed
+        over (``Passing.passes``).  With a template, the keywords in it occur in the line only within the template's
+        occurrences: the storm's text written inside another line (a process name) does not make it one."""
         holds = raw.__contains__
-        for storm, foreign, within in tests:
+        for index, storm, foreign, within in self._tests:
             if not all(map(holds, storm.pieces)) or any(map(holds, foreign)) or (
                     storm.untagged and (_TAG in raw or names_a_device(raw))):
                 continue
@@ -259,9 +231,16 @@ class BacklogSieve:
                 if not times or any(raw.count(keyword) != times * count for keyword, count in within):
                     continue
             self.passed += 1
-            self._counts[storm] = self._counts.get(storm, 0) + 1
+            self._tally[index] += 1
             return True
         return False
+
+    def _fold(self) -> None:
+        """Move the lines passed over per storm in use into ``_counts``."""
+        for storm, count in zip(self.storms, self._tally):
+            if count:
+                self._counts[storm] = self._counts.get(storm, 0) + count
+        self._tally = [0] * len(self.storms)
 
 
 @dataclass(frozen=True)
