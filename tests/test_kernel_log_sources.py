@@ -15,9 +15,9 @@ from tpuwatch.config import parse
 from tpuwatch.hw.procfs import read_boot_id
 from tpuwatch.kernel_log import filesource, sources
 from tpuwatch.kernel_log import journal as journal_source
-from tpuwatch.kernel_log.collector import open_source
 from tpuwatch.kernel_log.filesource import FileSource
 from tpuwatch.kernel_log.journal import JournalSource
+from tpuwatch.kernel_log.opening import open_source
 from tpuwatch.kernel_log.records import Record, parse_kmsg
 from tpuwatch.kernel_log.sources import KmsgSource, SequenceTracker
 from tpuwatch.schema import ConfigError

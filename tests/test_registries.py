@@ -9,7 +9,7 @@ import pytest
 
 from tpuwatch.config import DevicesConfig, KernelLogConfig
 from tpuwatch.devices import BACKENDS
-from tpuwatch.kernel_log.collector import SOURCES
+from tpuwatch.kernel_log.opening import SOURCES
 from tpuwatch.schema import OneOf
 
 

@@ -23,26 +23,19 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from tpuwatch.config import Config
-from tpuwatch.hw.procfs import read_boot_id
 from tpuwatch.kernel_log.attribution import Attribution, as_attribution
 from tpuwatch.kernel_log.events import KernelEvent, StormFilter
-from tpuwatch.kernel_log.filesource import FileSource, absent, open_regular
+from tpuwatch.kernel_log.filesource import absent, open_regular
 from tpuwatch.kernel_log.handoff import Handoff
-from tpuwatch.kernel_log.journal import JournalSource
+from tpuwatch.kernel_log.opening import open_source
 from tpuwatch.kernel_log.reader import LogReader
 from tpuwatch.kernel_log.records import SKIP_REASONS
 from tpuwatch.kernel_log.rulefile import load_rules
 from tpuwatch.kernel_log.rules import RuleSet
-from tpuwatch.kernel_log.sources import (
-    KmsgSource,
-    NoSource,
-    Source,
-    SourceError,
-)
+from tpuwatch.kernel_log.sources import NoSource, Source, SourceError
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
 
@@ -284,86 +277,6 @@ def event_problems(events: Iterable[KernelEvent]) -> list[str]:
     return [f"kernel: {e.rule} on device {e.device or '?'} (pci {e.pci or 'unknown'})"
             f"{' x' + str(e.count) if e.count != 1 else ''}: {e.message}"
             for e in events if e.severity == "critical"]
-
-
-# Opens a source: (config, kernel_log.path when this source is the one named, the position file, the lookback).
-Opener = Callable[[Config, str | None, Path | None, float | None], tuple[Source, str]]
-
-
-def _kmsg(config: Config, path: str | None, state: Path | None, lookback: float | None) -> tuple[Source, str]:
-    path = path or f"{config.paths.dev}/kmsg"
-    return KmsgSource(path, state, _boot_id(config.paths.procfs), lookback), f"reading {path}"
-
-
-def _journal(config: Config, path: str | None, state: Path | None, lookback: float | None) -> tuple[Source, str]:
-    return (JournalSource(state, path, lookback),
-            f"reading the journal's kernel messages{' in ' + path if path else ''}")
-
-
-def _file(config: Config, path: str | None, state: Path | None, lookback: float | None) -> tuple[Source, str]:
-    assert path is not None  # KernelLogConfig.validate
-    return FileSource(path, state), f"following file {path}"
-
-
-@dataclass(frozen=True)
-class SourceType:
-    """A kernel-log source by name (``kernel_log.source``): how it opens, and whether ``auto`` tries it."""
-
-    open: Opener
-    auto: bool = False
-
-
-# Registered by name; ``auto`` tries the ones that say so in this order.  The names are also the choices of
-# KernelLogConfig.source (tpuwatch/config.py, which cannot import this; a test keeps the two equal).
-SOURCES: dict[str, SourceType] = {
-    "kmsg": SourceType(_kmsg, auto=True),
-    "journal": SourceType(_journal, auto=True),
-    "file": SourceType(_file),
-}
-
-
-def open_source(config: Config, persist: bool = True) -> tuple[Source | None, str]:
-    """The source ``kernel_log.source`` names (``auto``: /dev/kmsg, else the journal), and why.
-
-    With ``persist`` the position is kept under ``state_dir``/kernel_log, and a
-    first start this boot reads back only ``kernel_log.lookback``; without, the
-    position is neither read nor saved and the whole boot is read.  Raises
-    ConfigError when an explicitly chosen source cannot be opened; ``auto``
-    with none usable gives a NoSource that says why.
-    """
-    settings = config.kernel_log
-    state_dir = Path(config.state_dir, "kernel_log")
-    lookback = settings.lookback if persist else None
-
-    def opened(name: str) -> tuple[Source, str]:
-        path = settings.path if settings.source == name else None  # auto reads each source where it lives
-        return SOURCES[name].open(config, path, state_dir / f"{name}.json" if persist else None, lookback)
-
-    if settings.source == "none":
-        return None, "kernel_log.source is none: kernel log not read"
-    if settings.source != "auto":
-        try:
-            source, what = opened(settings.source)
-        except SourceError as exc:
-            raise ConfigError("kernel_log.source", f"{settings.source}: {exc}") from None
-        return source, f"kernel log: {what}"
-    reasons = []
-    for name in (name for name, kind in SOURCES.items() if kind.auto):
-        try:
-            source, what = opened(name)
-        except SourceError as exc:
-            reasons.append(f"{name}: {exc}")
-            continue
-        return source, f"kernel log: auto chose {name}, {what}" + (f" ({reasons[0]})" if reasons else "")
-    return NoSource(f"no kernel-log source usable ({'; '.join(reasons)})"), \
-        f"kernel log: no source usable ({'; '.join(reasons)})"
-
-
-def _boot_id(procfs: str) -> str:
-    try:
-        return read_boot_id(procfs)
-    except OSError as exc:
-        raise SourceError(f"cannot read this boot's id under {procfs}: {exc.strerror}") from None
 
 
 def build_collector(config: Config, device_for_pci: DeviceLookup,
