@@ -672,14 +672,16 @@ rules:
     assert [m.rule for m in feed(rules, ["yy: detail"])] == ["yy_first_fault"]  # one event, in rule order
 
 
-def test_a_message_over_records_ends_in_the_last_of_them() -> None:
+@pytest.mark.parametrize("lines", [2, 3])
+def test_a_message_over_records_ends_in_the_last_of_them(lines: int) -> None:
     # One record's message is one event, also when the rule's regex may take the newline after it (`\s*`) and the
-    # next record holds the rule's keyword: a match that ends where that record begins is the record before's.
-    rules = _only(r"""
+    # next record holds the rule's keyword: a match that ends where that record begins, or in a record before it,
+    # is the record before's.
+    rules = _only(rf"""
 rules:
-  - {name: disk_lost, keywords: ["lost"], regex: 'disk \d+ lost\s*', lines: 2}
+  - {{name: disk_lost, keywords: ["lost"], regex: 'disk \d+ lost\s*', lines: {lines}}}
 """)
-    assert _feed(rules, ["disk 3 lost", "link lost"]) == [(1, "disk_lost", "warning")]
+    assert _feed(rules, ["x", "disk 3 lost", "link lost"]) == [(2, "disk_lost", "warning")]
 
 
 def test_a_rule_over_several_records_may_look_behind_into_the_records_before() -> None:
