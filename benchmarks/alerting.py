@@ -97,7 +97,7 @@ def mixed(fired: int, on: bool) -> list[Sample]:
 
 def evaluate_cost(workdir: Path, cycles: int = 2000) -> tuple[float, int]:
     """CPU milliseconds of one evaluate() over 8 healthy simulated chips' samples, all built-in rules."""
-    from tpuwatch.registry import build_sources
+    from tpuwatch.registry import build_collectors
     from tpuwatch.sampler import Sampler
     from tpuwatch.store import SeriesStore
 
@@ -105,7 +105,7 @@ def evaluate_cost(workdir: Path, cycles: int = 2000) -> tuple[float, int]:
                                                  "devices": {"backend": "sim", "sim": {"count": 8}},
                                                  "kernel_log": {"source": "none"}, "canary": {"enabled": False}}))
     store = SeriesStore(360, 10_000)
-    Sampler([list(build_sources(config))], store, 5.0).run_once()
+    Sampler([list(build_collectors(config))], store, 5.0).run_once()
     samples = store.current()
     alerting = Alerting(config, config.state_dir)
     now = time.time()

@@ -51,7 +51,7 @@ import tpuwatch  # noqa: E402
 from tpuwatch import config as config_module  # noqa: E402
 from tpuwatch.config import Config  # noqa: E402
 from tpuwatch.hw.procfs import scan_holders  # noqa: E402
-from tpuwatch.registry import build_sources  # noqa: E402
+from tpuwatch.registry import build_collectors  # noqa: E402
 from tpuwatch.sampler import Sampler  # noqa: E402
 from tpuwatch.store import SeriesStore  # noqa: E402
 
@@ -246,10 +246,10 @@ def daemon_config(port: int, state_dir: str) -> str:
 def cycle_cpu_ms(config: Config, cycles: int, only: str | None = None) -> float:
     """Mean process CPU (ms) of one ``Sampler.run_once()``, with all collectors or only the named one, laid out as
     the daemon's sources are (the devices first, publishing the cycle's inventory)."""
-    sources = build_sources(config)
-    stages = [[c for c in stage if only is None or c.name == only] for stage in sources.stages()]
+    collectors = build_collectors(config)
+    stages = [[c for c in stage if only is None or c.name == only] for stage in collectors.stages()]
     sampler = Sampler(stages, SeriesStore(config.store.points_per_series, config.store.max_series),
-                      config.collector_deadline, sources.inventory)
+                      config.collector_deadline, collectors.inventory)
     for _ in range(WARMUP_CYCLES):
         sampler.run_once()
     failing = [g.name for g in sampler.guards if not g.status.success]

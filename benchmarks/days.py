@@ -85,7 +85,7 @@ def structures(parts: Any) -> dict[str, Any]:
     return {"series store": parts.store, "trend analysis (leak, drift)": parts.trend,
             "alert tracker (counter points)": alerting.tracker, "alerts (book, dispatcher)": (alerting.book,
                                                                                           alerting.dispatcher),
-            **{f"source: {name}": collector for name, collector in parts.sources.collectors.items()},
+            **{f"collector: {name}": collector for name, collector in parts.collectors.by_name.items()},
             "canary results": parts.canary}
 
 

@@ -65,7 +65,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from tpuwatch import config as config_module  # noqa: E402
 from tpuwatch.exporter import build_registry  # noqa: E402
-from tpuwatch.registry import build_sources  # noqa: E402
+from tpuwatch.registry import build_collectors  # noqa: E402
 from tpuwatch.sampler import Sampler  # noqa: E402
 from tpuwatch.store import SeriesStore  # noqa: E402
 
@@ -214,7 +214,7 @@ def render_cpu_ms(chips: int, renders: int) -> float:
     """Mean process CPU (ms) of one render of the exposition with ``chips`` simulated chips, in this process."""
     config = config_module.parse(tpuwatch_config(free_port(), tempfile.gettempdir(), chips, None), "benchmark")
     store = SeriesStore(config.store.points_per_series, config.store.max_series)
-    sampler = Sampler([list(build_sources(config))], store, config.collector_deadline)
+    sampler = Sampler([list(build_collectors(config))], store, config.collector_deadline)
     sampler.run_once()
     registry = build_registry(store.current)
     registry.render()

@@ -128,7 +128,7 @@ def cycle_cpu_ms(chips: int, cycles: int, workdir: Path) -> tuple[float, int]:
     for _ in range(cycles):
         parts.sampler.run_once()
     spent = (time.process_time() - start) / cycles * 1000
-    parts.sources.close()
+    parts.collectors.close()
     return spent, parts.store.series_count()
 
 

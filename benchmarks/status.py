@@ -110,9 +110,9 @@ class StatusResults:
 def measure_render(scenario: str, chips: int, renders: int) -> Render:
     """Figure 1 and 2: CPU per build of each part, in ms, and the bytes, for one simulated host."""
     host = SimHost(scenario, count=chips, fault_device=min(2, chips - 1))
-    sources = host.sources()
+    readers = host.readers()
     for _ in range(3):  # warm-up
-        render_page(build_status(sources, T0, "bench"))
+        render_page(build_status(readers, T0, "bench"))
 
     def timed(step: object) -> float:
         start = time.process_time()
@@ -120,11 +120,11 @@ def measure_render(scenario: str, chips: int, renders: int) -> Render:
             step()  # type: ignore[operator]
         return (time.process_time() - start) / renders * 1000
 
-    doc = build_status(sources, T0, "bench")
+    doc = build_status(readers, T0, "bench")
     page = render_page(doc).encode()
     bodies = (page, status_body(doc), series_body(doc))
     return Render(
-        build_ms=timed(lambda: build_status(sources, T0, "bench")),
+        build_ms=timed(lambda: build_status(readers, T0, "bench")),
         page_ms=timed(lambda: render_page(doc).encode()),
         json_ms=timed(lambda: (status_body(doc), series_body(doc))),
         gzip_ms=timed(lambda: [gzip.compress(body, GZIP_LEVEL) for body in bodies]),

@@ -13,7 +13,7 @@ from tpuwatch.devices.sim import history
 from tpuwatch.kernel_log.events import KernelEvent
 from tpuwatch.store import SeriesStore
 from tpuwatch.views.document import build_status
-from tpuwatch.views.sources import StatusSources
+from tpuwatch.views.readers import StatusReaders
 
 T0 = 1_000_000_000.0
 GIB = float(1 << 30)
@@ -43,12 +43,12 @@ class SimHost:
         self.events: list[KernelEvent] = []
         self.results: list[CanaryResult] = []
 
-    def sources(self, **overrides: Any) -> StatusSources:
+    def readers(self, **overrides: Any) -> StatusReaders:
         fields: dict[str, Any] = dict(
             current=self.store.current, history=self.store.history, readings=lambda: self.readings,
             window=lambda: 3600.0, health=lambda: None, leak=self.trend.leak_view, canary=lambda: self.results,
             kernel_events=lambda: self.events, alerts=lambda: self.alerts, interval=lambda: 10.0)
-        return StatusSources(**(fields | overrides))
+        return StatusReaders(**(fields | overrides))
 
     def document(self, **overrides: Any) -> dict[str, Any]:
-        return build_status(self.sources(**overrides), T0, "host-a")
+        return build_status(self.readers(**overrides), T0, "host-a")

@@ -27,7 +27,7 @@ from tpuwatch.hw import procfs
 from tpuwatch.hw.units import GIB
 from tpuwatch.kernel_log.attribution import Attribution, device_lookup
 from tpuwatch.kernel_log.records import Record
-from tpuwatch.registry import build_sources
+from tpuwatch.registry import build_collectors
 from tpuwatch.sampler import Sampler
 from tpuwatch.store import SeriesStore
 
@@ -349,23 +349,23 @@ def test_one_holder_scan_a_cycle_names_a_render_node_s_holder_by_chip_in_the_fir
     monkeypatch.setattr(procfs, "scan_holders", counted)
     script = "import sys; f = open(sys.argv[1]); sys.stdin.read()"
     compute = subprocess.Popen([sys.executable, "-c", script, f"{paths.dev}/dri/renderD129"], stdin=subprocess.PIPE)
-    sources = build_sources(dataclasses.replace(
+    collectors = build_collectors(dataclasses.replace(
         config(paths), state_dir=str(tmp_path / "state"), kernel_log=KernelLogConfig(source="none"),
         host=HostConfig(pod_resources_socket=None)), persist=False)
     try:
         wait_until(lambda: _holds(compute.pid, f"{paths.dev}/dri/renderD129"), what="the holder to open its file")
-        sampler = Sampler(sources.stages(), SeriesStore(10, 10_000), 1.0, sources.inventory)
+        sampler = Sampler(collectors.stages(), SeriesStore(10, 10_000), 1.0, collectors.inventory)
         sampler.run_once()
         held = {dict(s.labels)["device"] for s in sampler.store.current()
                 if s.name == "tpuwatch_device_holder_info" and dict(s.labels)["pid"] == str(compute.pid)}
         sampler.run_once()
     finally:
-        sources.close()
+        collectors.close()
         compute.kill()
         compute.wait()
     assert held == {"1"}
     assert len(scans) == 1, "one scan of /proc for the backend, the devices stage and the host, within the interval"
-    assert [r.owners != () for r in sources.device_readings()] == [False, True]
+    assert [r.owners != () for r in collectors.device_readings()] == [False, True]
 
 
 def _holds(pid: int, path: str) -> bool:

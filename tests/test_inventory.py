@@ -127,11 +127,11 @@ def test_every_part_of_a_cycle_sees_that_cycles_inventory(tmp_path: Path, held_c
     checked, late = 0, 0
     for start in range(STARTS):
         parts, log = _start(tmp_path, held_chips, start)
-        devices, canary = parts.sources.devices, parts.canary
+        devices, canary = parts.collectors.devices, parts.canary
         assert devices is not None and canary is not None
         canary.runnable = None  # its chips' counters are exported as where jax is installed
         devices.backend = SlowChips(devices.backend, rng)
-        for part in (parts.sources.collectors[PARTS[0]], parts.sources.kernel_log, canary):
+        for part in (parts.collectors.by_name[PARTS[0]], parts.collectors.kernel_log, canary):
             part.collect = _late(part.collect, rng)  # type: ignore[method-assign, union-attr]
         kernel_before: Counter[str] = Counter()
         try:
@@ -163,7 +163,7 @@ def test_every_part_of_a_cycle_sees_that_cycles_inventory(tmp_path: Path, held_c
                     late += 1
                 checked += 1
         finally:
-            parts.sources.close()
+            parts.collectors.close()
     assert checked >= STARTS and late > 0, f"{checked} cycles checked, {late} with the chips past their deadline"
 
 

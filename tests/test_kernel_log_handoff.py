@@ -38,7 +38,7 @@ def test_the_daemon_stores_the_followers_events_only_when_a_cycle_runs(tmp_path:
                    f"kernel_log: {{source: file, path: {log}, rules_dirs: []}}")
     handlers = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     daemon = Daemon(config, None)  # never started: its cycles are run here, by hand
-    kernel_log = daemon.parts.sources.kernel_log
+    kernel_log = daemon.parts.collectors.kernel_log
     assert kernel_log is not None
     try:
         daemon._sample()

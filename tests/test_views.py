@@ -24,8 +24,8 @@ from tpuwatch.httpd.protocol import Request
 from tpuwatch.kernel_log.events import KernelEvent
 from tpuwatch.views.document import MAX_KERNEL_EVENTS, api_series, api_status, build_status, hbm_labels
 from tpuwatch.views.page import CONTENT_SECURITY_POLICY, StatusPage
+from tpuwatch.views.readers import StatusReaders
 from tpuwatch.views.series import decimate
-from tpuwatch.views.sources import StatusSources
 
 from statusdoc import ECC_ALERT, GIB, T0, SimHost
 
@@ -83,7 +83,7 @@ def test_check_problems_make_a_chip_critical_with_checks_own_words() -> None:
                               ecc_uncorrected_total=0),
                 DeviceReading("1", "v5e", "0000:11:00.0", ecc_uncorrected_total=2, temperature_celsius=91.0),
                 DeviceReading("2", "v5e", "0000:12:00.0", up=False, problem="NVML: GPU is lost")]
-    doc = build_status(StatusSources(current=list, history=lambda n, labels: [], readings=lambda: readings,
+    doc = build_status(StatusReaders(current=list, history=lambda n, labels: [], readings=lambda: readings,
                                      window=lambda: 3600.0, health=lambda: None), T0, "h")
     assert verdicts(doc) == {"0": "ok", "1": "critical", "2": "critical"}
     # Every problem `tpuwatch check` lists is on its chip's row, without the chip's name repeated.
@@ -180,7 +180,7 @@ def test_leak_view_reads_without_changing_the_detector() -> None:
 
 def test_non_finite_readings_are_null_in_the_json() -> None:
     readings = [DeviceReading("0", "v5e", power_watts=float("nan"), temperature_celsius=float("inf"))]
-    page = StatusPage(StatusSources(current=list, history=lambda n, labels: [], readings=lambda: readings,
+    page = StatusPage(StatusReaders(current=list, history=lambda n, labels: [], readings=lambda: readings,
                                     window=lambda: 60.0, health=lambda: None), cycle=lambda: 1.0, host="h")
     body = json.loads(page.routes()["/api/status"].answer(_get("/api/status")).body)
     assert body["chips"][0]["reading"]["power_watts"] is None
@@ -191,14 +191,14 @@ def _get(path: str, **headers: str) -> Request:
     return Request("GET", path, (1, 1), headers)
 
 
-def _counting(host: SimHost) -> tuple[StatusSources, Callable[[], int]]:
+def _counting(host: SimHost) -> tuple[StatusReaders, Callable[[], int]]:
     calls = []
 
     def readings() -> list[DeviceReading]:
         calls.append(1)
         return host.readings
 
-    return host.sources(readings=readings), lambda: len(calls)
+    return host.readers(readings=readings), lambda: len(calls)
 
 
 def test_the_page_is_built_once_per_cycle_whatever_the_requests(healthy: SimHost) -> None:
@@ -246,7 +246,7 @@ def _bytes_held(root: object) -> int:
 def test_a_cycle_s_rendition_holds_its_bodies_compressed_only(healthy: SimHost) -> None:
     """Between cycles the page holds its bodies gzip compressed, a few times smaller than plain; a client without
     gzip gets the same bytes decompressed."""
-    page = StatusPage(healthy.sources(), cycle=lambda: 1.0, host="host-a")
+    page = StatusPage(healthy.readers(), cycle=lambda: 1.0, host="host-a")
     routes = page.routes()
     before = _bytes_held(page)  # the static files
     zipped = routes["/"].answer(_get("/", **{"accept-encoding": "gzip"}))
@@ -266,7 +266,7 @@ def test_a_failing_source_keeps_the_last_good_page_and_logs_once(healthy: SimHos
         return []
 
     cycle = [1.0]
-    page = StatusPage(healthy.sources(alerts=alerts), cycle=lambda: cycle[0], host="host-a")
+    page = StatusPage(healthy.readers(alerts=alerts), cycle=lambda: cycle[0], host="host-a")
     good = page.routes()["/"].answer(_get("/")).body
     broken[0] = True
     with caplog.at_level(logging.ERROR, logger="tpuwatch.views.page"):
@@ -275,6 +275,6 @@ def test_a_failing_source_keeps_the_last_good_page_and_logs_once(healthy: SimHos
             assert page.routes()["/"].answer(_get("/")).body == good
     assert [r.getMessage() for r in caplog.records] == [
         "building the status page failed, serving the previous one: RuntimeError: alert state locked"] * 2
-    first = StatusPage(healthy.sources(alerts=alerts), cycle=lambda: 1.0, host="host-a")
+    first = StatusPage(healthy.readers(alerts=alerts), cycle=lambda: 1.0, host="host-a")
     with pytest.raises(RuntimeError):  # nothing good yet: the endpoint answers 500 for it
         first.routes()["/"].answer(_get("/"))

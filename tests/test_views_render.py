@@ -88,9 +88,9 @@ def test_the_forecast_is_drawn_only_for_the_leaking_chip(leaking: SimHost) -> No
 
 def test_a_host_without_chips_or_history_says_so() -> None:
     from tpuwatch.views.document import build_status
-    from tpuwatch.views.sources import StatusSources
+    from tpuwatch.views.readers import StatusReaders
 
-    doc = build_status(StatusSources(current=list, history=lambda n, labels: [], readings=list,
+    doc = build_status(StatusReaders(current=list, history=lambda n, labels: [], readings=list,
                                      window=lambda: 3600.0, health=lambda: None), T0, "bare")
     html = render_page(doc)
     assert "no accelerator found" in html and "no firing or pending alert" in html

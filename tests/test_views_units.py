@@ -15,8 +15,8 @@ from tpuwatch.samples import sample
 from tpuwatch.units import celsius, gib_of, latency
 from tpuwatch.views.document import build_status
 from tpuwatch.views.lines import frame, plain
+from tpuwatch.views.readers import StatusReaders
 from tpuwatch.views.render import render_page
-from tpuwatch.views.sources import StatusSources
 
 GIB, MIB = float(1 << 30), float(1 << 20)
 T0 = 1_000_000_000.0
@@ -52,7 +52,7 @@ EXPECTED = {
 
 def document() -> dict[str, Any]:
     history = [(T0 - 3000.0 + 60 * k, float(k % 5)) for k in range(50)]
-    return build_status(StatusSources(current=lambda: HOST, history=lambda name, labels: history,
+    return build_status(StatusReaders(current=lambda: HOST, history=lambda name, labels: history,
                                       readings=lambda: READINGS, window=lambda: 3600.0, health=lambda: None,
                                       interval=lambda: 10.0), T0, "host-a")
 

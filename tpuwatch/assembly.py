@@ -10,7 +10,7 @@ caller switches to the new parts and then ``retire()``s what was replaced.
 The pipeline the sampler runs, in order within each cycle:
 
     devices (this cycle's chips and their holders: the inventory every later part reads) -> store
-    sources (host, kernel log, canary results, the plugins') -> store
+    collectors (host, kernel log, canary results, the plugins') -> store
     analysis (trend detectors; tpuwatch's own metrics)   -> store
     alerting (rules over the store; delivery runs in its own threads)
     actions (the Kubernetes node agent, fed the alert state)
@@ -39,7 +39,7 @@ from tpuwatch.drills import history
 from tpuwatch.drills.needs import drill_samples
 from tpuwatch.drills.simulate import is_simulated
 from tpuwatch.plugincontext import Context
-from tpuwatch.registry import ACTIONS, Action, Sources, build_canary, build_plugins, build_sources
+from tpuwatch.registry import ACTIONS, Action, Collectors, build_canary, build_collectors, build_plugins
 from tpuwatch.sampler import Sampler, Stage
 from tpuwatch.samples import Sample, sample
 from tpuwatch.store import PLOTTED, SeriesStore
@@ -47,7 +47,7 @@ from tpuwatch.webconfig import WebConfig, load_web_config
 
 log = logging.getLogger(__name__)
 
-SampleSource = Callable[[], Iterable[Sample]]
+SampleFeed = Callable[[], Iterable[Sample]]
 
 
 class SelfMetrics:
@@ -55,14 +55,14 @@ class SelfMetrics:
 
     name = "tpuwatch"
 
-    def __init__(self, sources: list[SampleSource]) -> None:
-        self.sources = sources
+    def __init__(self, feeds: list[SampleFeed]) -> None:
+        self.feeds = feeds
 
     def collect(self) -> list[Sample]:
-        """The build and every source's samples."""
+        """The build and every feed's samples."""
         out = [sample("tpuwatch_build_info", 1, version=__version__, python=platform.python_version())]
-        for source in self.sources:
-            out.extend(source())
+        for feed in self.feeds:
+            out.extend(feed())
         return out
 
 
@@ -75,7 +75,7 @@ class Parts:
     store: SeriesStore
     trend: TrendAnalyzer
     trend_state: TrendStateFile | None
-    sources: Sources
+    collectors: Collectors
     canary: CanaryCollector | None
     plugins: dict[str, Collector]  # the registered plugins' collectors (tpuwatch/plugins.py), by name
     alerting: Alerting
@@ -84,10 +84,10 @@ class Parts:
 
     def device_readings(self) -> tuple[DeviceReading, ...]:
         """The chips of the latest cycle's inventory (none without a backend)."""
-        return self.sources.device_readings()
+        return self.collectors.device_readings()
 
 
-def _sources_key(config: Config) -> tuple[Any, ...]:
+def _collectors_key(config: Config) -> tuple[Any, ...]:
     return (config.devices, config.paths, config.host, config.collector_deadline, config.kernel_log,
             config.state_dir)
 
@@ -142,8 +142,8 @@ def _same(previous: Parts | None, config: Config, key: Callable[[Config], Any]) 
 
 
 def _pipeline(config: Config, store: SeriesStore, trend: TrendAnalyzer, trend_state: TrendStateFile | None,
-              sources: Sources, canary: CanaryCollector | None, plugins: dict[str, Collector],
-              alerting: Alerting, actions: dict[str, Action], daemon_samples: SampleSource) -> Sampler:
+              collectors: Collectors, canary: CanaryCollector | None, plugins: dict[str, Collector],
+              alerting: Alerting, actions: dict[str, Action], daemon_samples: SampleFeed) -> Sampler:
     """The stages of one cycle (module docstring), each part behind its guard."""
     own = SelfMetrics([store.samples, daemon_samples, drill_samples(config),
                        *([trend_state.samples] if trend_state else []),
@@ -155,25 +155,25 @@ def _pipeline(config: Config, store: SeriesStore, trend: TrendAnalyzer, trend_st
 
     def act() -> list[Sample]:  # each hands over and returns at once: the actions work in their own threads
         alerts = alerting.active_alerts()
-        pci = dict(sources.inventory.current.pci_by_device)
+        pci = dict(collectors.inventory.current.pci_by_device)
         for action in actions.values():
             action.feed(alerts, pci)
         return []
 
     # The chips first: they publish the cycle's inventory, which every later part of the cycle (host holders,
     # kernel-log attribution, the canary's chips, the plugins, actions) reads, sealed once the stage is over.
-    devices, others = sources.stages()
+    devices, others = collectors.stages()
     stages: list[list[Any]] = [devices, [*others, *([canary] if canary is not None else []), *plugins.values()],
                                [own, Stage("trend", lambda: trend.observe(store.current(), time.time()))],
                                [Stage("alerting", evaluate)]]
     if actions:
         stages.append([Stage("actions", act)])
-    sampler = Sampler(stages, store, config.collector_deadline, sources.inventory)
-    own.sources.insert(0, sampler.samples)
+    sampler = Sampler(stages, store, config.collector_deadline, collectors.inventory)
+    own.feeds.insert(0, sampler.samples)
     return sampler
 
 
-def assemble(config: Config, previous: Parts | None, daemon_samples: SampleSource) -> Parts:
+def assemble(config: Config, previous: Parts | None, daemon_samples: SampleFeed) -> Parts:
     """The parts ``config`` runs, reusing ``previous``'s where nothing they are built from changed.
 
     ``daemon_samples`` gives the daemon's own lifecycle metrics (scheduler, reloads, state, endpoint), which
@@ -186,13 +186,13 @@ def assemble(config: Config, previous: Parts | None, daemon_samples: SampleSourc
                                                             kept=PLOTTED)
     trend = _trend(config, previous, store)
     trend_state = _trend_state(config, previous, trend)
-    kept_sources = _same(previous, config, _sources_key)
-    sources = kept_sources.sources if kept_sources else build_sources(config)
+    kept_collectors = _same(previous, config, _collectors_key)
+    collectors = kept_collectors.collectors if kept_collectors else build_collectors(config)
     try:
         kept_canary = _same(previous, config, lambda c: c.canary)
-        canary = kept_canary.canary if kept_canary else build_canary(config, sources.inventory)
+        canary = kept_canary.canary if kept_canary else build_canary(config, collectors.inventory)
         if canary is not None:
-            canary.known_devices = lambda: sources.inventory.current.devices
+            canary.known_devices = lambda: collectors.inventory.current.devices
         actions = _actions(config, previous)
         if previous is None:
             alerting = Alerting(config, config.state_dir, web.ssl_context is not None)
@@ -200,32 +200,32 @@ def assemble(config: Config, previous: Parts | None, daemon_samples: SampleSourc
             previous.alerting.reconfigure(config, web.ssl_context is not None)
             alerting = previous.alerting
     except BaseException:
-        if kept_sources is None:
-            sources.close()
+        if kept_collectors is None:
+            collectors.close()
         raise
     # Last, when nothing can fail any more: a plugin rebuilt closes its predecessor first (a socket path).
-    host = sources.collectors.get("host")
-    plugins, _ = build_plugins(config, Context(sources.inventory, canary, getattr(host, "pods", None)),
+    host = collectors.by_name.get("host")
+    plugins, _ = build_plugins(config, Context(collectors.inventory, canary, getattr(host, "pods", None)),
                                    previous.plugins if previous is not None else None,
                                    previous.config if previous is not None else None)
     sampler = None
     if previous is not None and previous.config.collector_deadline == config.collector_deadline and all(
             new is old for new, old in ((store, previous.store), (trend, previous.trend),
-                                        (sources, previous.sources), (canary, previous.canary))) \
+                                        (collectors, previous.collectors), (canary, previous.canary))) \
             and plugins == previous.plugins and actions == previous.actions:
         sampler = previous.sampler
     if sampler is None:
-        sampler = _pipeline(config, store, trend, trend_state, sources, canary, plugins, alerting, actions,
+        sampler = _pipeline(config, store, trend, trend_state, collectors, canary, plugins, alerting, actions,
                             daemon_samples)
         if previous is not None:  # the last cycle ended when it did, whatever a reload rebuilt since
             sampler.last_cycle_end = previous.sampler.last_cycle_end
-    return Parts(config, web, store, trend, trend_state, sources, canary, plugins, alerting, actions, sampler)
+    return Parts(config, web, store, trend, trend_state, collectors, canary, plugins, alerting, actions, sampler)
 
 
 def retire(old: Parts, new: Parts) -> None:
     """Release what ``old`` held that ``new`` does not reuse (collectors' descriptors, actions)."""
-    kept = {id(c) for c in new.sources}
-    for collector in old.sources:
+    kept = {id(c) for c in new.collectors}
+    for collector in old.collectors:
         close = getattr(collector, "close", None)
         if id(collector) not in kept and close is not None:
             close()

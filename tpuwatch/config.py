@@ -258,7 +258,7 @@ class NodeCount(Check):
 
 
 @dataclass(frozen=True)
-class ConditionSourceConfig:
+class ConditionAlertConfig:
     """An alert that raises a node condition, and the condition's reason while it does."""
 
     alert: str
@@ -275,7 +275,7 @@ class NodeConditionConfig:
     """One node condition tpuwatch keeps on its Node: the alerts that make it True."""
 
     type: str
-    sources: list[ConditionSourceConfig]
+    sources: list[ConditionAlertConfig]
     clear_after: Annotated[float, Duration(maximum=7 * 86400.0)] | None = None
 
     def validate(self, path: str) -> None:
@@ -403,13 +403,13 @@ class Config:
                     raise ConfigError(f"{plugin.name}.{condition.opt_in}", "needs kubernetes.node_conditions: true")
 
 
-def parse(text: str, source: str = "<config>") -> Config:
+def parse(text: str, filename: str = "<config>") -> Config:
     """Validate YAML text into a Config; raise ConfigError on any problem.
 
-    YAML-level problems read ``SOURCE: line L, column C: reason`` (yamlfile's bounds);
+    YAML-level problems read ``FILENAME: line L, column C: reason`` (yamlfile's bounds);
     bad values ``path.to.key: reason``.
     """
-    return _build(yamlfile.load(text, source), source)
+    return _build(yamlfile.load(text, filename), filename)
 
 
 def load(path: str | os.PathLike[str] | None) -> Config:
@@ -421,7 +421,7 @@ def load(path: str | os.PathLike[str] | None) -> Config:
     return _build(yamlfile.read(path), str(path))
 
 
-def _build(data: object, source: str) -> Config:
+def _build(data: object, filename: str) -> Config:
     try:
         core = data
         sections = {}
@@ -440,7 +440,7 @@ def _build(data: object, source: str) -> Config:
     except ConfigError as exc:
         if exc.path:
             raise
-        raise ConfigError(source, exc.reason) from None  # the document itself, not a key: name the file
+        raise ConfigError(filename, exc.reason) from None  # the document itself, not a key: name the file
     return config
 
 

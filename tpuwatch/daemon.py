@@ -37,7 +37,7 @@ from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError
 from tpuwatch.statedir import StateDir, probe_every
 from tpuwatch.views.page import StatusPage
-from tpuwatch.views.sources import StatusSources
+from tpuwatch.views.readers import StatusReaders
 from tpuwatch.web import Endpoint, Route
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class Daemon:
         self._scheduler.add_listener(self._on_job_event, EVENT_JOB_ERROR | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
         self.registry = build_registry(lambda: self.parts.store.current())
         self._trim = Trimmer()  # freed memory back to the system after cycles and page builds: RSS follows what is held
-        self.status_page = StatusPage(self._status_sources(), cycle=lambda: self.parts.sampler.last_cycle_end,
+        self.status_page = StatusPage(self._status_readers(), cycle=lambda: self.parts.sampler.last_cycle_end,
                                       after_build=self._trim)
         self.endpoint = Endpoint(config.listen, self.registry, self._routes(), self.parts.web)
         self._first_cycle = threading.Event()
@@ -124,7 +124,7 @@ class Daemon:
         self.parts.alerting.stop()
         for action in self.parts.actions.values():
             action.stop()
-        if (kernel_log := self.parts.sources.kernel_log) is not None:
+        if (kernel_log := self.parts.collectors.kernel_log) is not None:
             kernel_log.close()  # its follower stops and saves its position
         for plugin in self.parts.plugins.values():
             close(plugin)  # its threads stop, its socket is removed
@@ -204,7 +204,7 @@ class Daemon:
     def _schedule_canary(self) -> None:
         existing = self._scheduler.get_job("canary")
         canary = self.parts.canary
-        if canary is None or canary.runnable is not None or self.parts.sources.devices is None:
+        if canary is None or canary.runnable is not None or self.parts.collectors.devices is None:
             if existing:
                 existing.remove()
             if canary is not None and canary.runnable is None:
@@ -228,7 +228,7 @@ class Daemon:
 
     def _wire_kernel_log(self) -> None:
         """Start the kernel log's follower (from the first cycle on); each cycle's collection takes what it read."""
-        kernel_log = self.parts.sources.kernel_log
+        kernel_log = self.parts.collectors.kernel_log
         if kernel_log is not None:
             kernel_log.start(after=self._first_cycle)
 
@@ -277,15 +277,15 @@ class Daemon:
 
     # --- what the endpoint serves ------------------------------------------
 
-    def _status_sources(self) -> StatusSources:
+    def _status_readers(self) -> StatusReaders:
         """What the status page reads, always of the running parts."""
         parts = lambda: self.parts  # noqa: E731 - a reload replaces the parts: read them at each call
 
         def kernel_events() -> list[Any]:
-            kernel_log = parts().sources.kernel_log
+            kernel_log = parts().collectors.kernel_log
             return kernel_log.recent_events() if kernel_log is not None else []
 
-        return StatusSources(
+        return StatusReaders(
             current=lambda: parts().store.current(), history=lambda name, labels: parts().store.history(name, labels),
             readings=lambda: parts().device_readings(),
             window=lambda: parts().config.store.points_per_series * parts().config.interval,

@@ -129,7 +129,7 @@ def status_line(parts: Parts) -> str:
     """systemd's STATUS=: chips up and how many problems."""
     devices = parts.device_readings()
     up = sum(1 for r in devices if r.up)
-    problems = (device_problems(devices) + missing_problems(parts.sources.devices)
+    problems = (device_problems(devices) + missing_problems(parts.collectors.devices)
                 + collector_problems(parts.sampler.guards))
     state = f"{len(problems)} problem(s)" if problems else "healthy"
     return f"{up}/{len(devices)} devices up, {state}"
@@ -174,14 +174,14 @@ def health_report(parts: Parts, state: StateDir, reload_ok: bool, started_at: fl
             "error": guard.status.last_error,
             **({"degraded": guard.status.degraded} if guard.status.degraded else {}),
         }
-    problems = device_problems(parts.device_readings()) + missing_problems(parts.sources.devices)
+    problems = device_problems(parts.device_readings()) + missing_problems(parts.collectors.devices)
     checks["devices"] = {"status": "problems" if problems else "ok", "problems": problems}
-    previous_boot = parts.sources.previous_boot
+    previous_boot = parts.collectors.previous_boot
     if previous_boot is not None:
         crashed = previous_boot.recent_events()
         checks["previous_boot"] = {"status": "crashed" if crashed else "ok",
                                    "events": [e.to_json() for e in crashed]}
-    kernel_log = parts.sources.kernel_log
+    kernel_log = parts.collectors.kernel_log
     if kernel_log is not None:
         events = kernel_log.recent_events()
         checks["kernel_log"] = {"status": "critical_events" if event_problems(events) else "ok",

@@ -1,16 +1,16 @@
-"""What a config makes: the source collectors, the plugins' and the actions, registered by name, and the canary.
+"""What a config makes: the collectors, the plugins' and the actions, registered by name, and the canary.
 
-A source is built by a factory from the config, the sources built before it
+A collector is built by a factory from the config, the collectors built before it
 and the cycle's inventory board: the devices stage publishes the chips and
 their holders there, and the later parts (the host's holders, the kernel
 log's attribution, the canary's chips) read only that; each says in one
 sentence what it chose.  ``run`` and ``check`` build the same
-sources.  A plugin (``tpuwatch.pluginspec``: a folder of its own plus one line
+collectors.  A plugin (``tpuwatch.pluginspec``: a folder of its own plus one line
 in ``tpuwatch/plugins.py``) is built by its hooks module after the canary,
 with what it may use (``tpuwatch.plugincontext``).  An action (the
 Kubernetes node agent) is handed the alert state after every cycle and acts
-in its own thread.  Adding a core source or an action is one factory and one
-entry in ``SOURCES`` or ``ACTIONS``.
+in its own thread.  Adding a core collector or an action is one factory and one
+entry in ``COLLECTORS`` or ``ACTIONS``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from tpuwatch.samples import Sample
 
 log = logging.getLogger(__name__)
 
-# A factory gets the config, the sources built before it (by name), the cycle's inventory board and whether it
+# A factory gets the config, the collectors built before it (by name), the cycle's inventory board and whether it
 # may save state.
 Factory = Callable[[Config, dict[str, Collector], Board, bool], tuple[Collector | None, str]]
 
@@ -129,7 +129,7 @@ def _previous_boot(config: Config, built: dict[str, Collector], board: Board,
         " and the journal" if settings.source in ("auto", "journal") else "")
 
 
-SOURCES: dict[str, Factory] = {
+COLLECTORS: dict[str, Factory] = {
     "host": _host,
     "devices": _devices,
     "kernel_log": _kernel_log,
@@ -138,30 +138,30 @@ SOURCES: dict[str, Factory] = {
 
 
 @dataclass
-class Sources:
-    """The source collectors a config enables, by name in pipeline order, what was chosen for each, and the
+class Collectors:
+    """The collectors a config enables, by name in pipeline order, what was chosen for each, and the
     board their devices stage publishes each cycle's inventory on."""
 
-    collectors: dict[str, Collector]
+    by_name: dict[str, Collector]
     notes: list[str]
     inventory: Board
 
     @property
     def devices(self) -> DeviceCollector | None:
         """The device collector, if a backend was chosen."""
-        found = self.collectors.get("devices")
+        found = self.by_name.get("devices")
         return found if isinstance(found, DeviceCollector) else None
 
     @property
     def kernel_log(self) -> KernelLogCollector | None:
-        """The kernel log collector, if a source is read."""
-        found = self.collectors.get("kernel_log")
+        """The kernel log collector, if a kernel-log source is read."""
+        found = self.by_name.get("kernel_log")
         return found if isinstance(found, KernelLogCollector) else None
 
     @property
     def previous_boot(self) -> PreviousBootCollector | None:
         """The previous boot's crash check, if on."""
-        found = self.collectors.get("previous_boot")
+        found = self.by_name.get("previous_boot")
         return found if isinstance(found, PreviousBootCollector) else None
 
     def device_readings(self) -> tuple[DeviceReading, ...]:
@@ -169,12 +169,12 @@ class Sources:
         return self.inventory.current.readings
 
     def stages(self) -> list[list[Collector]]:
-        """The sources as the sampler's first stages: the devices (which publish the inventory), then the rest."""
+        """The collectors as the sampler's first stages: the devices (which publish the inventory), then the rest."""
         devices = self.devices
         return [[devices] if devices is not None else [], [c for c in self if c is not devices]]
 
     def __iter__(self) -> Iterator[Collector]:
-        return iter(self.collectors.values())
+        return iter(self.by_name.values())
 
     def close(self) -> None:
         """Release what the collectors hold (file descriptors, channels)."""
@@ -182,21 +182,21 @@ class Sources:
             close(collector)
 
 
-def build_sources(config: Config, persist: bool = True) -> Sources:
-    """The sources this config enables (each choice logged).
+def build_collectors(config: Config, persist: bool = True) -> Collectors:
+    """The collectors this config enables (each choice logged).
 
-    Raises ConfigError when a source's configuration cannot be used (a broken rule file, say).
-    ``persist=False`` (one-shot commands) keeps sources from moving the daemon's saved positions.
+    Raises ConfigError when a collector's configuration cannot be used (a broken rule file, say).
+    ``persist=False`` (one-shot commands) keeps collectors from moving the daemon's saved positions.
     """
     built: dict[str, Collector] = {}
     board = Board()
     notes = []
-    for name, factory in SOURCES.items():
+    for name, factory in COLLECTORS.items():
         collector, note = factory(config, built, board, persist)
         notes.append(note)
         if collector is not None:
             built[name] = collector
-    return Sources(built, notes, board)
+    return Collectors(built, notes, board)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from tpuwatch.hw.units import GIB
 from tpuwatch.kernel_log.collector import event_problems
 from tpuwatch.plugincontext import Context
 from tpuwatch.plugins import PLUGINS
-from tpuwatch.registry import build_plugins, build_sources, close, hooks
+from tpuwatch.registry import build_collectors, build_plugins, close, hooks
 from tpuwatch.sampler import Sampler
 from tpuwatch.store import SeriesStore
 from tpuwatch.units import PATH_WORDS, duration, reading_texts
@@ -29,19 +29,19 @@ from tpuwatch.units import PATH_WORDS, duration, reading_texts
 
 def check_once(config: Config) -> dict[str, Any]:
     """Sample once and judge: the ``tpuwatch check --json`` object (docs: README, Commands)."""
-    sources = build_sources(config, persist=False)
-    host_source = sources.collectors.get("host")
-    plugins, notes = build_plugins(config, Context(sources.inventory, None, getattr(host_source, "pods", None),
+    collectors = build_collectors(config, persist=False)
+    host_collector = collectors.by_name.get("host")
+    plugins, notes = build_plugins(config, Context(collectors.inventory, None, getattr(host_collector, "pods", None),
                                                    persist=False))
     store = SeriesStore(points_per_series=2, max_series=100_000)
-    devices_stage, others = sources.stages()
+    devices_stage, others = collectors.stages()
     sampler = Sampler([devices_stage, [*others, *plugins.values()]], store, config.collector_deadline,
-                      sources.inventory)
+                      collectors.inventory)
     sampler.run_once()
-    devices, kernel_log = sources.devices, sources.kernel_log
-    readings = sources.device_readings()
+    devices, kernel_log = collectors.devices, collectors.kernel_log
+    readings = collectors.device_readings()
     events = kernel_log.recent_events() if kernel_log else []
-    crashed = sources.previous_boot.recent_events() if sources.previous_boot else []
+    crashed = collectors.previous_boot.recent_events() if collectors.previous_boot else []
     problems = (device_problems(readings) + missing_problems(devices) + event_problems(events)
                 + collector_problems(sampler.guards))
     if devices is not None and devices.degraded:
@@ -62,7 +62,7 @@ def check_once(config: Config) -> dict[str, Any]:
     return {
         "status": "unhealthy" if problems else "healthy",
         "backend": devices.backend.name if devices else "none",
-        "notes": sources.notes + notes,
+        "notes": collectors.notes + notes,
         "devices": [{**dataclasses.asdict(r), "proven": {p: at for (chip, p), at in sorted(proven.items())
                                                          if chip == r.device}} for r in readings],
         "host": host,

@@ -104,16 +104,16 @@ class Candidate:
     value: float
 
 
-def parse_rules(text: str, source: str) -> list[Rule]:
-    """Rules from YAML text; ConfigError naming ``source`` and the key path on any problem."""
-    data = yamlfile.load(text, source)
+def parse_rules(text: str, filename: str) -> list[Rule]:
+    """Rules from YAML text; ConfigError naming ``filename`` and the key path on any problem."""
+    data = yamlfile.load(text, filename)
     if isinstance(data, dict) and isinstance(data.get("rules"), list):
         data = {**data, "rules": [_rename_for(r) for r in data["rules"]]}
     try:
         parsed: RuleFile = build(RuleFile, data)
         return parsed.rules
     except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc.path.replace('.for_', '.for')}", exc.reason) from None
+        raise ConfigError(f"{filename}: {exc.path.replace('.for_', '.for')}", exc.reason) from None
 
 
 def _rename_for(rule: object) -> object:

@@ -78,8 +78,8 @@ _FOLLOW_KEYS = {"regex", "keywords", "within", "alone", "same_device", "severity
 class RuleError(ConfigError):
     """A rule file that cannot be used; ``str()`` names the file, the rule and the reason."""
 
-    def __init__(self, source: str, rule: str | None, reason: str) -> None:
-        super().__init__(f"{source}: rule {rule!r}" if rule else source, reason)
+    def __init__(self, filename: str, rule: str | None, reason: str) -> None:
+        super().__init__(f"{filename}: rule {rule!r}" if rule else filename, reason)
 
 
 def load_rules(paths: list[str], required: list[str] | None = None) -> RuleSet:
@@ -104,11 +104,11 @@ def load_rules(paths: list[str], required: list[str] | None = None) -> RuleSet:
     return RuleSet([r for r in rules.values() if r is not None])
 
 
-def _add(rules: dict[str, Rule | None], parsed: list[Rule | str], source: str, shipped: bool) -> None:
+def _add(rules: dict[str, Rule | None], parsed: list[Rule | str], filename: str, shipped: bool) -> None:
     for item in parsed:
         name = item if isinstance(item, str) else item.name
         if shipped and name in rules:
-            raise RuleError(source, name, "duplicate of a shipped rule")
+            raise RuleError(filename, name, "duplicate of a shipped rule")
         rules[name] = None if isinstance(item, str) else item
 
 
@@ -120,35 +120,35 @@ def _read(path: Path) -> str:
         raise RuleError(exc.path, None, exc.reason) from None
 
 
-def parse_rule_file(text: str, source: str) -> list[Rule | str]:
+def parse_rule_file(text: str, filename: str) -> list[Rule | str]:
     """Rules in one YAML file; a disabled rule comes back as its bare name."""
     try:
-        data = yamlfile.load(text, source)
+        data = yamlfile.load(text, filename)
     except ConfigError as exc:
         raise RuleError(exc.path, None, exc.reason) from None
     if not isinstance(data, dict) or set(data) != {"rules"} or not isinstance(data["rules"], list):
-        raise RuleError(source, None, "expected a mapping with one key, rules: a list of rules")
+        raise RuleError(filename, None, "expected a mapping with one key, rules: a list of rules")
     out: list[Rule | str] = []
     names: set[str] = set()
     for index, item in enumerate(data["rules"]):
-        rule = _parse_rule(item, source, index)
+        rule = _parse_rule(item, filename, index)
         name = rule if isinstance(rule, str) else rule.name
         if name in names:
-            raise RuleError(source, name, "defined twice in this file")
+            raise RuleError(filename, name, "defined twice in this file")
         names.add(name)
         out.append(rule)
     return out
 
 
-def _parse_rule(item: Any, source: str, index: int) -> Rule | str:
+def _parse_rule(item: Any, filename: str, index: int) -> Rule | str:
     if not isinstance(item, dict):
-        raise RuleError(source, f"#{index + 1}", "a rule must be a mapping")
+        raise RuleError(filename, f"#{index + 1}", "a rule must be a mapping")
     name = item.get("name")
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise RuleError(source, f"#{index + 1}", "name must be lower_case letters, digits and _")
+        raise RuleError(filename, f"#{index + 1}", "name must be lower_case letters, digits and _")
 
     def fail(reason: str) -> RuleError:
-        return RuleError(source, name, reason)
+        return RuleError(filename, name, reason)
 
     _known(item, _RULE_KEYS, "", fail)
     if item.get("enabled", True) is False:

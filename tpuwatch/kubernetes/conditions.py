@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from tpuwatch.config import ConditionSourceConfig, Config, KubernetesConfig, NodeConditionConfig
+from tpuwatch.config import ConditionAlertConfig, Config, KubernetesConfig, NodeConditionConfig
 from tpuwatch.plugins import PLUGINS
 
 MESSAGE_MAX = 1024
@@ -22,8 +22,8 @@ MESSAGE_MAX = 1024
 RESYNC_S = 10.0
 
 
-def _sources(*pairs: tuple[str, str] | tuple[str, str, str]) -> list[ConditionSourceConfig]:
-    return [ConditionSourceConfig(alert=p[0], reason=p[1], severity=p[2] if len(p) > 2 else None)  # type: ignore[arg-type]
+def _sources(*pairs: tuple[str, str] | tuple[str, str, str]) -> list[ConditionAlertConfig]:
+    return [ConditionAlertConfig(alert=p[0], reason=p[1], severity=p[2] if len(p) > 2 else None)  # type: ignore[arg-type]
             for p in pairs]
 
 

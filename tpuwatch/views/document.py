@@ -1,4 +1,4 @@
-"""The status document: one pure function from the sources to a plain, JSON-ready dict (docs/status.md).
+"""The status document: one pure function from its readers to a plain, JSON-ready dict (docs/status.md).
 
 It is what the page draws, what ``/api/status`` and ``/api/series`` answer, and what ``tpuwatch top`` shows.
 Every list in it is bounded: the chips the backend reports, at most ``MAX_KERNEL_EVENTS`` kernel events,
@@ -21,8 +21,8 @@ from tpuwatch.drills.needs import blocked_drills
 from tpuwatch.plugins import PLUGINS
 from tpuwatch.registry import hooks
 from tpuwatch.samples import Sample
+from tpuwatch.views.readers import StatusReaders
 from tpuwatch.views.series import decimate
-from tpuwatch.views.sources import StatusSources
 from tpuwatch.views.verdict import chip_verdict, worst
 
 VERSION = 1
@@ -41,14 +41,14 @@ def hbm_labels(device: str) -> tuple[tuple[str, str], ...]:
     return (("device", device), ("memory", "hbm"))
 
 
-def build_status(sources: StatusSources, now: float, host: str) -> dict[str, Any]:
-    """The status document of ``host`` at ``now`` (Unix time), read from ``sources``."""
-    readings = sources.readings()
-    current = sources.current()
-    alerts = _sorted_alerts(sources.alerts())
-    events = sources.kernel_events()
-    results = sources.canary()
-    window = sources.window()
+def build_status(readers: StatusReaders, now: float, host: str) -> dict[str, Any]:
+    """The status document of ``host`` at ``now`` (Unix time), read from ``readers``."""
+    readings = readers.readings()
+    current = readers.current()
+    alerts = _sorted_alerts(readers.alerts())
+    events = readers.kernel_events()
+    results = readers.canary()
+    window = readers.window()
     since = now - window
     buckets = max(MIN_BUCKETS, min(MAX_BUCKETS, BUCKET_BUDGET // max(1, len(readings))))
     proven: dict[str, dict[str, float]] = {}
@@ -56,7 +56,7 @@ def build_status(sources: StatusSources, now: float, host: str) -> dict[str, Any
         if s.name == "tpuwatch_canary_last_success_timestamp_seconds":
             labels = dict(s.labels)
             proven.setdefault(labels.get("device", ""), {})[labels.get("path", "")] = s.value
-    chips = [{**_chip(r, sources, alerts, events, results, since, now, buckets), "proven": proven.get(r.device, {})}
+    chips = [{**_chip(r, readers, alerts, events, results, since, now, buckets), "proven": proven.get(r.device, {})}
              for r in readings]
     counts = Counter(c["verdict"]["status"] for c in chips)
     drills = [{**dataclasses.asdict(d), "text": d.sentence()} for d in blocked_drills(current)]
@@ -66,28 +66,28 @@ def build_status(sources: StatusSources, now: float, host: str) -> dict[str, Any
         "tpuwatch": __version__,
         "generated_at": round(now, 3),
         "window_seconds": window,
-        "interval_seconds": sources.interval(),
+        "interval_seconds": readers.interval(),
         "status": worst([*counts, *("warning" for _ in drills)]),
         "counts": {"chips": len(chips), **{level: counts[level] for level in ("ok", "warning", "critical")}},
         "drills": drills,
         "chips": chips,
-        "host_resources": _host(current, sources.leak(_HOST_MEMORY, now), now),
+        "host_resources": _host(current, readers.leak(_HOST_MEMORY, now), now),
         "alerts": alerts[:MAX_ALERTS],
         "alerts_total": len(alerts),
         "kernel_events": [e.to_json() for e in reversed(events[-MAX_KERNEL_EVENTS:])],
         "canary_runs": [{"finished_at": r.finished_at, "path": r.path, "job": r.job, "status": r.status,
                          "reason": r.reason, "wall_seconds": r.wall_seconds}
                         for r in reversed(results[-MAX_CANARY_RUNS:])],
-        "monitor": _monitor(sources.health(), current),
+        "monitor": _monitor(readers.health(), current),
     }
 
 
-def _chip(reading: DeviceReading, sources: StatusSources, alerts: list[dict[str, Any]], events: list[Any],
+def _chip(reading: DeviceReading, readers: StatusReaders, alerts: list[dict[str, Any]], events: list[Any],
           results: list[CanaryResult], since: float, now: float, buckets: int) -> dict[str, Any]:
     device = reading.device
     runs = _canary_runs(device, results)
     latest = next((o for _, o in reversed(runs) if o.status != "skipped"), None)
-    view = sources.leak(hbm_labels(device), since)
+    view = readers.leak(hbm_labels(device), since)
     series_labels = (("device", device),)
     return {
         "device": device,
@@ -102,7 +102,7 @@ def _chip(reading: DeviceReading, sources: StatusSources, alerts: list[dict[str,
                     "duration_seconds": o.duration_seconds,
                     "max_abs_error": o.max_abs_error, "reason": o.reason, "check": o.check}
                    for r, o in reversed(runs[-MAX_CANARY_RUNS:])],
-        "series": {key: decimate(sources.history(name, series_labels), since, now, buckets)
+        "series": {key: decimate(readers.history(name, series_labels), since, now, buckets)
                    for key, name in SERIES.items()},
     }
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from tpuwatch.httpd.protocol import Request, Response, accepts_gzip
 from tpuwatch.views.document import api_series, api_status, build_status
+from tpuwatch.views.readers import StatusReaders
 from tpuwatch.views.render import render_page
-from tpuwatch.views.sources import StatusSources
 from tpuwatch.web import Page
 
 log = logging.getLogger(__name__)
@@ -73,11 +73,11 @@ class _Rendition:
 
 
 class StatusPage:
-    """The status page's routes over ``sources``; ``cycle`` returns when the last sampling cycle ended."""
+    """The status page's routes over ``readers``; ``cycle`` returns when the last sampling cycle ended."""
 
-    def __init__(self, sources: StatusSources, cycle: Callable[[], float | None], host: str | None = None,
+    def __init__(self, readers: StatusReaders, cycle: Callable[[], float | None], host: str | None = None,
                  clock: Callable[[], float] = time.time, after_build: Callable[[], None] = lambda: None) -> None:
-        self.sources = sources
+        self.readers = readers
         self._after_build = after_build  # called once a new rendition replaced the old (the daemon: a malloc trim)
         self._cycle = cycle
         self._host = host or socket.gethostname()
@@ -116,7 +116,7 @@ class StatusPage:
             return fresh
 
     def _build(self, key: float | None) -> _Rendition:
-        return _Rendition(key, build_status(self.sources, self._clock(), self._host))
+        return _Rendition(key, build_status(self.readers, self._clock(), self._host))
 
     def _answer(self, request: Request) -> Response:
         path = request.path

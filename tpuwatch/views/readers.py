@@ -1,4 +1,4 @@
-"""The read-only sources the status document is built from: a few callables, each answering from its part."""
+"""What the status document is built from: a few read-only callables, each answering from its part."""
 
 from __future__ import annotations
 
@@ -24,12 +24,12 @@ def _empty() -> list[Any]:
 
 
 @dataclass(frozen=True)
-class StatusSources:
+class StatusReaders:
     """Where the status document reads from; every callable only reads, and may be called from any thread.
 
     * ``current``: the store's latest samples (``SeriesStore.current``);
     * ``history``: one series' recorded points, oldest first (``SeriesStore.history``);
-    * ``readings``: the latest cycle's reading per chip (the devices' inventory, ``Sources.device_readings``);
+    * ``readings``: the latest cycle's reading per chip (the devices' inventory, ``Collectors.device_readings``);
     * ``window``: seconds of history the store keeps (points per series x interval);
     * ``health``: (healthy, report) as ``/healthz`` answers it, or None where there is no daemon;
     * ``leak``: the leak detector's view of a memory series since a time (``TrendAnalyzer.leak_view``);

@@ -32,7 +32,7 @@ from tpuwatch.schema import ConfigError
 from tpuwatch.units import duration
 from tpuwatch.views import lines as text
 from tpuwatch.views.document import build_status
-from tpuwatch.views.sources import StatusSources
+from tpuwatch.views.readers import StatusReaders
 
 FETCH_TIMEOUT_S = 3.0
 LOCAL_POINTS = 360
@@ -113,22 +113,22 @@ class _Local:
     """One pass of every collector per refresh, into a store of its own (so that sparklines fill up)."""
 
     def __init__(self, config: Config) -> None:
-        from tpuwatch.registry import build_sources
+        from tpuwatch.registry import build_collectors
         from tpuwatch.sampler import Sampler
         from tpuwatch.store import SeriesStore
 
-        sources = build_sources(config, persist=False)
+        collectors = build_collectors(config, persist=False)
         self.store = SeriesStore(LOCAL_POINTS, config.store.max_series)
-        self.sampler = Sampler(sources.stages(), self.store, config.collector_deadline, sources.inventory)
-        kernel_log = sources.kernel_log
-        self.sources = StatusSources(
-            current=self.store.current, history=self.store.history, readings=sources.device_readings,
+        self.sampler = Sampler(collectors.stages(), self.store, config.collector_deadline, collectors.inventory)
+        kernel_log = collectors.kernel_log
+        self.readers = StatusReaders(
+            current=self.store.current, history=self.store.history, readings=collectors.device_readings,
             window=lambda: LOCAL_POINTS * config.interval, health=lambda: None,
             kernel_events=kernel_log.recent_events if kernel_log else list, interval=lambda: config.interval)
 
     def document(self) -> dict[str, Any]:
         self.sampler.run_once()
-        return build_status(self.sources, time.time(), socket.gethostname())
+        return build_status(self.readers, time.time(), socket.gethostname())
 
 
 class _Latest:
