@@ -57,9 +57,9 @@ class YamlError(ConfigError):
     """A YAML file that cannot be used: ``str()`` is ``FILE: line L, column C: reason`` (``FILE: reason``
     where there is no place, as for a file too large)."""
 
-    def __init__(self, source: str, reason: str, line: int | None = None, column: int | None = None) -> None:
-        self.source, self.line, self.column = source, line, column
-        super().__init__(f"{source}: line {line}, column {column}" if line is not None else source, reason)
+    def __init__(self, filename: str, reason: str, line: int | None = None, column: int | None = None) -> None:
+        self.filename, self.line, self.column = filename, line, column
+        super().__init__(f"{filename}: line {line}, column {column}" if line is not None else filename, reason)
 
 
 class _Refused(yaml.MarkedYAMLError):
@@ -190,18 +190,18 @@ else:
     LOADERS.insert(0, _LibyamlLoader)
 
 
-def load(text: str, source: str, loader: type[_Bounded] | None = None) -> Any:
-    """The plain data of one YAML document; YamlError naming ``source`` and the place on any problem.
+def load(text: str, filename: str, loader: type[_Bounded] | None = None) -> Any:
+    """The plain data of one YAML document; YamlError naming ``filename`` and the place on any problem.
 
     ``loader`` is one of LOADERS (tests run each); by default libyaml's parser when PyYAML has it.
     """
     if len(text) > MAX_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
-        raise YamlError(source, f"larger than {MAX_BYTES} bytes (1 MiB)")
+        raise YamlError(filename, f"larger than {MAX_BYTES} bytes (1 MiB)")
     bad = _NOT_PRINTABLE.search(text)
     if bad:
         char = bad.group()
         what = "a NUL byte" if char == "\0" else f"character U+{ord(char):04X}"
-        raise YamlError(source, f"{what} is not allowed in YAML", *_place(text, bad.start()))
+        raise YamlError(filename, f"{what} is not allowed in YAML", *_place(text, bad.start()))
     instance = (loader or LOADERS[0])(text)
     try:
         return instance.get_single_data()
@@ -213,17 +213,17 @@ def load(text: str, source: str, loader: type[_Bounded] | None = None) -> Any:
         if isinstance(exc, (yaml.scanner.ScannerError, yaml.parser.ParserError)):
             reason = f"YAML syntax error: {reason}"
         if mark is None:
-            raise YamlError(source, reason) from None
-        raise YamlError(source, reason, mark.line + 1, mark.column + 1) from None
+            raise YamlError(filename, reason) from None
+        raise YamlError(filename, reason, mark.line + 1, mark.column + 1) from None
     except yaml.YAMLError as exc:  # a reader error the check above did not foresee: no place known
-        raise YamlError(source, f"invalid YAML: {exc}") from None
+        raise YamlError(filename, f"invalid YAML: {exc}") from None
     finally:
         instance.dispose()
 
 
-def read_text(path: str | os.PathLike[str], source: str | None = None) -> str:
+def read_text(path: str | os.PathLike[str], filename: str | None = None) -> str:
     """The text of a regular file or a pipe, at most MAX_BYTES, strict UTF-8; YamlError otherwise."""
-    source = os.fspath(path) if source is None else source
+    filename = os.fspath(path) if filename is None else filename
     try:
         # A pipe (--config /dev/stdin, a named pipe) is opened blocking, so that it is read once its writer comes,
         # not found empty; anything else without blocking, so that a device or a pipe put there meanwhile cannot
@@ -231,33 +231,33 @@ def read_text(path: str | os.PathLike[str], source: str | None = None) -> str:
         pipe = stat.S_ISFIFO(os.stat(path).st_mode)
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (0 if pipe else os.O_NONBLOCK))
     except OSError as exc:
-        raise YamlError(source, f"cannot read: {exc.strerror or exc}") from None
+        raise YamlError(filename, f"cannot read: {exc.strerror or exc}") from None
     except ValueError:  # a NUL byte in the path
-        raise YamlError(source, "cannot read: the path contains a NUL byte") from None
+        raise YamlError(filename, "cannot read: the path contains a NUL byte") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode) and not stat.S_ISFIFO(mode):
         os.close(fd)
-        raise YamlError(source, "cannot read: " + ("is a directory" if stat.S_ISDIR(mode)
+        raise YamlError(filename, "cannot read: " + ("is a directory" if stat.S_ISDIR(mode)
                                                    else "not a regular file or a pipe"))
     with os.fdopen(fd, "rb") as file:
         try:
             data = file.read(MAX_BYTES + 1)
         except OSError as exc:
-            raise YamlError(source, f"cannot read: {exc.strerror or exc}") from None
+            raise YamlError(filename, f"cannot read: {exc.strerror or exc}") from None
     if len(data) > MAX_BYTES:
-        raise YamlError(source, f"larger than {MAX_BYTES} bytes (1 MiB)")
+        raise YamlError(filename, f"larger than {MAX_BYTES} bytes (1 MiB)")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         before = data[:exc.start].decode("utf-8")
-        raise YamlError(source, f"invalid UTF-8 (byte 0x{data[exc.start]:02x})", *_place(before, len(before))) \
+        raise YamlError(filename, f"invalid UTF-8 (byte 0x{data[exc.start]:02x})", *_place(before, len(before))) \
             from None
 
 
-def read(path: str | os.PathLike[str], source: str | None = None) -> Any:
+def read(path: str | os.PathLike[str], filename: str | None = None) -> Any:
     """The plain data of the YAML file at ``path`` (see ``read_text`` and ``load``)."""
-    source = os.fspath(path) if source is None else source
-    return load(read_text(path, source), source)
+    filename = os.fspath(path) if filename is None else filename
+    return load(read_text(path, filename), filename)
 
 
 def _place(text: str, index: int) -> tuple[int, int]:
