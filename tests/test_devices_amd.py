@@ -105,12 +105,12 @@ def test_mi250x_dies_are_two_gpus_each_with_its_own_counts_and_render_node(tmp_p
     assert (first.device_files, second.device_files) == (("dri/renderD128",), ("dri/renderD129",))
     assert first.power_watts == 412.0 and second.power_watts is None, "a die without a power file: absent"
     assert (first.ecc_uncorrected_total, second.ecc_uncorrected_total) == (0.0, 1.0)
-    ras = [(dict(s.labels), s.value) for s in backend.host_samples() if s.value]
+    ras = [(dict(s.labels), s.value) for s in backend.extra_samples() if s.value]
     assert ras == [({"device": "0", "block": "umc", "kind": "corrected"}, 12.0),
                    ({"device": "1", "block": "umc", "kind": "uncorrected"}, 1.0)]
-    kinds = {dict(s.labels)["kind"] for s in backend.host_samples() if dict(s.labels)["block"] == "umc"}
+    kinds = {dict(s.labels)["kind"] for s in backend.extra_samples() if dict(s.labels)["block"] == "umc"}
     assert kinds == {"corrected", "uncorrected", "deferred"}
-    assert {dict(s.labels)["kind"] for s in backend.host_samples() if dict(s.labels)["block"] == "gfx"} == {
+    assert {dict(s.labels)["kind"] for s in backend.extra_samples() if dict(s.labels)["block"] == "gfx"} == {
         "corrected", "uncorrected"}, "deferred only where the block reports it"
 
 
@@ -125,7 +125,7 @@ def test_mi300x_is_a_processing_accelerator_without_an_edge_sensor(tmp_path: Pat
     assert busy.power_watts == 731.0 and busy.utilization_ratio == 1.0
     assert idle.utilization_ratio == 0.0 and idle.memory_used_bytes == 0.0, "a real 0 stays 0"
     assert busy.ecc_uncorrected_total == 0.0, "deferred errors are not uncorrected ones"
-    deferred = [s for s in backend.host_samples() if dict(s.labels)["kind"] == "deferred" and s.value]
+    deferred = [s for s in backend.extra_samples() if dict(s.labels)["kind"] == "deferred" and s.value]
     assert [(dict(s.labels)["device"], dict(s.labels)["block"], s.value) for s in deferred] == [("0", "umc", 2.0)]
 
 

@@ -20,8 +20,8 @@ from fakelibtpu import Runtime, fixture, serving
 from tpuwatch.config import Config, DevicesConfig, HostConfig, Paths, TpuConfig
 from tpuwatch.devices import select_backend
 from tpuwatch.devices.collector import DeviceCollector
-from tpuwatch.devices.pci import discover_tpus, read_hwmon
 from tpuwatch.devices.tpu import TpuBackend
+from tpuwatch.devices.tpu_sysfs import discover_tpus, read_hwmon
 from tpuwatch.health import device_problems
 
 from conftest import free_port, run_cli, wait_until

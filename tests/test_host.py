@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tpuwatch.collectors.host import HostCollector, parse_statm_rss
 from tpuwatch.devices.inventory import Inventory
+from tpuwatch.host.collector import HostCollector, parse_statm_rss
 from tpuwatch.hw.procfs import HolderScan, match_device_file, scan_holders
 
 from conftest import wait_until

@@ -38,13 +38,13 @@ LAYERS: list[tuple[str, set[str]]] = [
      "the receiver types", {"config", "plugins", "catalog", "store", "statedir", "webconfig", "notifiers"}),
     ("pod attribution: cgroups and the kubelet's PodResources API", {"pods"}),
     ("the pipeline's frame: the collector protocol, the guard, the sampler", {"collectors", "sampler"}),
-    ("sources", {"devices", "kernel_log", "canary", "cloud", "jobreports", "plugincontext"}),
+    ("collectors and plugins", {"devices", "host", "kernel_log", "canary", "cloud", "jobreports", "plugincontext"}),
     ("libraries for other programs: the in-job probe (jax)", {"probe"}),
     ("analysis", {"analysis"}),
     ("fire drills: what --simulate changes, what each drill needs, the simulated state and past", {"drills"}),
     ("alerting", {"alerting"}),
     ("actions", {"kubernetes"}),
-    ("what a config builds: the registry of sources, the assembly of parts", {"registry", "assembly"}),
+    ("what a config builds: the registry of collectors, the assembly of parts", {"registry", "assembly"}),
     ("views of the store", {"exporter", "web", "health", "report", "views"}),
     ("the lifecycle and the commands", {"daemon", "cli", "clidoc", "__main__"}),
 ]
@@ -53,12 +53,12 @@ _RANKS = {part: rank for rank, (_, parts) in enumerate(LAYERS) for part in parts
 
 class _Ranks(dict[str, int]):
     """Part -> layer; every plugin's declaration (``cloud.plugin``) in the declarations' layer, and a plugin's
-    folder not listed in LAYERS among the sources."""
+    folder not listed in LAYERS among the collectors and plugins."""
 
     def __missing__(self, part: str) -> int:
         if part.endswith(".plugin"):
             return _RANKS[DECLARATION]
-        if (PACKAGE / part / "plugin.py").is_file():  # a plugin's folder: a source, with no line here
+        if (PACKAGE / part / "plugin.py").is_file():  # a plugin's folder, with no line here
             return _RANKS["devices"]
         raise KeyError(part)
 
@@ -221,7 +221,7 @@ def test_the_bottom_layer_needs_the_standard_library_alone(pattern: str) -> None
 
 
 def test_the_checks_see_a_cycle_and_an_import_up_the_layers() -> None:
-    edges = {"devices": {"collectors": ("tpuwatch.collectors.host", "tpuwatch/devices/tpu.py", 184)},
+    edges = {"devices": {"collectors": ("tpuwatch.collectors.guard", "tpuwatch/devices/tpu.py", 184)},
              "collectors": {"devices": ("tpuwatch.devices", "tpuwatch/collectors/__init__.py", 13)},
              "samples": {"store": ("tpuwatch.store", "tpuwatch/samples.py", 1)},
              "store": {"samples": ("tpuwatch.samples", "tpuwatch/store.py", 10)}}
@@ -229,7 +229,7 @@ def test_the_checks_see_a_cycle_and_an_import_up_the_layers() -> None:
     assert found == [["collectors", "devices", "collectors"], ["samples", "store", "samples"]]
     assert _describe(found[0], edges) == (
         "collectors -> devices (tpuwatch/collectors/__init__.py:13 imports tpuwatch.devices); "
-        "devices -> collectors (tpuwatch/devices/tpu.py:184 imports tpuwatch.collectors.host)")
+        "devices -> collectors (tpuwatch/devices/tpu.py:184 imports tpuwatch.collectors.guard)")
     assert cycles({"a": {"b": ("", "", 0)}, "b": {"c": ("", "", 0)}}) == []
     three = {"a": {"b": ("", "", 0)}, "b": {"c": ("", "", 0)}, "c": {"a": ("", "", 0)}}
     assert cycles(three) == [["a", "b", "c", "a"]]

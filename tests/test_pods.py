@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from fakekubelet import Kubelet, serve
 
-from tpuwatch.collectors.host import HostCollector
 from tpuwatch.devices.base import DeviceReading
 from tpuwatch.devices.inventory import Inventory
+from tpuwatch.host.collector import HostCollector
 from tpuwatch.hw.procfs import HolderScan
 from tpuwatch.pods import PodLookup, PodRef
 from tpuwatch.pods.cgroup import CgroupIdentity, parse_cgroup

@@ -30,13 +30,13 @@ from tpuwatch.canary.collector import CanaryCollector
 from tpuwatch.canary.needs import jax_missing_here
 from tpuwatch.canary.record import record_path
 from tpuwatch.collectors import Collector
-from tpuwatch.collectors.host import HostCollector
 from tpuwatch.config import Config
 from tpuwatch.devices import DeviceBackend, DeviceReading, select_backend
 from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.devices.expected import expect
 from tpuwatch.devices.inventory import Board, Inventory, holder_scan
 from tpuwatch.devices.seen import SeenThisBoot
+from tpuwatch.host.collector import HostCollector
 from tpuwatch.hw.procfs import HolderScan, read_boot_id
 from tpuwatch.kernel_log.attribution import device_lookup
 from tpuwatch.kernel_log.collector import BUDGET_SHARE, KernelLogCollector

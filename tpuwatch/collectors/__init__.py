@@ -1,7 +1,7 @@
 """The bottom of the pipeline: the collector protocol and the guard that runs each collector in isolation.
 
 What is built from a config lives at the top, in ``tpuwatch.registry``; the host collector is in
-``tpuwatch.collectors.host``.
+``tpuwatch.host.collector``.
 """
 
 from tpuwatch.collectors.guard import Collector, CollectorStatus, GuardedCollector

@@ -214,11 +214,11 @@ class AmdBackend:
         self._ras: dict[str, dict[str, dict[str, int]]] = {}  # PCI address -> block -> kind -> last count
         self._holders: Mapping[int, Holder] = {}
         self._logged = Once()
-        self._host_samples: list[Sample] = []
+        self._extra_samples: list[Sample] = []
 
-    def host_samples(self) -> list[Sample]:
+    def extra_samples(self) -> list[Sample]:
         """RAS error counts of the last read per GPU, block and kind (``tpuwatch_device_ras_errors_total``)."""
-        return self._host_samples
+        return self._extra_samples
 
     def read(self) -> list[DeviceReading]:
         """One reading per GPU under sysfs; a lost or unresponsive GPU is reported down."""
@@ -245,7 +245,7 @@ class AmdBackend:
                 readings[gpu.pci] = self._down(gpu, f"unresponsive: {self._current.get(str(root))}: {exc}")
             except GpuLost as exc:
                 readings[gpu.pci] = self._down(gpu, f"GPU is lost ({exc})")
-        self._host_samples = [sample("tpuwatch_device_ras_errors_total", count, device=str(self._indices[pci]),
+        self._extra_samples = [sample("tpuwatch_device_ras_errors_total", count, device=str(self._indices[pci]),
                                      block=block, kind=kind)
                               for pci, reading in readings.items() if reading.up
                               for block, counts in sorted(self._ras.get(pci, {}).items())

@@ -177,7 +177,7 @@ def sources_line(sources: dict[str, str]) -> str:
 class DeviceBackend(Protocol):
     """One kind of accelerator.  ``read()`` returns a reading per chip it can see.
 
-    A backend may also have ``host_samples()``: samples of its last read that
+    A backend may also have ``extra_samples()``: samples of its last read that
     belong to no chip (e.g. megascale latencies the runtime gives per host),
     and ``missing``: a sentence naming what to install to read everything it
     could (the ``tpu`` extra's gRPC client), None when nothing is missing.

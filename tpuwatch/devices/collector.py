@@ -104,8 +104,8 @@ class DeviceCollector:
         out += self._read_error_samples()
         out += [s for r in self.last_readings for s in hang_samples(r, self.pods)]
         out += self._expected_samples()
-        host_samples = getattr(self.backend, "host_samples", None)  # readings the backend ties to no chip
-        return out + list(host_samples()) if host_samples is not None else out
+        extra_samples = getattr(self.backend, "extra_samples", None)  # readings the backend ties to no chip
+        return out + list(extra_samples()) if extra_samples is not None else out
 
     def _holders(self) -> Mapping[int, Holder]:
         """The holders of the chips' device files (and ``host.device_files``), from the cycle's one scan."""

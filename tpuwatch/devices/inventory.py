@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
 
-from tpuwatch.collectors.host import ChipFiles
 from tpuwatch.config import Config
 from tpuwatch.devices.base import DeviceReading
+from tpuwatch.host.collector import ChipFiles
 from tpuwatch.hw.procfs import Holder, HolderScan
 
 log = logging.getLogger(__name__)

@@ -34,9 +34,9 @@ from tpuwatch.config import Config
 from tpuwatch.devices.base import MEGASCALE, DeviceReading, ProcessUse, summary_samples
 from tpuwatch.devices.inventory import holder_scan
 from tpuwatch.devices.libtpu import AddressAnswer, RuntimeClient
-from tpuwatch.devices.pci import TpuChip, discover_tpus, read_driver_state, read_hwmon
 from tpuwatch.devices.procnet import port_owners
 from tpuwatch.devices.runtime import US, Distribution, Folded, fold, merge, summary
+from tpuwatch.devices.tpu_sysfs import TpuChip, discover_tpus, read_driver_state, read_hwmon
 from tpuwatch.devices.tpustatus import fold_status
 from tpuwatch.hw.procfs import Holder
 from tpuwatch.samples import Sample, sample
@@ -83,7 +83,7 @@ class TpuBackend:
         self._port_pids: dict[int, int] = {}  # metrics port -> PID listening on it
         self._scanned: Mapping[int, Holder] | None = None  # the holders the fields above were made from
         self._served: dict[str, int] = {}  # address -> chips it answered for when it last answered
-        self._host_samples: list[Sample] = []
+        self._extra_samples: list[Sample] = []
         if self.runtime.missing is not None:
             log.warning("%s: HBM use, duty cycle and runtime metrics stay absent", self.runtime.missing)
 
@@ -96,10 +96,10 @@ class TpuBackend:
         """Release the runtime client's channels."""
         self.runtime.close()
 
-    def host_samples(self) -> list[Sample]:
+    def extra_samples(self) -> list[Sample]:
         """What the last read's runtime gave for no chip: megascale latencies (device ""), DCN packet counters
         and interconnect error flags."""
-        return self._host_samples
+        return self._extra_samples
 
     def read(self) -> list[DeviceReading]:
         """One reading per chip present under sysfs."""
@@ -120,7 +120,7 @@ class TpuBackend:
                     self.runtime.log_problem(answer.address, metric, problem)
         owners = self._scan_owners(chips, unresolved=any(_port(a) not in self._port_pids for a in folded))
         placed = self._place(runtime, folded, {self._indices[c.pci]: set(c.device_files) for c in chips})
-        self._host_samples = _host_megascale(folded.values()) + _host_interconnect(folded.values())
+        self._extra_samples = _host_megascale(folded.values()) + _host_interconnect(folded.values())
         readings = []
         for chip in chips:
             index = self._indices[chip.pci]
