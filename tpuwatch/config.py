@@ -386,6 +386,11 @@ class Config:
         return cast(_Section, found)
 
     @property
+    def drill(self) -> str | None:
+        """The fire drill this config runs: the simulated chips' scenario, None on real chips."""
+        return self.devices.sim.scenario if self.devices.backend == "sim" else None
+
+    @property
     def collector_deadline(self) -> float:
         """Seconds one collector run may take: collector_timeout, or half the interval up to 5s."""
         return self.collector_timeout if self.collector_timeout is not None else min(5.0, self.interval / 2)

@@ -31,7 +31,7 @@ def _choose(config: Config) -> tuple[MaintenanceCollector | None, str]:
     settings = config.section(MaintenanceConfig)
     first_wait = config.collector_deadline * FIRST_ANSWER_SHARE
     sim = config.devices.sim
-    if config.devices.backend == "sim" and sim.scenario == "maintenance" and settings.cloud != "off":
+    if config.drill == "maintenance" and settings.cloud != "off":
         drill = MaintenanceDrill(sim.fault_after)
         return (MaintenanceCollector(GceWatch(settings, drill.standin.host), first_wait, drill),
                 f"maintenance: drill, a stand-in Compute Engine metadata server at {drill.standin.host} announces "

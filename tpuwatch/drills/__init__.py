@@ -18,7 +18,9 @@ This package holds what the rest of tpuwatch does about drills:
   store at start (``replay``), so that the ``hbm-leak`` drill is judged from
   the first minute.
 
-The scenarios' names are the choices of ``devices.sim.scenario``
-(``tpuwatch.config.SCENARIOS``: the chips' own, then the plugins' drills): the
-config sits below this package, which reads the sources and the analysis.
+The scenarios' names are declarations, as a plugin's are: the choices of
+``devices.sim.scenario`` (``tpuwatch.config.SCENARIOS``: the chips' own, then
+the plugins' drills), checked where the config is, below this package, which
+reads the collectors and the analysis.  Which drill a config runs is
+``Config.drill`` (None on real chips), the one question every part asks.
 """

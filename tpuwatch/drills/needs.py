@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from tpuwatch.canary.needs import canary_unavailable, jax_missing_here
 from tpuwatch.config import Config, Scenario
-from tpuwatch.drills.simulate import is_simulated
 from tpuwatch.plugins import PLUGINS, drill
 from tpuwatch.samples import Sample, sample
 
@@ -66,9 +65,9 @@ class BlockedDrill:
 def blocked_drill(config: Config) -> BlockedDrill | None:
     """The first need of ``config``'s simulated scenario that cannot run here; None on real chips, for a scenario
     that needs nothing more, or when every need can run."""
-    if not is_simulated(config):
+    scenario = config.drill
+    if scenario is None:
         return None
-    scenario = config.devices.sim.scenario
     for need in NEEDS.get(scenario, ()):
         reason = PROBES[need](config)
         if reason is not None:
@@ -101,7 +100,5 @@ def blocked_drills(samples: Iterable[Sample]) -> list[BlockedDrill]:
 
 def not_checked(config: Config) -> list[str]:
     """What ``check`` did not judge for this config: a simulated drill only a daemon's part can see."""
-    if not is_simulated(config):
-        return []
-    why = NOT_CHECKED.get(config.devices.sim.scenario)
+    why = NOT_CHECKED.get(config.drill or "")
     return [why] if why else []

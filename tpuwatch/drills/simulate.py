@@ -24,7 +24,7 @@ DRILL_HANG_AFTER_S = 30.0  # --simulate hung: the hang time, when devices.hang.a
 
 def is_simulated(config: Config) -> bool:
     """True when the chips are simulated (``--simulate`` or ``devices.backend: sim``)."""
-    return config.devices.backend == "sim"
+    return config.drill is not None
 
 
 def simulated(config: Config, scenario: Scenario) -> Config:

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 def start(config: Config) -> subprocess.Popen[bytes] | None:
     """The simulated job for ``config``'s probe-sdc scenario (None for any other scenario)."""
     sim = config.devices.sim
-    if config.devices.backend != "sim" or sim.scenario != "probe-sdc" or sim.device_dir is None:
+    if config.drill != "probe-sdc" or sim.device_dir is None:
         return None
     root = str(Path(tpuwatch.__file__).resolve().parent.parent)
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={sim.count}", "JAX_PLATFORMS": "cpu",
