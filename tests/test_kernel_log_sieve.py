@@ -247,3 +247,16 @@ def test_the_matcher_passes_over_journal_records_of_a_storm_it_is_given() -> Non
     events = stream.feed(records, sieve) + stream.flush()
     assert [m.record.message for m in events if m.record is not None] == [records[50].message]
     assert stream.feed(records[:3]) != []  # without the sieve they are read
+
+
+def test_a_sieve_that_knows_no_storm_passes_nothing_over() -> None:
+    """Under backlog before any storm is learned, the matcher reads a block and journal records as it would
+    without the sieve: every event comes out, nothing is counted as passed over."""
+    text = "\n".join([*_storm_lines(40), OTHERS["same code, other GPU"], *_storm_lines(40, bus="11")]) + "\n"
+    block = Splitter().split(text.encode())
+    records = block.records()
+    for batch in (block, records):
+        plain = [(m.rule, m.pci, m.severity) for m in StreamMatcher(RULES).feed(batch)]
+        sieve = BacklogSieve(RULES)
+        sieved = [(m.rule, m.pci, m.severity) for m in StreamMatcher(RULES).feed(batch, sieve)]
+        assert sieved == plain and len(plain) == 81 and sieve.passed == 0
