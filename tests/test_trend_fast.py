@@ -257,3 +257,20 @@ def test_a_time_to_full_that_hovers_for_minutes_is_not_reported_even_if_it_dips(
     # Over its last four minutes alone, 10.5 -> 9.0 would pass (it fell 1.5 min in 3); over the whole streak the
     # projected full time moved 5 min later in 6: a climb that levels off, not a leak.
     assert not any(reported([10.0, 10.5, 11.0, 10.5, 10.0, 9.5, 9.0]))
+
+
+def test_a_leak_under_two_sawtooths_that_beat_is_paged_10_minutes_before_full_though_the_floors_slow_down() -> None:
+    # Two allocator sawtooths of 2.2 and 2.4 min, 13 % of the chip each, drift in and out of phase every half
+    # hour: over the leak the floors climb fast, then for minutes slower as the troughs part, a bend to the
+    # quadratic; the tops (the high) climb on straight.  A floor that swung by 3 % of the chip before the climb
+    # no longer vetoes alone while the high is due a page (it paged 8 min before full, the floors' bend vetoing
+    # for 10 minutes; now 18).
+    fast, slow = saw(2.2, 0.13), saw(2.4, 0.13)
+    room = (1.0 - 0.3 - 0.85 * 0.26) * CAPACITY
+    points = []
+    for i in range(int((BEFORE + 55 * MINUTE) / STEP)):
+        t = i * STEP
+        extra = fast(t + MINUTE) + slow(t) + room * max(0.0, t - BEFORE) / (40 * MINUTE)
+        points.append((START + t, min(CAPACITY, 0.3 * CAPACITY + extra + jitter(i))))
+    page = first_page(points)
+    assert page is not None and START + BEFORE <= page <= full_at(points) - 10 * MINUTE

@@ -33,7 +33,15 @@ a climb without lag, under a sawtooth too (its teeth's tops).  On each:
   r q/(1-q)); if that is below capacity the climb is a warm-up and vetoes the
   other floors' findings.  No bend: projected straight at its fitted slope.
   While the least bend the fit could tell from noise is over ``bend`` times
-  the slope falling to nothing over the climb, it waits;
+  the slope falling to nothing over the climb, it waits; and a bend that is
+  significant only if the minutes were independent (its error widened by the
+  AR(1) factor of the residuals' lag-one autocorrelation, up to ``max_lag``:
+  a staircase's steps, a tooth's top held) is neither, and waits too.  A
+  floor that swung by ``min_rise`` of the capacity before the climb (a
+  sawtooth it does not see through: it holds troughs, and two sawtooths
+  that beat make it slow down for minutes) vetoes alone only while the high
+  shows no straight climb; against a straight one it is a vote, and none
+  once the high is due a page (the tops fill the chip);
 * projected from the high (the sawtooth's top is what fills the chip), it
   reaches the capacity within ``horizon``, and even at the faster end of the
   slope's confidence interval (``confidence`` standard errors, from the noise
@@ -74,6 +82,7 @@ class FastParams:
     near: float = 960.0
     confidence: float = 2.0
     bend: float = 1.0
+    max_lag: float = 0.8
     onset: float = 0.33
     closing: float = 0.5
     persistence: int = 4
@@ -92,6 +101,7 @@ FIVE = 5  # buckets of the floor between the 3 and 8 min ones (a sawtooth of a 4
 VETO = 0.0  # rising, then falling in the newest third: it has levelled off
 LEVELS = FastFinding(0.0, math.inf)  # a climb that bends and levels off below capacity
 TURNED = FastFinding(0.0, -math.inf)  # a climb whose thirds rose ever slower and fell in the newest
+STEADY = FastFinding(0.0, math.nan)  # a straight climb, not yet due a page
 
 
 class FastCheck:
@@ -156,7 +166,8 @@ class FastCheck:
         need = p.reference + p.longest + 1
         least = p.min_rise * capacity
         finding = None
-        findings = vetoes = 0
+        findings = vetoes = bent = 0
+        steady = False
         precedents: dict[int, float] = {}
         for series, held in ((self._lows, 0), (floors[0], 0), (self._fives, 1), (floors[1], 1), (self._highs, 0)):
             start = len(series) - need
@@ -176,16 +187,27 @@ class FastCheck:
             precedent = precedents[held]
             values = list(series)[start:] if isinstance(series, deque) else list(series[start:])
             found = self._climb(values, precedent, high, capacity, bucket)
-            if found is LEVELS or (found is TURNED and series is self._highs):
-                return None  # a significant bend to below capacity, or the high falling back: a warm-up
-            if found is TURNED:
+            if series is self._highs:
+                if found is LEVELS or found is TURNED:
+                    return None  # the ceiling bends to below capacity, or falls back: a warm-up
+                steady = found is not None
+                if found is not None and found is not STEADY:
+                    bent = 0  # the ceiling is due a page: the swinging floors' bends are troughs held
+            if found is LEVELS and max(values[:p.reference]) - min(values[:p.reference]) < least:
+                return None  # a floor that held still before the climb bends to below capacity: a warm-up
+            if found is LEVELS:
+                bent += 1
+            elif found is TURNED:
                 vetoes += 1
-            elif found is not None:
+            elif found is not None and found is not STEADY:
                 findings += 1
                 finding = finding or found
-        # A floor whose newest third fell back vetoes unless more floors see the climb go on: a floor caught
-        # between two teeth of a sawtooth falls back for a minute.
-        return None if vetoes >= findings else finding
+        if bent and not steady:
+            return None  # a floor bends to below capacity and the ceiling does not climb on: a warm-up
+        # A floor whose newest third fell back, or that bends while the ceiling climbs on straight (a floor holds
+        # a sawtooth's trough or a step for up to its window: flat for minutes, a bend to the quadratic), vetoes
+        # unless more floors see the climb go on.
+        return None if vetoes + bent >= findings else finding
 
     def _climb(self, values: list[float], precedent: float, high: float, capacity: float,
                bucket: float) -> FastFinding | None:
@@ -225,11 +247,21 @@ class FastCheck:
         current = sum(w * y for w, y in zip(fit_b, climb))  # acceleration at the newest floor, per bucket
         curvature = sum(w * y for w, y in zip(fit_c, climb))
         if span > 3:  # what the quadratic leaves unexplained (a staircase's steps, a sawtooth's teeth)
-            squares = sum((y - level - current * t - curvature * t * t) ** 2 for t, y in zip(range(-span, 1), climb))
+            residuals = [y - level - current * t - curvature * t * t for t, y in zip(range(-span, 1), climb)]
+            squares = sum(r * r for r in residuals)
             noise = max(noise, math.sqrt(squares / (span - 2)))
+            # Residuals that follow each other (a staircase's flat steps, a sawtooth's tops held for minutes)
+            # hold fewer independent values than minutes: the bend's standard error grows by the AR(1) factor.
+            lag = sum(a * b for a, b in zip(residuals, residuals[1:])) / squares if squares > 0 else 0.0
+            lag = min(max(lag, 0.0), p.max_lag)
+            inflation = math.sqrt((1.0 + lag) / (1.0 - lag))
+        else:
+            inflation = 1.0
         resolution = p.decelerating * noise * norm_c  # the least curvature told from noise
         if resolution > p.bend * slope * bucket / span:
             return None  # too rough yet to see the climb bend, if it does: wait for a longer one
+        if -resolution * inflation <= curvature < -resolution:
+            return None  # a bend only if the minutes were independent: neither a warm-up's nor a steady climb
         if curvature < -resolution:
             # Slowing down: where does it level off?  Slope falling linearly (s^2 / 2a), or the segment rises
             # shrinking geometrically (r q / (1 - q)); the nearer of the two.
@@ -245,12 +277,12 @@ class FastCheck:
             return None
         eta = max(0.0, (capacity - high) / slope)
         if eta > p.horizon or not math.isfinite(eta):
-            return None
+            return STEADY
         # Only once even the faster end of the slope's confidence interval fills the chip within ``near``: a
         # steady climb is paged as late as its 10 min of lead allow, so that a ramp that stops is seen to stop.
         error = p.confidence * noise * math.sqrt(sum(w * w for w in weights)) / bucket
         if (capacity - high) / (slope + error) > p.near:
-            return None
+            return STEADY
         return FastFinding(slope, eta)
 
 
