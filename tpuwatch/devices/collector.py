@@ -25,6 +25,10 @@ MAX_REMEMBERED_DEVICES = 1024
 MAX_READ_ERROR_SERIES = 1024  # (device, field) pairs counted; past it, new pairs are logged, not counted
 
 
+class LateRead(Exception):
+    """A device read that finished after the first stage was sealed (counted as the collector's failure)."""
+
+
 class DeviceCollector:
     """Collects a backend's chips; a chip seen before and now missing is reported down.
 
@@ -97,8 +101,10 @@ class DeviceCollector:
             if device in self._known or len(self._known) < MAX_REMEMBERED_DEVICES:
                 self._known[device] = reading
         self.last_readings = sorted(readings.values(), key=lambda r: _device_order(r.device))
-        if self.board is not None:
-            self.board.publish(self.last_readings, self._holders())
+        if self.board is not None and not self.board.publish(self.last_readings, self._holders()):
+            # The read outlived its stage: the cycle's later parts went on without it, so its samples must not
+            # reach the store either (a cycle's parts and its /metrics show the same chips).
+            raise LateRead("the read finished after its stage was over: not published")
         out = [s for r in self.last_readings for s in reading_samples(r, self.backend.name)]
         out += [s for r in self.last_readings for s in process_samples(r, self.pods, self.max_processes)]
         out += self._read_error_samples()
