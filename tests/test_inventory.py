@@ -23,8 +23,12 @@ import pytest
 from tpuwatch import config as config_module
 from tpuwatch import registry
 from tpuwatch.assembly import Parts, assemble
+from tpuwatch.collectors import GuardedCollector
+from tpuwatch.config import SimConfig
 from tpuwatch.devices.base import DeviceBackend, DeviceReading
+from tpuwatch.devices.collector import DeviceCollector
 from tpuwatch.devices.inventory import Board
+from tpuwatch.devices.sim import SimBackend
 from tpuwatch.hw.procfs import Holder
 from tpuwatch.samples import Sample
 
@@ -188,3 +192,20 @@ def test_a_read_past_its_stage_publishes_nothing() -> None:
     assert board.current.cycle == 2 and board.current.devices == ("1",)
     with pytest.raises(dataclasses.FrozenInstanceError):
         board.current.readings = ()  # type: ignore[misc]
+
+
+def test_a_read_that_finishes_after_its_stage_stores_nothing_the_cycle_did_not_see() -> None:
+    """A devices read that ends once the first stage is sealed is refused by the board, and fails: its samples
+    would show chips that the cycle's later parts never saw."""
+    board = Board()
+    collector = DeviceCollector(SimBackend(SimConfig(count=2)), board=board)
+    guard = GuardedCollector(collector)
+    board.begin()
+    guard.start()
+    assert guard.finish(time.monotonic() + 30) and [r.device for r in board.current.readings] == ["0", "1"]
+    board.seal()
+    board.begin()
+    board.seal()  # the stage is over before the read
+    guard.start()
+    assert guard.finish(time.monotonic() + 30) is None and guard.status.errors["error"] == 1
+    assert "after its stage" in (guard.status.last_error or "") and board.current.cycle == 1
