@@ -217,7 +217,7 @@ def test_a_gpu_lost_on_the_oldest_process_list_is_reported_lost(nvml: FakeNvml) 
     assert second.up
 
 
-def test_mig_instances_carry_their_memory_and_processes(nvml: FakeNvml) -> None:
+def test_mig_instances_carry_their_memory_and_processes(nvml: FakeNvml, tmp_path: Path) -> None:
     instances: list[dict[str, Any] | None] = [
         {"gpu_instance_id": 3, "compute_instance_id": 0, "uuid": "MIG-a", "memory_used": 1 << 30,
          "memory_total": 10 << 30, "processes": {"compute": [[5001, 1 << 29]]}},
@@ -228,7 +228,7 @@ def test_mig_instances_carry_their_memory_and_processes(nvml: FakeNvml) -> None:
          "memory_total": 20 << 30, "processes": {"compute": []}},
     ]
     nvml.change(0, mig={"current": 1, "pending": 1, "instances": instances}, processes={"compute": []})
-    collector = DeviceCollector(NvidiaBackend(config()))
+    collector = DeviceCollector(NvidiaBackend(config(procfs=str(tmp_path))))  # no such pids: no command
     samples = collector.collect()
     first = collector.last_readings[0]
     assert first.instances == (GpuInstance(3, 1 << 30, 10 << 30), GpuInstance(5, 2 << 30, 20 << 30))
