@@ -11,8 +11,8 @@ allocator sawtooth of a 1-5 min period), then one event at ``event_at``:
   ``under_sawtooth`` (an allocator sawtooth of a 1-6 min period and 3-15 %
   over the leak); ``staircase`` (a step every 0.5 min up to min(6 min, an
   eighth of the time to full)).  The chip is full at the first sample at
-  capacity (at the latest when the drawn time to full has passed: it stays
-  full); the trace ends 5 min later;
+  capacity (at the trace's end if none does, where the trace's highest
+  sample stood far above the leak's start); the trace ends 5 min later;
 * look-alikes, followed for 2 h: ``model_load`` (to 60-90 % within 10-60 s),
   ``second_model`` (a first model of 10-25 % loaded 30 min before, a second loaded in 2-5 steps
   within 0.5-4 min, to 60-90 %), ``warmup`` (a cache that warms up over 10-25
@@ -99,9 +99,9 @@ def generate(kind: str, capacity_gib: int, rng: np.random.Generator,
         if kind == "staircase":
             every = rng.uniform(0.5, min(6.0, to_full / MINUTE / 8)) * MINUTE
             since = np.floor(since / every) * every
-        used = np.where(since >= to_full, capacity, np.minimum(used + room * since / to_full, capacity))
+        used = np.minimum(used + room * since / to_full, capacity)
         full = np.flatnonzero(used >= capacity)
-        full_at = float(t[full[0]])
+        full_at = float(t[full[0]] if full.size else t[-1])
         keep = t <= full_at + 5 * MINUTE
         t, used = t[keep], used[keep]
     elif kind == "model_load":
