@@ -48,6 +48,11 @@ a climb without lag, under a sawtooth too (its teeth's tops).  On each:
   above) within ``near``: the page comes as late as a 10 min lead allows, so
   that a ramp that stops short of full is seen to stop.
 
+A finding is dropped while the raw readings of the last 10 min, their
+allocator's sawtooth set aside, show the climb slowing down to a top below
+capacity (``teeth.py``): the floors under a sawtooth climb in steps and
+cannot show a warm-up's first minutes slowing down; the raw readings can.
+
 A finding on ``persistence`` minutes in a row whose time to full falls by at
 least ``closing`` of the time passed since the streak began (up to ``streak``
 minutes back: the projected full time stays put, as a leak's does; a climb
@@ -63,6 +68,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from itertools import islice
 from typing import Any
+
+from tpuwatch.analysis.teeth import Teeth, TeethParams
 
 
 @dataclass(frozen=True)
@@ -81,12 +88,13 @@ class FastParams:
     horizon: float = 1200.0
     near: float = 960.0
     confidence: float = 2.0
-    bend: float = 1.0
+    bend: float = 1.5
     max_lag: float = 0.8
     onset: float = 0.33
     closing: float = 0.5
     persistence: int = 4
     streak: int = 10
+    teeth: TeethParams = TeethParams()
 
 
 @dataclass(frozen=True)
@@ -107,7 +115,7 @@ STEADY = FastFinding(0.0, math.nan)  # a straight climb, not yet due a page
 class FastCheck:
     """Feed ``close(lows, floors, high, capacity, bucket)`` once per one-minute bucket; it returns a finding or None."""
 
-    __slots__ = ("params", "_window", "_lows", "_fives", "_highs", "_etas")
+    __slots__ = ("params", "_window", "_lows", "_fives", "_highs", "_etas", "_teeth")
 
     def __init__(self, params: FastParams | None = None) -> None:
         self.params = params or FastParams()
@@ -117,6 +125,11 @@ class FastCheck:
         self._fives: deque[float] = deque(maxlen=keep)  # and the second-lowest of the last five buckets'
         self._highs: deque[float] = deque(maxlen=keep)  # and the detector's high (a ceiling that does not lag a climb)
         self._etas: deque[float] = deque(maxlen=max(self.params.persistence, self.params.streak))
+        self._teeth = Teeth(self.params.teeth)
+
+    def sample(self, timestamp: float, value: float) -> None:
+        """One raw reading (for the sawtooth-aware fit, ``teeth.py``); O(1)."""
+        self._teeth.add(timestamp, value)
 
     def close(self, lows: tuple[float, ...], floors: list[Any], high: float, capacity: float | None,
               bucket: float) -> FastFinding | None:
@@ -127,6 +140,8 @@ class FastCheck:
         self._fives.append(sorted(v for low in self._window for v in low)[1] if len(self._window) > 1 else lows[-1])
         self._highs.append(high)
         finding = None if capacity is None or capacity <= 0 else self._find(floors, high, capacity, bucket)
+        if finding is not None and self._teeth.levels_off(high, capacity):
+            finding = None  # on the raw readings, its sawtooth set aside, the climb tops out below capacity
         if finding is None:
             self._etas.clear()
             return None
@@ -144,7 +159,8 @@ class FastCheck:
     def snapshot(self) -> dict[str, Any]:
         """The bounded state, as JSON data."""
         return {"window": [list(lows) for lows in self._window], "lows": list(self._lows),
-                "fives": list(self._fives), "highs": list(self._highs), "etas": list(self._etas)}
+                "fives": list(self._fives), "highs": list(self._highs), "etas": list(self._etas),
+                "teeth": self._teeth.snapshot()}
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Carry on from ``snapshot()`` (into a fresh check); ValueError for a value that is not finite."""
@@ -160,6 +176,7 @@ class FastCheck:
         self._fives.extend(fives)
         self._highs.extend(highs)
         self._etas.extend(etas)
+        self._teeth.restore(snapshot.get("teeth", ()))  # a snapshot from before the raw readings were kept has none
 
     def _find(self, floors: list[Any], high: float, capacity: float, bucket: float) -> FastFinding | None:
         p = self.params

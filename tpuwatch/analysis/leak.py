@@ -47,7 +47,8 @@ growth on a floor when
 Nothing fires before ``min_history`` of data (a full load cycle must be seen).
 
 Every minute the fast-exhaustion check (``fast.py``) also reads the bucket's
-lows and the 3 and 8 min floors: a steady climb that would fill the chip
+lows and the 3 and 8 min floors (and keeps the raw readings of the last 10 min,
+``teeth.py``): a steady climb that would fill the chip
 within 20 min fires at once (critical), with its own slope and time to
 exhaustion, and holds the finding while it lasts.
 Growth found in ``persistence`` of the last ``persistence_of`` analyses fires a
@@ -192,6 +193,8 @@ class LeakDetector:
         """Add one reading (and the series' capacity when known); O(1) except at bucket ends."""
         if timestamp >= self._bucket_end:
             self._close_bucket(timestamp)
+        if self._fast is not None:
+            self._fast.sample(timestamp, value)
         if value < self._lo2:
             if value < self._lo1:
                 self._lo2, self._lo1 = self._lo1, value

@@ -1,0 +1,107 @@
+"""The sawtooth-aware fit (``tpuwatch/analysis/teeth.py``) and the fast check's use of it: a warm-up under an
+allocator's sawtooth, whose floors climb in steps, is seen to level off on the raw readings and does not page; a
+straight climb under the same sawtooth is not."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tpuwatch.analysis.fast import FastParams
+from tpuwatch.analysis.leak import LeakParams
+from tpuwatch.analysis.teeth import Teeth, TeethParams
+
+from test_analysis_fast import BEFORE, CAPACITY, MINUTE, START, STEP, first_page, jitter, sawtooth
+
+
+def climb(minutes: float, rise: float, warmup: bool, period: float, height: float, level: float = 0.3,
+          until: float = 120.0) -> list[tuple[float, float]]:
+    """3 h at ``level`` of the chip under a sawtooth (``height`` of the chip every ``period`` s; 0: none), then a
+    climb of ``rise`` of the chip over ``minutes``: a quadratic ease-out that stops there (``warmup``), or a
+    straight one that goes on (clipped at capacity); ``until`` minutes after it began."""
+    points = []
+    for i in range(int((BEFORE + until * MINUTE) / STEP)):
+        t = i * STEP
+        x = max(t - BEFORE, 0.0) / (minutes * MINUTE)
+        shape = 1.0 - (1.0 - min(x, 1.0)) ** 2 if warmup else x
+        saw = sawtooth(t, period, height) if period else 0.0
+        points.append((START + t, min(CAPACITY, (level + rise * shape) * CAPACITY + saw + jitter(i))))
+    return points
+
+
+def teeth_after(points: list[tuple[float, float]], minutes: float, params: TeethParams | None = None) -> Teeth:
+    teeth = Teeth(params)
+    for t, v in points:
+        if t > START + BEFORE + minutes * MINUTE:
+            break
+        teeth.add(t, v)
+    return teeth
+
+
+def high_of(teeth: Teeth) -> float:
+    return max(v for _, v in teeth.readings())
+
+
+@pytest.mark.parametrize("period", [150.0, 260.0])
+def test_a_warm_up_under_a_sawtooth_levels_off_and_a_straight_climb_under_it_does_not(period: float) -> None:
+    warm = teeth_after(climb(18, 0.45, True, period, 0.1), 9)
+    assert warm.levels_off(high_of(warm), CAPACITY)
+    # A straight climb of the warm-up's first slope (5 % of the chip a minute), at the same minute.
+    leak = teeth_after(climb(18, 0.9, False, period, 0.1), 9)
+    assert not leak.levels_off(high_of(leak), CAPACITY)
+
+
+def test_a_warm_up_without_a_sawtooth_levels_off_too() -> None:
+    warm = teeth_after(climb(18, 0.45, True, 0.0, 0.0), 9)
+    assert warm.levels_off(high_of(warm), CAPACITY)
+    assert not teeth_after(climb(18, 0.9, False, 0.0, 0.0), 9).levels_off(high_of(warm), CAPACITY)
+
+
+def test_a_slowing_climb_that_tops_out_above_capacity_does_not_level_off() -> None:
+    warm = teeth_after(climb(18, 0.45, True, 150.0, 0.1), 9)
+    assert warm.levels_off(high_of(warm), CAPACITY)
+    # It has about 11 % of the chip left to climb: from a high of 95 % its top is past full.
+    assert not warm.levels_off(0.95 * CAPACITY, CAPACITY)
+
+
+def test_too_few_readings_or_no_capacity_say_nothing() -> None:
+    warm = climb(18, 0.45, True, 150.0, 0.1)
+    few = teeth_after(warm[-11:], 200)  # 11 readings
+    assert not few.levels_off(0.5 * CAPACITY, CAPACITY)
+    assert not teeth_after(warm, 9).levels_off(0.5 * CAPACITY, 0.0)
+    assert not Teeth().levels_off(0.5 * CAPACITY, CAPACITY)
+
+
+def test_readings_are_kept_at_most_keep_and_spaced_by_window_over_keep() -> None:
+    teeth = Teeth(TeethParams(window=600.0, keep=120))
+    for i in range(30 * 60):  # one reading a second for 30 min
+        teeth.add(START + i, float(i))
+    kept = teeth.readings()
+    assert len(kept) == 120
+    assert all(b[0] - a[0] >= 5.0 for a, b in zip(kept, kept[1:]))
+    assert kept[-1][0] >= START + 30 * 60 - 6 and kept[0][0] >= START + 30 * 60 - 6 - 119 * 5
+
+
+def test_a_snapshot_restores_the_same_verdict_and_a_bad_one_is_refused() -> None:
+    warm = teeth_after(climb(18, 0.45, True, 260.0, 0.1), 9)
+    again = Teeth()
+    again.restore(warm.snapshot())
+    assert again.readings() == warm.readings()
+    assert again.levels_off(high_of(warm), CAPACITY)
+    with pytest.raises(ValueError):
+        Teeth().restore([[START, math.nan]])
+
+
+def test_the_fast_check_stays_quiet_on_a_warm_up_under_a_sawtooth_that_its_floors_alone_would_page() -> None:
+    warm = climb(18, 0.45, True, 260.0, 0.1)
+    blind = LeakParams(fast=FastParams(teeth=TeethParams(significance=math.inf)))  # the fit never says "levels"
+    assert first_page(warm, blind) is not None
+    assert first_page(warm) is None
+
+
+def test_a_straight_leak_under_the_same_sawtooth_is_still_paged_10_minutes_before_full() -> None:
+    leak = climb(25, 0.6, False, 260.0, 0.1)  # tops full after about 25 min
+    full = next(t for t, v in leak if v >= CAPACITY)
+    page = first_page(leak)
+    assert page is not None and full - page >= 10 * MINUTE

@@ -1,0 +1,161 @@
+"""A climb seen through an allocator's sawtooth, on the raw readings: does it level off below capacity?
+
+The fast check's floors hold a sawtooth's troughs for minutes, so under one
+they climb in steps a period long and cannot show a warm-up slowing down in
+its first minutes.  The raw readings can: between two releases the allocator
+climbs at its own steady rate, and each release falls back onto the climb
+beneath.  Over the last ``window`` seconds of readings this fits, by least
+squares, ``y = a + b t + c t^2 + s tau`` (t in minutes before now, tau the
+minutes since the latest release): the sawtooth's ramps share the slope s,
+its troughs lie on the quadratic.  A release is a fall between two readings
+larger than ``drop_sd`` robust standard deviations of the reading-to-reading
+changes and than ``drop_share`` of the capacity; the readings before the
+first release in the window are left out (their tooth began before it).  With
+no release in the window it is the quadratic alone.
+
+A climb levels off when it decelerates by more than ``significance`` standard
+errors (a straight climb under an allocator whose releases fall between two
+readings leaves the fit a little rough, hence a high bar) while still rising,
+and its top, ``b^2 / 4|c|`` above now, added to the high, stays below
+capacity.  Readings are kept at least ``window / keep`` s apart, at most
+``keep`` of them, in two fixed arrays: bounded whatever the sampling rate.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class TeethParams:
+    """Tuning of the sawtooth-aware fit."""
+
+    window: float = 600.0
+    keep: int = 120
+    drop_sd: float = 5.0
+    drop_share: float = 0.01
+    significance: float = 6.0
+
+
+class Teeth:
+    """Feed ``add(t, value)`` with every reading; ask ``levels_off(high, capacity)``."""
+
+    __slots__ = ("params", "_times", "_values", "_start", "_count")
+
+    def __init__(self, params: TeethParams | None = None) -> None:
+        self.params = params or TeethParams()
+        self._times = array("d", bytes(8 * self.params.keep))
+        self._values = array("d", bytes(8 * self.params.keep))
+        self._start = 0  # the oldest reading's slot
+        self._count = 0
+
+    def add(self, timestamp: float, value: float) -> None:
+        """Keep a reading if it comes at least ``window / keep`` s after the last one kept; O(1)."""
+        keep = self.params.keep
+        if self._count:
+            last = (self._start + self._count - 1) % keep
+            if timestamp - self._times[last] < self.params.window / keep:
+                return
+        if self._count == keep:
+            slot = self._start
+            self._start = (self._start + 1) % keep
+        else:
+            slot = (self._start + self._count) % keep
+            self._count += 1
+        self._times[slot] = timestamp
+        self._values[slot] = value
+
+    def readings(self) -> list[tuple[float, float]]:
+        """The readings kept, oldest first."""
+        keep = self.params.keep
+        return [(self._times[(self._start + i) % keep], self._values[(self._start + i) % keep])
+                for i in range(self._count)]
+
+    def levels_off(self, high: float, capacity: float) -> bool:
+        """True if the climb of the last ``window`` s, its sawtooth set aside, slows down significantly and, from
+        ``high``, tops out below ``capacity``."""
+        p = self.params
+        readings = self.readings()
+        if not readings or capacity <= 0:
+            return False
+        now = readings[-1][0]
+        points = [((t - now) / 60.0, v / capacity) for t, v in readings if t > now - p.window]
+        if len(points) < 12:
+            return False
+        changes = [b - a for (_, a), (_, b) in zip(points, points[1:])]
+        center = _median(changes)
+        spread = 1.4826 * _median([abs(d - center) for d in changes])
+        drop = max(p.drop_sd * spread, p.drop_share)
+        rows: list[tuple[float, ...]] = []
+        release: float | None = None
+        for (t, y), change in zip(points[1:], changes):
+            if change < -drop:
+                release = t
+            if release is None:
+                continue  # its tooth began before the window
+            rows.append((1.0, t, t * t, t - release, y))
+        if release is None:
+            rows = [(1.0, t, t * t, y) for t, y in points]
+        width = len(rows[0]) - 1 if rows else 0
+        if len(rows) < width + 6:
+            return False
+        fit = _least_squares(rows)
+        if fit is None:
+            return False
+        coefficients, variance = fit
+        slope, curvature = coefficients[1], coefficients[2]
+        if slope <= 0 or curvature >= -p.significance * math.sqrt(variance):
+            return False
+        return high + slope * slope / (4.0 * -curvature) * capacity < capacity
+
+    def snapshot(self) -> list[list[float]]:
+        """The readings kept, as JSON data."""
+        return [[t, v] for t, v in self.readings()]
+
+    def restore(self, snapshot: list[Any]) -> None:
+        """Carry on from ``snapshot()`` (into a fresh one); ValueError for a reading that is not finite."""
+        readings = [(float(t), float(v)) for t, v in snapshot]
+        if not all(math.isfinite(t) and math.isfinite(v) for t, v in readings):
+            raise ValueError("a sawtooth reading that is not finite")
+        for t, v in readings[-self.params.keep:]:
+            self.add(t, v)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2.0
+
+
+def _least_squares(rows: list[tuple[float, ...]]) -> tuple[list[float], float] | None:
+    """Rows of (x..., y): the coefficients and the variance of the third one (the curvature); None if singular."""
+    n = len(rows[0]) - 1
+    gram = [[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)]
+    moments = [sum(r[i] * r[n] for r in rows) for i in range(n)]
+    inverse = _invert(gram)
+    if inverse is None:
+        return None
+    coefficients = [sum(inverse[i][j] * moments[j] for j in range(n)) for i in range(n)]
+    residual = sum((r[n] - sum(c * x for c, x in zip(coefficients, r))) ** 2 for r in rows)
+    return coefficients, residual / (len(rows) - n) * inverse[2][2]
+
+
+def _invert(matrix: list[list[float]]) -> list[list[float]] | None:
+    """Gauss-Jordan with partial pivoting; None for a singular matrix."""
+    n = len(matrix)
+    work = [[*row, *(1.0 if i == j else 0.0 for j in range(n))] for i, row in enumerate(matrix)]
+    for column in range(n):
+        pivot = max(range(column, n), key=lambda r: abs(work[r][column]))
+        if abs(work[pivot][column]) < 1e-12 * max(1.0, max(abs(v) for v in matrix[column])):
+            return None
+        work[column], work[pivot] = work[pivot], work[column]
+        lead = work[column][column]
+        work[column] = [v / lead for v in work[column]]
+        for r in range(n):
+            if r != column and work[r][column]:
+                factor = work[r][column]
+                work[r] = [a - factor * b for a, b in zip(work[r], work[column])]
+    return [row[n:] for row in work]
