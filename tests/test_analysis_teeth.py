@@ -52,6 +52,20 @@ def test_a_warm_up_under_a_sawtooth_levels_off_and_a_straight_climb_under_it_doe
     assert not leak.levels_off(high_of(leak), CAPACITY)
 
 
+def two_sawtooths(points: list[tuple[float, float]], period: float, height: float) -> list[tuple[float, float]]:
+    """``points`` under a second allocator's sawtooth, of its own period and height."""
+    return [(t, min(CAPACITY, v + sawtooth(t - START + 37.0, period, height))) for t, v in points]
+
+
+def test_a_warm_up_under_two_sawtooths_levels_off_and_a_straight_climb_under_them_does_not() -> None:
+    """Two allocators release each in its own time: between two releases both climb, so the fit takes each
+    stretch's level out and the sawtooths' climb from what their releases gave back."""
+    warm = teeth_after(two_sawtooths(climb(18, 0.45, True, 150.0, 0.09), 200.0, 0.08), 9)
+    assert warm.levels_off(high_of(warm), CAPACITY)
+    leak = teeth_after(two_sawtooths(climb(18, 0.9, False, 150.0, 0.09), 200.0, 0.08), 9)
+    assert not leak.levels_off(high_of(leak), CAPACITY)
+
+
 def test_a_warm_up_without_a_sawtooth_levels_off_too() -> None:
     warm = teeth_after(climb(18, 0.45, True, 0.0, 0.0), 9)
     assert warm.levels_off(high_of(warm), CAPACITY)

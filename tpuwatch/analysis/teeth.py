@@ -11,7 +11,12 @@ its troughs lie on the quadratic.  A release is a fall between two readings
 larger than ``drop_sd`` robust standard deviations of the reading-to-reading
 changes and than ``drop_share`` of the capacity; the readings before the
 first release in the window are left out (their tooth began before it).  With
-no release in the window it is the quadratic alone.
+no release in the window it is the quadratic alone.  Two allocators, each
+releasing in its own time, do not fit that; with three releases or more the
+fit is also made within the stretches between releases (each stretch's level
+taken out: ``y = e_k + (b + s) t + c t^2``, every sawtooth climbing between
+two releases), the sawtooths' climb s being what their releases gave back
+over the time from the first to the last.  Either fit may say it levels off.
 
 A climb levels off when it decelerates by more than ``significance`` standard
 errors (a straight climb under an allocator whose releases fall between two
@@ -89,27 +94,10 @@ class Teeth:
         center = _median(changes)
         spread = 1.4826 * _median([abs(d - center) for d in changes])
         drop = max(p.drop_sd * spread, p.drop_share)
-        rows: list[tuple[float, ...]] = []
-        release: float | None = None
-        for (t, y), change in zip(points[1:], changes):
-            if change < -drop:
-                release = t
-            if release is None:
-                continue  # its tooth began before the window
-            rows.append((1.0, t, t * t, t - release, y))
-        if release is None:
-            rows = [(1.0, t, t * t, y) for t, y in points]
-        width = len(rows[0]) - 1 if rows else 0
-        if len(rows) < width + 6:
-            return False
-        fit = _least_squares(rows)
-        if fit is None:
-            return False
-        coefficients, variance = fit
-        slope, curvature = coefficients[1], coefficients[2]
-        if slope <= 0 or curvature >= -p.significance * math.sqrt(variance):
-            return False
-        return high + slope * slope / (4.0 * -curvature) * capacity < capacity
+        releases = [i + 1 for i, change in enumerate(changes) if change < -drop]  # the first reading after each
+        room = 1.0 - high / capacity
+        return _one_sawtooth(points, releases, room, p.significance) or (
+            len(releases) >= 3 and _any_sawtooths(points, releases, room, p.significance))
 
     def snapshot(self) -> list[list[float]]:
         """The readings kept, as JSON data."""
@@ -124,14 +112,74 @@ class Teeth:
             self.add(t, v)
 
 
+def _one_sawtooth(points: list[tuple[float, float]], releases: list[int], room: float, significance: float) -> bool:
+    """One sawtooth: ``y = a + b t + c t^2 + s tau`` from the first release on (the quadratic alone without one);
+    True if c is negative by ``significance`` standard errors, b positive, and the top b^2 / 4|c| within ``room``."""
+    if releases:
+        rows = []
+        release, starts = 0.0, set(releases)
+        for i, (t, y) in enumerate(points[releases[0]:], releases[0]):
+            if i in starts:
+                release = t
+            rows.append((1.0, t, t * t, t - release, y))
+    else:
+        rows = [(1.0, t, t * t, y) for t, y in points]
+    if len(rows) < len(rows[0]) - 1 + 6:
+        return False
+    fit = _least_squares(rows)
+    if fit is None:
+        return False
+    (_, slope, curvature, *_), variance = fit
+    return _tops_out(slope, curvature, variance, room, significance)
+
+
+def _any_sawtooths(points: list[tuple[float, float]], releases: list[int], room: float, significance: float) -> bool:
+    """Any number of sawtooths (two allocators, each releasing in its own time): between two releases every one of
+    them climbs at its steady rate, so within each stretch ``y = e_k + (b + s) t + c t^2`` (fitted within the
+    stretches: each stretch's means taken out).  Their climb s is what their releases gave back over the time
+    between the first and the last: b = (b + s) - s; judged as ``_one_sawtooth``."""
+    stretches: list[list[tuple[float, float]]] = []
+    starts = set(releases)
+    for i, point in enumerate(points[releases[0]:], releases[0]):
+        if i in starts:
+            stretches.append([])
+        stretches[-1].append(point)
+    centred = []
+    for stretch in stretches:
+        n = len(stretch)
+        mean_t, mean_t2, mean_y = (sum(f(t, y) for t, y in stretch) / n
+                                   for f in (lambda t, y: t, lambda t, y: t * t, lambda t, y: y))
+        centred += [(t - mean_t, t * t - mean_t2, y - mean_y) for t, y in stretch]
+    freedom = len(centred) - len(stretches) - 2
+    if freedom < 6:
+        return False
+    fit = _least_squares([(1.0, *row) for row in centred], curvature_at=2, offsets=len(stretches) - 1)
+    if fit is None:
+        return False
+    (_, climb, curvature), variance = fit
+    given_back = sum(points[i - 1][1] - points[i][1] for i in releases[1:])
+    ramps = given_back / (points[releases[-1]][0] - points[releases[0]][0])
+    return _tops_out(climb - ramps, curvature, variance, room, significance)
+
+
+def _tops_out(slope: float, curvature: float, variance: float, room: float, significance: float) -> bool:
+    """Rising, slowing down by over ``significance`` standard errors, and topping out (b^2 / 4|c|) within room."""
+    if slope <= 0 or curvature >= -significance * math.sqrt(variance):
+        return False
+    return slope * slope / (4.0 * -curvature) < room
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2.0
 
 
-def _least_squares(rows: list[tuple[float, ...]]) -> tuple[list[float], float] | None:
-    """Rows of (x..., y): the coefficients and the variance of the third one (the curvature); None if singular."""
+def _least_squares(rows: list[tuple[float, ...]], curvature_at: int = 2,
+                   offsets: int = 0) -> tuple[list[float], float] | None:
+    """Rows of (x..., y): the coefficients and the variance of the one at ``curvature_at``; None if singular.
+    ``offsets``: parameters already taken out of the rows (their means, per stretch), which the residual's degrees
+    of freedom count too."""
     n = len(rows[0]) - 1
     gram = [[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)]
     moments = [sum(r[i] * r[n] for r in rows) for i in range(n)]
@@ -140,7 +188,7 @@ def _least_squares(rows: list[tuple[float, ...]]) -> tuple[list[float], float] |
         return None
     coefficients = [sum(inverse[i][j] * moments[j] for j in range(n)) for i in range(n)]
     residual = sum((r[n] - sum(c * x for c, x in zip(coefficients, r))) ** 2 for r in rows)
-    return coefficients, residual / (len(rows) - n) * inverse[2][2]
+    return coefficients, residual / (len(rows) - n - offsets) * inverse[curvature_at][curvature_at]
 
 
 def _invert(matrix: list[list[float]]) -> list[list[float]] | None:
