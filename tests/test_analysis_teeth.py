@@ -4,12 +4,13 @@ straight climb under the same sawtooth is not."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 
 from tpuwatch.analysis.fast import FastParams
-from tpuwatch.analysis.leak import LeakParams
+from tpuwatch.analysis.leak import LeakDetector, LeakParams
 from tpuwatch.analysis.teeth import Teeth, TeethParams
 
 from test_analysis_fast import BEFORE, CAPACITY, MINUTE, START, STEP, first_page, jitter, sawtooth
@@ -103,8 +104,12 @@ def test_a_snapshot_restores_the_same_verdict_and_a_bad_one_is_refused() -> None
     again.restore(warm.snapshot())
     assert again.readings() == warm.readings()
     assert again.levels_off(high_of(warm), CAPACITY)
+    unfit = Teeth()
+    unfit.add(START, math.nan)
     with pytest.raises(ValueError):
-        Teeth().restore([[START, math.nan]])
+        Teeth().restore(unfit.snapshot())
+    with pytest.raises(ValueError):
+        Teeth().restore({"times": warm.snapshot()["times"], "values": unfit.snapshot()["values"]})
 
 
 def test_the_fast_check_stays_quiet_on_a_warm_up_under_a_sawtooth_that_its_floors_alone_would_page() -> None:
@@ -119,3 +124,17 @@ def test_a_straight_leak_under_the_same_sawtooth_is_still_paged_10_minutes_befor
     full = next(t for t, v in leak if v >= CAPACITY)
     page = first_page(leak)
     assert page is not None and full - page >= 10 * MINUTE
+
+
+def test_the_raw_readings_survive_a_restart() -> None:
+    warm = climb(18, 0.45, True, 260.0, 0.1)
+    cut = next(i for i, (t, _) in enumerate(warm) if t >= START + BEFORE + 9 * MINUTE)
+    detector = LeakDetector()
+    for t, v in warm[:cut]:
+        detector.update(t, v, CAPACITY)
+    restored = LeakDetector.restore(json.loads(json.dumps(detector.snapshot())))
+    assert restored._fast is not None and detector._fast is not None
+    assert restored._fast._teeth.readings() == detector._fast._teeth.readings() != []
+    for t, v in warm[cut:]:
+        restored.update(t, v, CAPACITY)
+    assert restored.first_alert_at is None

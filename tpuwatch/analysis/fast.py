@@ -176,7 +176,8 @@ class FastCheck:
         self._fives.extend(fives)
         self._highs.extend(highs)
         self._etas.extend(etas)
-        self._teeth.restore(snapshot.get("teeth", ()))  # a snapshot from before the raw readings were kept has none
+        if snapshot.get("teeth") is not None:  # a snapshot from before the raw readings were kept has none
+            self._teeth.restore(snapshot["teeth"])
 
     def _find(self, floors: list[Any], high: float, capacity: float, bucket: float) -> FastFinding | None:
         p = self.params

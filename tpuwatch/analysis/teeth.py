@@ -33,6 +33,8 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
+from tpuwatch.analysis.floors import pack, unpack
+
 
 @dataclass(frozen=True)
 class TeethParams:
@@ -99,16 +101,22 @@ class Teeth:
         return _one_sawtooth(points, releases, room, p.significance) or (
             len(releases) >= 3 and _any_sawtooths(points, releases, room, p.significance))
 
-    def snapshot(self) -> list[list[float]]:
-        """The readings kept, as JSON data."""
-        return [[t, v] for t, v in self.readings()]
+    def snapshot(self) -> dict[str, str]:
+        """The readings kept, as JSON data (their times and values as packed doubles)."""
+        readings = self.readings()
+        return {"times": pack(memoryview(array("d", [t for t, _ in readings]))),
+                "values": pack(memoryview(array("d", [v for _, v in readings])))}
 
-    def restore(self, snapshot: list[Any]) -> None:
-        """Carry on from ``snapshot()`` (into a fresh one); ValueError for a reading that is not finite."""
-        readings = [(float(t), float(v)) for t, v in snapshot]
-        if not all(math.isfinite(t) and math.isfinite(v) for t, v in readings):
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Carry on from ``snapshot()`` (into a fresh one); ValueError for readings that do not pair up or are not
+        finite."""
+        times, values = unpack(snapshot["times"]), unpack(snapshot["values"])
+        if len(times) != len(values):
+            raise ValueError("the sawtooth readings' times and values differ in number")
+        if not all(math.isfinite(t) and math.isfinite(v) for t, v in zip(times, values)):
             raise ValueError("a sawtooth reading that is not finite")
-        for t, v in readings[-self.params.keep:]:
+        keep = self.params.keep
+        for t, v in zip(times[-keep:], values[-keep:]):
             self.add(t, v)
 
 
