@@ -87,7 +87,7 @@ class FastParams:
     decelerating: float = 3.0
     horizon: float = 1200.0
     near: float = 960.0
-    confidence: float = 2.0
+    confidence: float = 3.0
     bend: float = 1.5
     max_lag: float = 0.8
     onset: float = 0.33
