@@ -138,3 +138,50 @@ def test_the_raw_readings_survive_a_restart() -> None:
     for t, v in warm[cut:]:
         restored.update(t, v, CAPACITY)
     assert restored.first_alert_at is None
+
+
+def parabola(count: int, start: float = 0.0) -> Teeth:
+    """``count`` readings 10 s apart, without noise, on a quadratic warm-up from 30 % climbing 45 % of the chip in
+    18 min, from ``start`` s after it began."""
+    teeth = Teeth()
+    for i in range(count):
+        x = (start + i * STEP) / (18 * MINUTE)
+        teeth.add(START + start + i * STEP, (0.3 + 0.45 * (1 - (1 - x) ** 2)) * CAPACITY)
+    return teeth
+
+
+def test_the_top_is_where_the_parabola_turns_and_twelve_readings_are_the_least_judged() -> None:
+    warm = parabola(61)  # at 10 min, 66.1 % of the chip with 8.9 % still to climb
+    assert warm.levels_off((1 - 0.095) * CAPACITY, CAPACITY)
+    assert not warm.levels_off((1 - 0.085) * CAPACITY, CAPACITY)
+    assert parabola(12).levels_off(0.5 * CAPACITY, CAPACITY)
+    assert not parabola(11).levels_off(0.5 * CAPACITY, CAPACITY)
+
+
+def test_one_release_is_one_tooth_and_gives_no_verdict() -> None:
+    """After a single release the climb of the allocator and the chip's are one slope; a release among the last
+    readings leaves too few to judge."""
+    for at in (30, 58):
+        teeth = parabola(61)
+        shifted = Teeth()
+        for i, (t, v) in enumerate(teeth.readings()):
+            shifted.add(t, v + (0.05 * CAPACITY if i < at else 0.0))  # everything before ``at`` 5 % higher
+        assert not shifted.levels_off(0.5 * CAPACITY, CAPACITY)
+
+
+def test_a_fresh_ring_holds_nothing_and_spaces_its_first_readings_too() -> None:
+    teeth = Teeth(TeethParams(window=600.0, keep=120))
+    assert teeth.readings() == []
+    for i in range(21):
+        teeth.add(START + i, float(i))
+    assert teeth.readings() == [(START + i, float(i)) for i in (0, 5, 10, 15, 20)]
+
+
+def test_an_unfit_snapshot_says_why() -> None:
+    warm = parabola(20)
+    unfit = Teeth()
+    unfit.add(START, math.nan)
+    with pytest.raises(ValueError, match="not finite"):
+        Teeth().restore(unfit.snapshot())
+    with pytest.raises(ValueError, match="differ in number"):
+        Teeth().restore({"times": warm.snapshot()["times"], "values": unfit.snapshot()["values"]})

@@ -122,10 +122,13 @@ class Teeth:
 
 def _one_sawtooth(points: list[tuple[float, float]], releases: list[int], room: float, significance: float) -> bool:
     """One sawtooth: ``y = a + b t + c t^2 + s tau`` from the first release on (the quadratic alone without one);
-    True if c is negative by ``significance`` standard errors, b positive, and the top b^2 / 4|c| within ``room``."""
+    True if c is negative by ``significance`` standard errors, b positive, and the top b^2 / 4|c| within ``room``.
+    After a single release the window holds one tooth, whose climb and the allocator's are one slope: no verdict."""
+    if len(releases) == 1:
+        return False
     if releases:
         rows = []
-        release, starts = 0.0, set(releases)
+        release, starts = points[releases[0]][0], set(releases)
         for i, (t, y) in enumerate(points[releases[0]:], releases[0]):
             if i in starts:
                 release = t
