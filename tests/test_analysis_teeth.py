@@ -8,12 +8,11 @@ import json
 import math
 
 import pytest
+from test_analysis_fast import BEFORE, CAPACITY, MINUTE, START, STEP, first_page, jitter, sawtooth
 
 from tpuwatch.analysis.fast import FastParams
 from tpuwatch.analysis.leak import LeakDetector, LeakParams
 from tpuwatch.analysis.teeth import Teeth, TeethParams
-
-from test_analysis_fast import BEFORE, CAPACITY, MINUTE, START, STEP, first_page, jitter, sawtooth
 
 
 def climb(minutes: float, rise: float, warmup: bool, period: float, height: float, level: float = 0.3,

@@ -139,9 +139,11 @@ class FastCheck:
         self._lows.append(lows[-1])
         self._fives.append(sorted(v for low in self._window for v in low)[1] if len(self._window) > 1 else lows[-1])
         self._highs.append(high)
-        finding = None if capacity is None or capacity <= 0 else self._find(floors, high, capacity, bucket)
-        if finding is not None and self._teeth.levels_off(high, capacity):
-            finding = None  # on the raw readings, its sawtooth set aside, the climb tops out below capacity
+        finding = None
+        if capacity is not None and capacity > 0:
+            finding = self._find(floors, high, capacity, bucket)
+            if finding is not None and self._teeth.levels_off(high, capacity):
+                finding = None  # on the raw readings, its sawtooth set aside, the climb tops out below capacity
         if finding is None:
             self._etas.clear()
             return None

@@ -126,6 +126,7 @@ def _one_sawtooth(points: list[tuple[float, float]], releases: list[int], room: 
     After a single release the window holds one tooth, whose climb and the allocator's are one slope: no verdict."""
     if len(releases) == 1:
         return False
+    rows: list[tuple[float, ...]]
     if releases:
         rows = []
         release, starts = points[releases[0]][0], set(releases)
