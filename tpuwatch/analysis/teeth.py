@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuwatch.analysis.floors import pack, unpack
+from tpuwatch.analysis.robust import median
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,8 @@ class Teeth:
         if len(points) < 12:
             return False
         changes = [b - a for (_, a), (_, b) in zip(points, points[1:])]
-        center = _median(changes)
-        spread = 1.4826 * _median([abs(d - center) for d in changes])
+        center = median(changes)
+        spread = 1.4826 * median([abs(d - center) for d in changes])
         drop = max(p.drop_sd * spread, p.drop_share)
         releases = [i + 1 for i, change in enumerate(changes) if change < -drop]  # the first reading after each
         room = 1.0 - high / capacity
@@ -179,12 +180,6 @@ def _tops_out(slope: float, curvature: float, variance: float, room: float, sign
     if slope <= 0 or curvature >= -significance * math.sqrt(variance):
         return False
     return slope * slope / (4.0 * -curvature) < room
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2.0
 
 
 def _least_squares(rows: list[tuple[float, ...]], curvature_at: int = 2,
