@@ -17,7 +17,9 @@ allocator sawtooth of a 1-5 min period), then one event at ``event_at``:
   ``second_model`` (a first model of 10-25 % loaded 30 min before, a second loaded in 2-5 steps
   within 0.5-4 min, to 60-90 %), ``warmup`` (a cache that warms up over 10-25
   min and levels off at 50-85 %: exponential, quadratic, cubic or square-root
-  ease-out) and ``warmup_sawtooth`` (the same under an allocator sawtooth).
+  ease-out), ``warmup_sawtooth`` (the same under an allocator sawtooth) and
+  ``warmup_steps`` (the same taken in steps of 0.5-3 min: a cache that grows
+  in chunks).
 
 1 % of samples are missed.  A leak is scored by its lead: the time from the
 first page (``first_alert_at``, the daemon's and ``tpuwatch analyze``'s) to
@@ -41,7 +43,7 @@ STEP_S = 10.0
 CAPACITIES_GIB = (16, 32, 95)
 SPEEDS = ((20, 30), (30, 45), (45, 60), (60, 90), (90, 120))  # minutes to full
 FAST_LEAKS = ("linear", "under_sawtooth", "staircase")
-LOOK_ALIKES = ("model_load", "second_model", "warmup", "warmup_sawtooth")
+LOOK_ALIKES = ("model_load", "second_model", "warmup", "warmup_sawtooth", "warmup_steps")
 EASE_OUT = ("exponential", "quadratic", "cubic", "sqrt")
 REQUIRED_LEAD_MIN = 10.0
 
@@ -115,11 +117,15 @@ def generate(kind: str, capacity_gib: int, rng: np.random.Generator,
         used += np.where(t >= event_at - 30 * MINUTE, first, 0.0)
         used += (level - first - base) * np.minimum(np.floor(since / (within / steps)) + 1, steps) / steps \
             * (t >= event_at)
-    elif kind in ("warmup", "warmup_sawtooth"):
+    elif kind in ("warmup", "warmup_sawtooth", "warmup_steps"):
         if kind == "warmup_sawtooth":
             used += _sawtooth(rng, t, capacity, 5)
         level = rng.uniform(0.5, 0.85) * capacity - float(used[t < event_at].max())
-        used += max(level, 0.05 * capacity) * _ease_out(rng, since / (rng.uniform(10, 25) * MINUTE))
+        within = rng.uniform(10, 25) * MINUTE
+        if kind == "warmup_steps":  # the cache grows in chunks: its ease-out taken in steps of 0.5-3 min
+            every = rng.uniform(0.5, 3) * MINUTE
+            since = np.ceil(since / every) * every
+        used += max(level, 0.05 * capacity) * _ease_out(rng, since / within)
     used = np.clip(used, 0, capacity)
     keep = rng.random(t.size) > 0.01
     epoch = 1_700_000_000.0 + float(rng.integers(0, 10**6)) * STEP_S
