@@ -1,6 +1,6 @@
 """The sawtooth-aware fit (``tpuwatch/analysis/teeth.py``) and the fast check's use of it: a warm-up under an
-allocator's sawtooth, whose floors climb in steps, is seen to level off on the raw readings and does not page; a
-straight climb under the same sawtooth is not."""
+allocator's sawtooth or in steps, whose floors climb in steps, is seen to level off on the raw readings and does not
+page; a straight climb under the same sawtooth or in the same steps is not."""
 
 from __future__ import annotations
 
@@ -16,14 +16,16 @@ from tpuwatch.analysis.teeth import Teeth, TeethParams
 
 
 def climb(minutes: float, rise: float, warmup: bool, period: float, height: float, level: float = 0.3,
-          until: float = 120.0) -> list[tuple[float, float]]:
+          until: float = 120.0, every: float = 0.0) -> list[tuple[float, float]]:
     """3 h at ``level`` of the chip under a sawtooth (``height`` of the chip every ``period`` s; 0: none), then a
     climb of ``rise`` of the chip over ``minutes``: a quadratic ease-out that stops there (``warmup``), or a
-    straight one that goes on (clipped at capacity); ``until`` minutes after it began."""
+    straight one that goes on (clipped at capacity); ``until`` minutes after it began; in steps ``every`` s apart
+    (0: none)."""
     points = []
     for i in range(int((BEFORE + until * MINUTE) / STEP)):
         t = i * STEP
-        x = max(t - BEFORE, 0.0) / (minutes * MINUTE)
+        since = max(t - BEFORE, 0.0)
+        x = (math.ceil(since / every) * every if every else since) / (minutes * MINUTE)
         shape = 1.0 - (1.0 - min(x, 1.0)) ** 2 if warmup else x
         saw = sawtooth(t, period, height) if period else 0.0
         points.append((START + t, min(CAPACITY, (level + rise * shape) * CAPACITY + saw + jitter(i))))
@@ -70,6 +72,16 @@ def test_a_warm_up_without_a_sawtooth_levels_off_too() -> None:
     warm = teeth_after(climb(18, 0.45, True, 0.0, 0.0), 9)
     assert warm.levels_off(high_of(warm), CAPACITY)
     assert not teeth_after(climb(18, 0.9, False, 0.0, 0.0), 9).levels_off(high_of(warm), CAPACITY)
+
+
+@pytest.mark.parametrize("every", [60.0, 90.0, 120.0])
+def test_a_warm_up_in_steps_levels_off_and_a_staircase_leak_does_not(every: float) -> None:
+    """A cache that grows in chunks: its steps are breaks as a sawtooth's releases are, and the climb between them
+    (flat) is set aside the same way; the steps' levels slow down, a staircase leak's do not."""
+    warm = teeth_after(climb(18, 0.45, True, 0.0, 0.0, every=every), 8)
+    assert warm.levels_off(high_of(warm), CAPACITY)
+    leak = teeth_after(climb(18, 0.9, False, 0.0, 0.0, every=every), 8)
+    assert not leak.levels_off(high_of(leak), CAPACITY)
 
 
 def test_a_slowing_climb_that_tops_out_above_capacity_does_not_level_off() -> None:
@@ -120,6 +132,20 @@ def test_the_fast_check_stays_quiet_on_a_warm_up_under_a_sawtooth_that_its_floor
 
 def test_a_straight_leak_under_the_same_sawtooth_is_still_paged_10_minutes_before_full() -> None:
     leak = climb(25, 0.6, False, 260.0, 0.1)  # tops full after about 25 min
+    full = next(t for t, v in leak if v >= CAPACITY)
+    page = first_page(leak)
+    assert page is not None and full - page >= 10 * MINUTE
+
+
+@pytest.mark.parametrize("every", [90.0, 120.0])
+def test_the_fast_check_stays_quiet_on_a_warm_up_in_steps_and_pages_a_staircase_leak_in_time(every: float) -> None:
+    """From 30 % to 90 % of the chip in 25 min in steps: the floors alone page it; seen on the raw readings, its
+    steps slow down.  A staircase of the same steps that goes on is paged 10 min before full."""
+    warm = climb(25, 0.6, True, 0.0, 0.0, every=every)
+    blind = LeakParams(fast=FastParams(teeth=TeethParams(significance=math.inf)))
+    assert first_page(warm, blind) is not None
+    assert first_page(warm) is None
+    leak = climb(25, 0.6, False, 0.0, 0.0, every=every)
     full = next(t for t, v in leak if v >= CAPACITY)
     page = first_page(leak)
     assert page is not None and full - page >= 10 * MINUTE

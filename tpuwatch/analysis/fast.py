@@ -49,9 +49,10 @@ a climb without lag, under a sawtooth too (its teeth's tops).  On each:
   that a ramp that stops short of full is seen to stop.
 
 A finding is dropped while the raw readings of the last 10 min, their
-allocator's sawtooth set aside, show the climb slowing down to a top below
-capacity (``teeth.py``): the floors under a sawtooth climb in steps and
-cannot show a warm-up's first minutes slowing down; the raw readings can.
+allocator's sawtooth or a staircase's steps set aside, show the climb slowing
+down to a top below capacity (``teeth.py``): the floors under a sawtooth
+climb in steps and cannot show a warm-up's first minutes slowing down; the
+raw readings can.
 
 A finding on ``persistence`` minutes in a row whose time to full falls by at
 least ``closing`` of the time passed since the streak began (up to ``streak``

@@ -1,22 +1,25 @@
-"""A climb seen through an allocator's sawtooth, on the raw readings: does it level off below capacity?
+"""A climb seen through an allocator's sawtooth or a staircase, on the raw readings: does it level off?
 
 The fast check's floors hold a sawtooth's troughs for minutes, so under one
 they climb in steps a period long and cannot show a warm-up slowing down in
-its first minutes.  The raw readings can: between two releases the allocator
-climbs at its own steady rate, and each release falls back onto the climb
-beneath.  Over the last ``window`` seconds of readings this fits, by least
-squares, ``y = a + b t + c t^2 + s tau`` (t in minutes before now, tau the
-minutes since the latest release): the sawtooth's ramps share the slope s,
-its troughs lie on the quadratic.  A release is a fall between two readings
-larger than ``drop_sd`` robust standard deviations of the reading-to-reading
-changes and than ``drop_share`` of the capacity; the readings before the
-first release in the window are left out (their tooth began before it).  With
-no release in the window it is the quadratic alone.  Two allocators, each
-releasing in its own time, do not fit that; with three releases or more the
-fit is also made within the stretches between releases (each stretch's level
-taken out: ``y = e_k + (b + s) t + c t^2``, every sawtooth climbing between
-two releases), the sawtooths' climb s being what their releases gave back
-over the time from the first to the last.  Either fit may say it levels off.
+its first minutes; a cache that grows in chunks climbs in steps too.  The raw
+readings can: between two breaks (a sawtooth's release, a staircase's step)
+the series climbs at one steady rate (the allocator's ramp, a step's flat),
+and each break falls or jumps back onto the climb beneath.  Over the last
+``window`` seconds of readings this fits, by least squares,
+``y = a + b t + c t^2 + s tau`` (t in minutes before now, tau the minutes
+since the latest break): the ramps or flats share the slope s, the troughs or
+steps lie on the quadratic.  A break is a change between two readings that
+departs from their median change by more than ``drop_sd`` robust standard
+deviations of the changes and than ``drop_share`` of the capacity, downward
+(a release) or upward (a step); the readings before the first break in the
+window are left out (their tooth or step began before it).  With no break in
+the window it is the quadratic alone.  Two allocators, each releasing in its
+own time, do not fit that; with three breaks or more the fit is also made
+within the stretches between breaks (each stretch's level taken out:
+``y = e_k + (b + s) t + c t^2``), s being what the breaks gave back (a
+release) or added (a step) over the time from the first to the last.  Either
+fit may say it levels off.
 
 A climb levels off when it decelerates by more than ``significance`` standard
 errors (a straight climb under an allocator whose releases fall between two
@@ -97,10 +100,11 @@ class Teeth:
         center = median(changes)
         spread = 1.4826 * median([abs(d - center) for d in changes])
         drop = max(p.drop_sd * spread, p.drop_share)
-        releases = [i + 1 for i, change in enumerate(changes) if change < -drop]  # the first reading after each
+        breaks = [i + 1 for i, change in enumerate(changes)  # the first reading after each
+                  if change < -drop or change - center > drop]
         room = 1.0 - high / capacity
-        return _one_sawtooth(points, releases, room, p.significance) or (
-            len(releases) >= 3 and _any_sawtooths(points, releases, room, p.significance))
+        return _one_sawtooth(points, breaks, room, p.significance) or (
+            len(breaks) >= 3 and _any_sawtooths(points, breaks, room, p.significance))
 
     def snapshot(self) -> dict[str, str]:
         """The readings kept, as JSON data (their times and values as packed doubles)."""
@@ -121,20 +125,21 @@ class Teeth:
             self.add(t, v)
 
 
-def _one_sawtooth(points: list[tuple[float, float]], releases: list[int], room: float, significance: float) -> bool:
-    """One sawtooth: ``y = a + b t + c t^2 + s tau`` from the first release on (the quadratic alone without one);
-    True if c is negative by ``significance`` standard errors, b positive, and the top b^2 / 4|c| within ``room``.
-    After a single release the window holds one tooth, whose climb and the allocator's are one slope: no verdict."""
-    if len(releases) == 1:
+def _one_sawtooth(points: list[tuple[float, float]], breaks: list[int], room: float, significance: float) -> bool:
+    """One sawtooth or staircase: ``y = a + b t + c t^2 + s tau`` from the first break on (the quadratic alone
+    without one); True if c is negative by ``significance`` standard errors, b positive, and the top b^2 / 4|c|
+    within ``room``.  After a single break the window holds one tooth or step, whose climb and the allocator's are
+    one slope: no verdict."""
+    if len(breaks) == 1:
         return False
     rows: list[tuple[float, ...]]
-    if releases:
+    if breaks:
         rows = []
-        release, starts = points[releases[0]][0], set(releases)
-        for i, (t, y) in enumerate(points[releases[0]:], releases[0]):
+        latest, starts = points[breaks[0]][0], set(breaks)
+        for i, (t, y) in enumerate(points[breaks[0]:], breaks[0]):
             if i in starts:
-                release = t
-            rows.append((1.0, t, t * t, t - release, y))
+                latest = t
+            rows.append((1.0, t, t * t, t - latest, y))
     else:
         rows = [(1.0, t, t * t, y) for t, y in points]
     if len(rows) < len(rows[0]) - 1 + 6:
@@ -146,14 +151,15 @@ def _one_sawtooth(points: list[tuple[float, float]], releases: list[int], room: 
     return _tops_out(slope, curvature, variance, room, significance)
 
 
-def _any_sawtooths(points: list[tuple[float, float]], releases: list[int], room: float, significance: float) -> bool:
-    """Any number of sawtooths (two allocators, each releasing in its own time): between two releases every one of
-    them climbs at its steady rate, so within each stretch ``y = e_k + (b + s) t + c t^2`` (fitted within the
-    stretches: each stretch's means taken out).  Their climb s is what their releases gave back over the time
-    between the first and the last: b = (b + s) - s; judged as ``_one_sawtooth``."""
+def _any_sawtooths(points: list[tuple[float, float]], breaks: list[int], room: float, significance: float) -> bool:
+    """Any number of sawtooths (two allocators, each releasing in its own time) or steps: between two breaks every
+    one of them climbs at its steady rate, so within each stretch ``y = e_k + (b + s) t + c t^2`` (fitted within
+    the stretches: each stretch's means taken out).  Their climb s is what the breaks gave back (a release) or
+    added (a step, counted negative) over the time between the first and the last: b = (b + s) - s; judged as
+    ``_one_sawtooth``."""
     stretches: list[list[tuple[float, float]]] = []
-    starts = set(releases)
-    for i, point in enumerate(points[releases[0]:], releases[0]):
+    starts = set(breaks)
+    for i, point in enumerate(points[breaks[0]:], breaks[0]):
         if i in starts:
             stretches.append([])
         stretches[-1].append(point)
@@ -170,8 +176,8 @@ def _any_sawtooths(points: list[tuple[float, float]], releases: list[int], room:
     if fit is None:
         return False
     (_, climb, curvature), variance = fit
-    given_back = sum(points[i - 1][1] - points[i][1] for i in releases[1:])
-    ramps = given_back / (points[releases[-1]][0] - points[releases[0]][0])
+    given_back = sum(points[i - 1][1] - points[i][1] for i in breaks[1:])
+    ramps = given_back / (points[breaks[-1]][0] - points[breaks[0]][0])
     return _tops_out(climb - ramps, curvature, variance, room, significance)
 
 
