@@ -84,6 +84,44 @@ def test_a_warm_up_in_steps_levels_off_and_a_staircase_leak_does_not(every: floa
     assert not leak.levels_off(high_of(leak), CAPACITY)
 
 
+@pytest.mark.parametrize(("every", "period"), [(60.0, 150.0), (120.0, 260.0)])
+def test_a_warm_up_in_steps_under_a_sawtooth_levels_off_by_its_shrinking_steps(every: float, period: float) -> None:
+    """Steps and releases both break the climb; between them it is straight (flats, ramps), so neither fit sees a
+    bend.  The steps' sizes do: a warm-up's shrink, a staircase leak's do not."""
+    warm = climb(18, 0.45, True, period, 0.1, every=every)
+    assert teeth_after(warm, 9).levels_off(high_of(teeth_after(warm, 9)), CAPACITY)
+    blind = teeth_after(warm, 9, TeethParams(step_significance=math.inf))
+    assert not blind.levels_off(high_of(blind), CAPACITY)
+    leak = teeth_after(climb(18, 0.9, False, period, 0.1, every=every), 9)
+    assert not leak.levels_off(high_of(leak), CAPACITY)
+
+
+def test_a_staircase_leak_of_uneven_steps_does_not_level_off() -> None:
+    """Chunks of 0.6-1.4 times the mean size, each minute: the sizes scatter, their trend does not fall."""
+    sizes = [1.4, 0.6, 1.1, 0.9, 1.3, 0.7, 1.0, 0.8, 1.2, 1.0]
+    teeth = Teeth()
+    level = 0.3
+    for i in range(61):
+        if i and i % 6 == 0:
+            level += 0.03 * sizes[(i // 6) % len(sizes)]
+        teeth.add(START + i * STEP, (level + 0.001 * math.sin(i * 1.7)) * CAPACITY)
+    assert not teeth.levels_off(level * CAPACITY, CAPACITY)
+
+
+def test_shrinking_steps_are_projected_to_where_they_stop() -> None:
+    """Steps of 5, 4, 3 and 2 % of the chip 2 min apart, the newest now: shrinking 0.5 % a minute, a^2 / 2|d| a
+    minute of steps, one step in two minutes, is 2 % still to come (the newest step counted again: a top a little
+    high, never low)."""
+    teeth = Teeth(TeethParams(significance=math.inf))  # the steps' sizes alone
+    level = 0.3
+    for i in range(61):
+        if i in (24, 36, 48, 60):
+            level += (5 - (i - 24) // 12) / 100.0
+        teeth.add(START + i * STEP, level * CAPACITY)
+    assert teeth.levels_off((1 - 0.021) * CAPACITY, CAPACITY)
+    assert not teeth.levels_off((1 - 0.019) * CAPACITY, CAPACITY)
+
+
 def test_a_slowing_climb_that_tops_out_above_capacity_does_not_level_off() -> None:
     warm = teeth_after(climb(18, 0.45, True, 150.0, 0.1), 9)
     assert warm.levels_off(high_of(warm), CAPACITY)
@@ -142,7 +180,7 @@ def test_the_fast_check_stays_quiet_on_a_warm_up_in_steps_and_pages_a_staircase_
     """From 30 % to 90 % of the chip in 25 min in steps: the floors alone page it; seen on the raw readings, its
     steps slow down.  A staircase of the same steps that goes on is paged 10 min before full."""
     warm = climb(25, 0.6, True, 0.0, 0.0, every=every)
-    blind = LeakParams(fast=FastParams(teeth=TeethParams(significance=math.inf)))
+    blind = LeakParams(fast=FastParams(teeth=TeethParams(significance=math.inf, step_significance=math.inf)))
     assert first_page(warm, blind) is not None
     assert first_page(warm) is None
     leak = climb(25, 0.6, False, 0.0, 0.0, every=every)

@@ -19,7 +19,9 @@ own time, do not fit that; with three breaks or more the fit is also made
 within the stretches between breaks (each stretch's level taken out:
 ``y = e_k + (b + s) t + c t^2``), s being what the breaks gave back (a
 release) or added (a step) over the time from the first to the last.  Either
-fit may say it levels off.
+fit may say it levels off.  A staircase also levels off when its steps shrink
+(``_steps_shrink``): a cache warming up in chunks, under a sawtooth or not,
+whose flats and ramps between breaks hide the bend from both fits.
 
 A climb levels off when it decelerates by more than ``significance`` standard
 errors (a straight climb under an allocator whose releases fall between two
@@ -49,6 +51,8 @@ class TeethParams:
     drop_sd: float = 5.0
     drop_share: float = 0.01
     significance: float = 6.0
+    steps: int = 4
+    step_significance: float = 4.0
 
 
 class Teeth:
@@ -103,6 +107,9 @@ class Teeth:
         breaks = [i + 1 for i, change in enumerate(changes)  # the first reading after each
                   if change < -drop or change - center > drop]
         room = 1.0 - high / capacity
+        steps = [i for i in breaks if changes[i - 1] - center > drop]
+        if len(steps) >= p.steps and _steps_shrink(points, steps, room, p.step_significance, spread):
+            return True
         return _one_sawtooth(points, breaks, room, p.significance) or (
             len(breaks) >= 3 and _any_sawtooths(points, breaks, room, p.significance))
 
@@ -179,6 +186,33 @@ def _any_sawtooths(points: list[tuple[float, float]], breaks: list[int], room: f
     given_back = sum(points[i - 1][1] - points[i][1] for i in breaks[1:])
     ramps = given_back / (points[breaks[-1]][0] - points[breaks[0]][0])
     return _tops_out(climb - ramps, curvature, variance, room, significance)
+
+
+def _steps_shrink(points: list[tuple[float, float]], steps: list[int], room: float, significance: float,
+                  spread: float) -> bool:
+    """A staircase's steps (``steps``: the first reading after each), each the climb of one interval: a cache
+    warming up in chunks takes ever smaller ones, a leak's stay the same size on average (under a sawtooth too,
+    where the fits above see no bend: the flats and ramps between breaks are straight).  Fits size = a + d t (t in
+    minutes before now); its noise is the larger of the residuals' and one step's own (two readings': sqrt(2) times
+    ``spread``, the changes' robust standard deviation).  True if d is negative by ``significance`` standard errors
+    and the steps still to come, a^2 / 2|d| a minute of steps at their median interval, fit within ``room``."""
+    times = [points[i][0] for i in steps]
+    sizes = [points[i][1] - points[i - 1][1] for i in steps]
+    n = len(times)
+    mean_t, mean_s = sum(times) / n, sum(sizes) / n
+    spread_t = sum((t - mean_t) ** 2 for t in times)
+    if spread_t <= 0:
+        return False
+    shrink = sum((t - mean_t) * (y - mean_s) for t, y in zip(times, sizes)) / spread_t
+    now = mean_s - shrink * mean_t
+    residual = sum((y - now - shrink * t) ** 2 for t, y in zip(times, sizes))
+    noise = max(math.sqrt(residual / max(n - 2, 1)), math.sqrt(2.0) * spread)
+    if shrink >= -significance * noise / math.sqrt(spread_t):
+        return False
+    if now <= 0:
+        return True  # the steps have shrunk to nothing
+    every = median([b - a for a, b in zip(times, times[1:])])
+    return now * now / (2.0 * -shrink) / every < room
 
 
 def _tops_out(slope: float, curvature: float, variance: float, room: float, significance: float) -> bool:
