@@ -10,7 +10,9 @@ allocator sawtooth of a 1-5 min period), then one event at ``event_at``:
 * leaks that fill the chip in 20-120 min (``SPEEDS`` bins): ``linear``;
   ``under_sawtooth`` (an allocator sawtooth of a 1-6 min period and 3-15 %
   over the leak); ``staircase`` (a step every 0.5 min up to min(6 min, an
-  eighth of the time to full)).  The chip is full at the first sample at
+  eighth of the time to full)); ``uneven_staircase`` (the same, each step
+  0.3-1.7 times the mean size and 0.7-1.3 intervals after the last: requests
+  of many sizes).  The chip is full at the first sample at
   capacity (at the trace's end if none does, where the trace's highest
   sample stood far above the leak's start); the trace ends 5 min later;
 * look-alikes, followed for 2 h: ``model_load`` (to 60-90 % within 10-60 s),
@@ -42,7 +44,7 @@ MINUTE = 60.0
 STEP_S = 10.0
 CAPACITIES_GIB = (16, 32, 95)
 SPEEDS = ((20, 30), (30, 45), (45, 60), (60, 90), (90, 120))  # minutes to full
-FAST_LEAKS = ("linear", "under_sawtooth", "staircase")
+FAST_LEAKS = ("linear", "under_sawtooth", "staircase", "uneven_staircase")
 LOOK_ALIKES = ("model_load", "second_model", "warmup", "warmup_sawtooth", "warmup_steps")
 EASE_OUT = ("exponential", "quadratic", "cubic", "sqrt")
 REQUIRED_LEAD_MIN = 10.0
@@ -101,6 +103,12 @@ def generate(kind: str, capacity_gib: int, rng: np.random.Generator,
         if kind == "staircase":
             every = rng.uniform(0.5, min(6.0, to_full / MINUTE / 8)) * MINUTE
             since = np.floor(since / every) * every
+        if kind == "uneven_staircase":  # chunks of 0.3-1.7 times the mean, each 0.7-1.3 intervals after the last
+            every = rng.uniform(0.5, min(6.0, to_full / MINUTE / 8)) * MINUTE
+            count = int(after / every) + 2
+            stepped_at = np.cumsum(rng.uniform(0.7, 1.3, count) * every)
+            sizes = np.concatenate([[0.0], np.cumsum(rng.uniform(0.3, 1.7, count) * every)])
+            since = sizes[np.searchsorted(stepped_at, since, side="right")]
         used = np.minimum(used + room * since / to_full, capacity)
         full = np.flatnonzero(used >= capacity)
         full_at = float(t[full[0]] if full.size else t[-1])
@@ -136,7 +144,7 @@ def generate(kind: str, capacity_gib: int, rng: np.random.Generator,
 def traces(per_cell: int, seed: int) -> Iterator[FastTrace]:
     """``per_cell`` traces of every leak kind, speed and capacity, and of every look-alike and capacity."""
     rng = np.random.default_rng(seed)
-    for kind in FAST_LEAKS:
+    for kind in FAST_LEAKS[:-1]:
         for speed in SPEEDS:
             for capacity in CAPACITIES_GIB:
                 for _ in range(per_cell):
@@ -145,6 +153,10 @@ def traces(per_cell: int, seed: int) -> Iterator[FastTrace]:
         for capacity in CAPACITIES_GIB:
             for _ in range(per_cell * len(SPEEDS)):
                 yield generate(kind, capacity, rng)
+    for speed in SPEEDS:  # drawn last, so that the traces before them are as they were before it was added
+        for capacity in CAPACITIES_GIB:
+            for _ in range(per_cell):
+                yield generate(FAST_LEAKS[-1], capacity, rng, speed)
 
 
 def first_alert(trace: FastTrace, params: LeakParams | None = None) -> float | None:

@@ -93,3 +93,19 @@ def test_a_leaking_staircase_that_steps_every_few_minutes_still_pages() -> None:
     full = next(t for t, v in points if v >= CAPACITY)
     page = first_page(points)
     assert page is not None and full - page >= 10 * MINUTE
+
+
+def test_an_uneven_staircase_is_projected_from_its_high_plus_its_largest_step() -> None:
+    """Chunks of 1.6 and 0.4 times the mean every 90 s under a 200 s sawtooth: the chip fills at the big step
+    that crosses capacity, a step's time before a straight line through the steps says.  Projected from the high
+    alone, the page came 10.8 min before full; with the step, 13.8."""
+    rate = 0.6 / 26  # of the chip a minute: 30 % to 90 %, then the sawtooth's 10 % on top
+    points = []
+    for i in range(int((BEFORE + 60 * MINUTE) / STEP)):
+        t = i * STEP
+        steps = int(max(0.0, t - BEFORE) // 90.0)
+        climbed = sum((1.6, 0.4)[k % 2] for k in range(steps)) * rate * 1.5
+        points.append((START + t, min(CAPACITY, (0.3 + climbed) * CAPACITY + sawtooth(t, 200.0, 0.1) + jitter(i))))
+    full = next(t for t, v in points if v >= CAPACITY)
+    page = first_page(points)
+    assert page is not None and full - page >= 12.5 * MINUTE

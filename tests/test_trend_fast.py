@@ -240,7 +240,7 @@ class Scripted(FastCheck):
 
     def _find(self, floors, high, capacity, bucket):  # type: ignore[no-untyped-def]
         eta = next(self.script)
-        return None if eta is None else FastFinding(1.0, eta * MINUTE)
+        return None if eta is None else FastFinding(1.0, eta * MINUTE, eta * MINUTE)
 
 
 def reported(etas: Sequence[float | None]) -> list[bool]:

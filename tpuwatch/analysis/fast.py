@@ -42,7 +42,12 @@ a climb without lag, under a sawtooth too (its teeth's tops).  On each:
   that beat make it slow down for minutes) vetoes alone only while the high
   shows no straight climb; against a straight one it is a vote, and none
   once the high is due a page (the tops fill the chip);
-* projected from the high (the sawtooth's top is what fills the chip), it
+* projected from the high (the sawtooth's top is what fills the chip), raised
+  by the largest one-minute rise the high took during the climb less a
+  minute's climb at the slope, at most half the room (a staircase fills the
+  chip at the step that crosses capacity, a step's time sooner than a
+  straight line through its steps; a smooth climb's rises are its slope, and
+  add nothing), it
   reaches the capacity within ``horizon``, and even at the faster end of the
   slope's confidence interval (``confidence`` standard errors, from the noise
   above) within ``near``: the page comes as late as a 10 min lead allows, so
@@ -54,7 +59,9 @@ down to a top below capacity (``teeth.py``): the floors under a sawtooth
 climb in steps and cannot show a warm-up's first minutes slowing down; the
 raw readings can.
 
-A finding on ``persistence`` minutes in a row whose time to full falls by at
+A finding on ``persistence`` minutes in a row whose time to full (projected
+straight from the high: the largest step, which changes as steps come, set
+aside) falls by at
 least ``closing`` of the time passed since the streak began (up to ``streak``
 minutes back: the projected full time stays put, as a leak's does; a climb
 that levels off pushes it away, and one whose time to full hovers for minutes
@@ -67,7 +74,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import islice
+from itertools import islice, pairwise
 from typing import Any
 
 from tpuwatch.analysis.teeth import Teeth, TeethParams
@@ -100,17 +107,19 @@ class FastParams:
 
 @dataclass(frozen=True)
 class FastFinding:
-    """A climb that would fill the chip: its slope (bytes/s) and the time until it does (s)."""
+    """A climb that would fill the chip: its slope (bytes/s), the time until it does (s) and, for the persistence
+    test, the straight projection's time until it does (s; a staircase's next step set aside)."""
 
     slope: float
     eta: float
+    track: float
 
 
 FIVE = 5  # buckets of the floor between the 3 and 8 min ones (a sawtooth of a 4-5 min period)
 VETO = 0.0  # rising, then falling in the newest third: it has levelled off
-LEVELS = FastFinding(0.0, math.inf)  # a climb that bends and levels off below capacity
-TURNED = FastFinding(0.0, -math.inf)  # a climb whose thirds rose ever slower and fell in the newest
-STEADY = FastFinding(0.0, math.nan)  # a straight climb, not yet due a page
+LEVELS = FastFinding(0.0, math.inf, math.inf)  # a climb that bends and levels off below capacity
+TURNED = FastFinding(0.0, -math.inf, -math.inf)  # a climb whose thirds rose ever slower and fell in the newest
+STEADY = FastFinding(0.0, math.nan, math.nan)  # a straight climb, not yet due a page
 
 
 class FastCheck:
@@ -148,7 +157,7 @@ class FastCheck:
         if finding is None:
             self._etas.clear()
             return None
-        self._etas.append(finding.eta)
+        self._etas.append(finding.track)
         # A leak's projected full time stays put while it is watched (its ETA falls a minute a minute); a climb
         # that levels off pushes it away.  Judged over the whole streak (up to ``streak`` minutes), not only
         # the last ``persistence``: a warm-up whose ETA hovers for minutes has not closed in.
@@ -190,6 +199,7 @@ class FastCheck:
         findings = vetoes = bent = 0
         steady = False
         precedents: dict[int, float] = {}
+        rises = [b - a for a, b in pairwise(islice(self._highs, max(0, len(self._highs) - p.longest - 1), None))]
         for series, held in ((self._lows, 0), (floors[0], 0), (self._fives, 1), (floors[1], 1), (self._highs, 0)):
             start = len(series) - need
             if start < 0:
@@ -207,7 +217,7 @@ class FastCheck:
                 precedents[held] = _precedent(history[max(0, end - p.memory):end], least)
             precedent = precedents[held]
             values = list(series)[start:] if isinstance(series, deque) else list(series[start:])
-            found = self._climb(values, precedent, high, capacity, bucket)
+            found = self._climb(values, precedent, high, rises, capacity, bucket)
             if series is self._highs:
                 if found is LEVELS or found is TURNED:
                     return None  # the ceiling bends to below capacity, or falls back: a warm-up
@@ -230,11 +240,12 @@ class FastCheck:
         # unless more floors see the climb go on.
         return None if vetoes + bent >= findings else finding
 
-    def _climb(self, values: list[float], precedent: float, high: float, capacity: float,
+    def _climb(self, values: list[float], precedent: float, high: float, rises: list[float], capacity: float,
                bucket: float) -> FastFinding | None:
         """The climb of one floor since it left the range of its reference, judged; ``values`` hold the reference
         then the newest ``longest`` + 1 floors; ``precedent`` is the height the allocator has climbed to and
-        released from before (``_precedent``)."""
+        released from before (``_precedent``); ``rises`` the high's one-bucket rises over the newest ``longest``
+        buckets."""
         p = self.params
         now = values[-1]
         reference = values[:p.reference]
@@ -296,15 +307,19 @@ class FastCheck:
             weights = fit_m
         if slope <= 0:
             return None
-        eta = max(0.0, (capacity - high) / slope)
+        # A staircase is full at the step that crosses capacity: project from the high plus its largest step (at
+        # most half the room: a model load within the climb is no step to come).
+        step = max(0.0, max(rises[-span:], default=0.0) - slope * bucket)
+        room = max(0.0, capacity - high - min(step, 0.5 * (capacity - high)))
+        eta = room / slope
         if eta > p.horizon or not math.isfinite(eta):
             return STEADY
         # Only once even the faster end of the slope's confidence interval fills the chip within ``near``: a
         # steady climb is paged as late as its 10 min of lead allow, so that a ramp that stops is seen to stop.
         error = p.confidence * noise * math.sqrt(sum(w * w for w in weights)) / bucket
-        if (capacity - high) / (slope + error) > p.near:
+        if room / (slope + error) > p.near:
             return STEADY
-        return FastFinding(slope, eta)
+        return FastFinding(slope, eta, max(0.0, capacity - high) / slope)
 
 
 def _precedent(values: list[float], tolerance: float) -> float:
