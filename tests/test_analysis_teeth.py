@@ -122,6 +122,31 @@ def test_shrinking_steps_are_projected_to_where_they_stop() -> None:
     assert not teeth.levels_off((1 - 0.019) * CAPACITY, CAPACITY)
 
 
+def steps_of(sizes: list[float], at: list[int]) -> Teeth:
+    """61 readings 10 s apart at 30 % of the chip, without noise, stepping up by ``sizes`` (% of the chip) at the
+    readings ``at``; judged on the steps' sizes alone."""
+    teeth = Teeth(TeethParams(significance=math.inf))
+    level = 0.3
+    for i in range(61):
+        if i in at:
+            level += sizes[at.index(i)] / 100.0
+        teeth.add(START + i * STEP, level * CAPACITY)
+    return teeth
+
+
+def test_shrinking_steps_are_judged_against_their_own_scatter() -> None:
+    """Four steps 2 min apart shrinking by about 1.2 % each: by 5.7 standard errors of their scatter when they
+    scatter a little (it levels off), by 3.4 when they scatter more (no verdict)."""
+    at = [24, 36, 48, 60]
+    assert steps_of([5.4, 3.6, 3.3, 1.7], at).levels_off(0.5 * CAPACITY, CAPACITY)
+    assert not steps_of([5.7, 3.3, 3.6, 1.4], at).levels_off(0.5 * CAPACITY, CAPACITY)
+
+
+def test_steps_that_shrank_to_nothing_have_levelled_off() -> None:
+    """Steps of 4, 3, 2 and 1 % a minute apart, the last 4 min ago: at their trend, the next would be nothing."""
+    assert steps_of([4.0, 3.0, 2.0, 1.0], [12, 18, 24, 30]).levels_off(0.99 * CAPACITY, CAPACITY)
+
+
 def test_a_slowing_climb_that_tops_out_above_capacity_does_not_level_off() -> None:
     warm = teeth_after(climb(18, 0.45, True, 150.0, 0.1), 9)
     assert warm.levels_off(high_of(warm), CAPACITY)

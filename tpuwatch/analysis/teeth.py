@@ -200,9 +200,7 @@ def _steps_shrink(points: list[tuple[float, float]], steps: list[int], room: flo
     sizes = [points[i][1] - points[i - 1][1] for i in steps]
     n = len(times)
     mean_t, mean_s = sum(times) / n, sum(sizes) / n
-    spread_t = sum((t - mean_t) ** 2 for t in times)
-    if spread_t <= 0:
-        return False
+    spread_t = sum((t - mean_t) ** 2 for t in times)  # > 0: the steps are at distinct readings
     shrink = sum((t - mean_t) * (y - mean_s) for t, y in zip(times, sizes)) / spread_t
     now = mean_s - shrink * mean_t
     residual = sum((y - now - shrink * t) ** 2 for t, y in zip(times, sizes))
