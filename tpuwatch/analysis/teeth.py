@@ -179,7 +179,7 @@ def _any_sawtooths(points: list[tuple[float, float]], breaks: list[int], room: f
     freedom = len(centred) - len(stretches) - 2
     if freedom < 6:
         return False
-    fit = _least_squares([(1.0, *row) for row in centred], curvature_at=2, offsets=len(stretches) - 1)
+    fit = _least_squares([(1.0, *row) for row in centred], variance_of=2, offsets=len(stretches) - 1)
     if fit is None:
         return False
     (_, climb, curvature), variance = fit
@@ -197,15 +197,13 @@ def _steps_shrink(points: list[tuple[float, float]], steps: list[int], room: flo
     ``spread``, the changes' robust standard deviation).  True if d is negative by ``significance`` standard errors
     and the steps still to come, a^2 / 2|d| a minute of steps at their median interval, fit within ``room``."""
     times = [points[i][0] for i in steps]
-    sizes = [points[i][1] - points[i - 1][1] for i in steps]
-    n = len(times)
-    mean_t, mean_s = sum(times) / n, sum(sizes) / n
-    spread_t = sum((t - mean_t) ** 2 for t in times)  # > 0: the steps are at distinct readings
-    shrink = sum((t - mean_t) * (y - mean_s) for t, y in zip(times, sizes)) / spread_t
-    now = mean_s - shrink * mean_t
-    residual = sum((y - now - shrink * t) ** 2 for t, y in zip(times, sizes))
-    noise = max(math.sqrt(residual / max(n - 2, 1)), math.sqrt(2.0) * spread)
-    if shrink >= -significance * noise / math.sqrt(spread_t):
+    fit = _least_squares([(1.0, t, points[i][1] - points[i - 1][1]) for t, i in zip(times, steps)], variance_of=1)
+    if fit is None:
+        return False
+    (now, shrink), variance = fit
+    mean_t = sum(times) / len(times)
+    floor = 2.0 * spread * spread / sum((t - mean_t) ** 2 for t in times)  # a step's own noise, on the slope
+    if shrink >= -significance * math.sqrt(max(variance, floor)):
         return False
     if now <= 0:
         return True  # the steps have shrunk to nothing
@@ -220,9 +218,9 @@ def _tops_out(slope: float, curvature: float, variance: float, room: float, sign
     return slope * slope / (4.0 * -curvature) < room
 
 
-def _least_squares(rows: list[tuple[float, ...]], curvature_at: int = 2,
+def _least_squares(rows: list[tuple[float, ...]], variance_of: int = 2,
                    offsets: int = 0) -> tuple[list[float], float] | None:
-    """Rows of (x..., y): the coefficients and the variance of the one at ``curvature_at``; None if singular.
+    """Rows of (x..., y): the coefficients and the variance of the one at ``variance_of``; None if singular.
     ``offsets``: parameters already taken out of the rows (their means, per stretch), which the residual's degrees
     of freedom count too."""
     n = len(rows[0]) - 1
@@ -233,7 +231,7 @@ def _least_squares(rows: list[tuple[float, ...]], curvature_at: int = 2,
         return None
     coefficients = [sum(inverse[i][j] * moments[j] for j in range(n)) for i in range(n)]
     residual = sum((r[n] - sum(c * x for c, x in zip(coefficients, r))) ** 2 for r in rows)
-    return coefficients, residual / (len(rows) - n - offsets) * inverse[curvature_at][curvature_at]
+    return coefficients, residual / (len(rows) - n - offsets) * inverse[variance_of][variance_of]
 
 
 def _invert(matrix: list[list[float]]) -> list[list[float]] | None:
