@@ -152,7 +152,8 @@ def test_kmsg_state_of_another_boot_is_ignored(tmp_path: Path) -> None:
 def test_kmsg_is_read_by_a_thread_of_its_own_into_a_bounded_queue(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """Started, the source reads the ring as records come, whether or not anyone asks for them; past its bound it
-    stops reading (the kernel keeps the rest in its ring) and goes on once records are handed out: none is lost."""
+    stops reading (the kernel keeps the rest in its ring) and goes on once records are handed out: none of the
+    test's is lost."""
     monkeypatch.setattr(sources, "KMSG_QUEUE_BYTES", 400)
     tag = f"tpuwatch-test-{uuid.uuid4().hex[:12]}"
     source = KmsgSource(KMSG, tmp_path / "kmsg.json", read_boot_id(), lookback=0.0)
@@ -167,7 +168,9 @@ def test_kmsg_is_read_by_a_thread_of_its_own_into_a_bounded_queue(tmp_path: Path
         got: list[str] = []
         wait_until(lambda: got.extend(m for m in _messages(records_of(source.read())) if m.startswith(tag))
                    or len(got) == 30, what="every record, as the queue drains")
-        assert got == [f"{tag}: record {i:02d}" for i in range(30)] and source.lost == 0
+        # Ours all came, in order. The host's ring is shared (tests running beside this one write long records to
+        # it): while the reader waits, the ring may overwrite others' records, which ``lost`` counts.
+        assert got == [f"{tag}: record {i:02d}" for i in range(30)]
     finally:
         source.close()
     assert not thread.is_alive()
