@@ -44,7 +44,8 @@ MINUTE = 60.0
 STEP_S = 10.0
 CAPACITIES_GIB = (16, 32, 95)
 SPEEDS = ((20, 30), (30, 45), (45, 60), (60, 90), (90, 120))  # minutes to full
-FAST_LEAKS = ("linear", "under_sawtooth", "staircase", "uneven_staircase")
+FAST_LEAKS = ("linear", "under_sawtooth", "staircase")
+ADDED_LEAKS = ("uneven_staircase",)  # drawn after the look-alikes, so that the traces before them stay as they were
 LOOK_ALIKES = ("model_load", "second_model", "warmup", "warmup_sawtooth", "warmup_steps")
 EASE_OUT = ("exponential", "quadratic", "cubic", "sqrt")
 REQUIRED_LEAD_MIN = 10.0
@@ -94,7 +95,7 @@ def generate(kind: str, capacity_gib: int, rng: np.random.Generator,
     if rng.integers(2):
         used += _sawtooth(rng, t, capacity, 5)
     full_at = None
-    if kind in FAST_LEAKS:
+    if kind in FAST_LEAKS + ADDED_LEAKS:
         assert speed is not None
         if kind == "under_sawtooth":
             used += _sawtooth(rng, t, capacity, 6)
@@ -144,7 +145,7 @@ def generate(kind: str, capacity_gib: int, rng: np.random.Generator,
 def traces(per_cell: int, seed: int) -> Iterator[FastTrace]:
     """``per_cell`` traces of every leak kind, speed and capacity, and of every look-alike and capacity."""
     rng = np.random.default_rng(seed)
-    for kind in FAST_LEAKS[:-1]:
+    for kind in FAST_LEAKS:
         for speed in SPEEDS:
             for capacity in CAPACITIES_GIB:
                 for _ in range(per_cell):
@@ -153,10 +154,11 @@ def traces(per_cell: int, seed: int) -> Iterator[FastTrace]:
         for capacity in CAPACITIES_GIB:
             for _ in range(per_cell * len(SPEEDS)):
                 yield generate(kind, capacity, rng)
-    for speed in SPEEDS:  # drawn last, so that the traces before them are as they were before it was added
-        for capacity in CAPACITIES_GIB:
-            for _ in range(per_cell):
-                yield generate(FAST_LEAKS[-1], capacity, rng, speed)
+    for kind in ADDED_LEAKS:
+        for speed in SPEEDS:
+            for capacity in CAPACITIES_GIB:
+                for _ in range(per_cell):
+                    yield generate(kind, capacity, rng, speed)
 
 
 def first_alert(trace: FastTrace, params: LeakParams | None = None) -> float | None:

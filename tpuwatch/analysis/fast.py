@@ -199,7 +199,6 @@ class FastCheck:
         findings = vetoes = bent = 0
         steady = False
         precedents: dict[int, float] = {}
-        rises = [b - a for a, b in pairwise(islice(self._highs, max(0, len(self._highs) - p.longest - 1), None))]
         for series, held in ((self._lows, 0), (floors[0], 0), (self._fives, 1), (floors[1], 1), (self._highs, 0)):
             start = len(series) - need
             if start < 0:
@@ -217,7 +216,7 @@ class FastCheck:
                 precedents[held] = _precedent(history[max(0, end - p.memory):end], least)
             precedent = precedents[held]
             values = list(series)[start:] if isinstance(series, deque) else list(series[start:])
-            found = self._climb(values, precedent, high, rises, capacity, bucket)
+            found = self._climb(values, precedent, high, capacity, bucket)
             if series is self._highs:
                 if found is LEVELS or found is TURNED:
                     return None  # the ceiling bends to below capacity, or falls back: a warm-up
@@ -240,12 +239,11 @@ class FastCheck:
         # unless more floors see the climb go on.
         return None if vetoes + bent >= findings else finding
 
-    def _climb(self, values: list[float], precedent: float, high: float, rises: list[float], capacity: float,
+    def _climb(self, values: list[float], precedent: float, high: float, capacity: float,
                bucket: float) -> FastFinding | None:
         """The climb of one floor since it left the range of its reference, judged; ``values`` hold the reference
         then the newest ``longest`` + 1 floors; ``precedent`` is the height the allocator has climbed to and
-        released from before (``_precedent``); ``rises`` the high's one-bucket rises over the newest ``longest``
-        buckets."""
+        released from before (``_precedent``)."""
         p = self.params
         now = values[-1]
         reference = values[:p.reference]
@@ -309,7 +307,8 @@ class FastCheck:
             return None
         # A staircase is full at the step that crosses capacity: project from the high plus its largest step (at
         # most half the room: a model load within the climb is no step to come).
-        step = max(0.0, max(rises[-span:], default=0.0) - slope * bucket)
+        highs = islice(self._highs, max(0, len(self._highs) - span - 1), None)
+        step = max(0.0, max((b - a for a, b in pairwise(highs)), default=0.0) - slope * bucket)
         room = max(0.0, capacity - high - min(step, 0.5 * (capacity - high)))
         eta = room / slope
         if eta > p.horizon or not math.isfinite(eta):

@@ -173,8 +173,9 @@ def _any_sawtooths(points: list[tuple[float, float]], breaks: list[int], room: f
     centred = []
     for stretch in stretches:
         n = len(stretch)
-        mean_t, mean_t2, mean_y = (sum(f(t, y) for t, y in stretch) / n
-                                   for f in (lambda t, y: t, lambda t, y: t * t, lambda t, y: y))
+        mean_t = sum(t for t, _ in stretch) / n
+        mean_t2 = sum(t * t for t, _ in stretch) / n
+        mean_y = sum(y for _, y in stretch) / n
         centred += [(t - mean_t, t * t - mean_t2, y - mean_y) for t, y in stretch]
     freedom = len(centred) - len(stretches) - 2
     if freedom < 6:
