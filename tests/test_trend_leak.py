@@ -104,6 +104,16 @@ def _first_alert(name: str, params: LeakParams) -> float | None:
     return replay.result()["first_alert_at"]
 
 
+def test_two_sawtooths_that_beat_are_not_a_leak_and_a_leak_under_them_is() -> None:
+    # Allocators of 4 min and 4 min 4 s, 2 GiB each, drift out of phase and back in 4 h: for 2 h their releases part
+    # and the floor climbs 2 GiB while the high falls as far (their tops part) and the mean holds.
+    beat = 5 * GIB + _sawtooth(240.0, 2 * GIB) + _sawtooth(244.0, 2 * GIB) + _noise(7)
+    assert replay(beat).first_alert_at is None
+    assert replay(beat, params=LeakParams(beat_floor=0.0)).first_alert_at is not None  # the beat test holds it
+    leaking = replay(np.minimum(CAPACITY, beat + _leak(RATE))).first_alert_at
+    assert leaking is not None and LEAK_START < leaking <= LEAK_START + 3 * HOUR
+
+
 def test_an_allocator_climb_that_has_dropped_back_is_not_a_leak() -> None:
     # A captured trace (see testdata/trend/make_fixtures.py): without the check that the newest floor has not fallen
     # back below its segment, the detector fired just after a long allocator climb was released.
@@ -188,6 +198,7 @@ def test_history_is_bounded_whatever_the_uptime() -> None:
         assert keep <= len(history) < 2 * keep
     for window in (*detector._lows, detector._highs):
         assert len(window._buckets) <= window.window / 60 and len(window._sorted) <= 2 * len(window._buckets)
+    assert len(detector._beats._means) == len(detector._beats._tops) == 3 * 60 + 1  # the 15 min floor's longest scale
 
 
 def test_a_detector_holds_after_two_hours_all_it_holds_after_three_days() -> None:

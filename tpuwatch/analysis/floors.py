@@ -3,7 +3,8 @@
 ``SlidingValues`` keeps the values of the one-minute buckets that ended within
 a window, sorted, so that a floor (a low quantile of the window) costs a
 bisect per bucket instead of a sort; ``pack``/``unpack`` carry a floor history
-in a snapshot as base64 doubles.
+in a snapshot as base64 doubles; ``strided`` reads a history's newest values
+for the statistics, at most so many.
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ import math
 from array import array
 from bisect import bisect_left, insort
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from tpuwatch.store import History
 
 
 class SlidingValues:
@@ -64,3 +70,11 @@ def unpack(packed: str) -> array[float]:
     values = array("d")
     values.frombytes(base64.b64decode(packed))
     return values
+
+
+def strided(history: History, count: int, points: int) -> np.ndarray:
+    """Of the last ``count`` values of ``history``, every stride-th one back from the newest, at most ``points``."""
+    import numpy as np
+
+    stride = max(1, math.ceil(count / points))
+    return np.array(history[len(history) - 1 - (count - 1) // stride * stride::stride])

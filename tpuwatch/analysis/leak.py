@@ -39,6 +39,9 @@ growth on a floor when
   10-25 min shows three steps;
 * the Theil-Sen slope is positive and its rise exceeds ``noise_factor`` times
   the robust scatter around it;
+* on the floors up to ``beat_floor``, it is not two allocator sawtooths that
+  beat (``beat.py``): minute means climbing under ``beat_mean`` of the slope
+  while the high falls by over ``beat_high`` of it;
 * against a known capacity, the time until the high reaches it at that slope
   is within ``max_eta``;
 * Mann-Kendall, its variance corrected for the autocorrelation of the floor
@@ -67,8 +70,9 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from tpuwatch import statefile
+from tpuwatch.analysis.beat import Beats
 from tpuwatch.analysis.fast import FastCheck, FastFinding, FastParams
-from tpuwatch.analysis.floors import SlidingValues, pack, unpack
+from tpuwatch.analysis.floors import SlidingValues, pack, strided, unpack
 from tpuwatch.analysis.robust import mann_kendall_p, median, theil_sen
 from tpuwatch.store import History
 
@@ -108,6 +112,9 @@ class LeakParams:
     min_ratio: float = 0.35
     newest_ratio: float = 0.5
     noise_factor: float = 4.0
+    beat_floor: float = 900.0
+    beat_mean: float = 0.3
+    beat_high: float = 0.3
     persistence: int = 2
     persistence_of: int = 3
     clear_after: int = 6
@@ -157,7 +164,7 @@ class LeakDetector:
 
     __slots__ = ("params", "state", "first_alert_at", "_bucket_end", "_lo1", "_lo2", "_hi1", "_hi2",
                  "_capacity", "_lows", "_highs", "_keep", "_floors", "_floor_times", "_next_analysis", "_recent",
-                 "_quiet", "_high", "_plan", "_fast")
+                 "_quiet", "_high", "_plan", "_fast", "_beats")
 
     def __init__(self, params: LeakParams | None = None) -> None:
         self.params = params or LeakParams()
@@ -179,12 +186,15 @@ class LeakDetector:
         self._quiet = 0
         self._high = math.nan
         self._fast = FastCheck(self.params.fast) if self.params.fast is not None else None
-        # What each analysis tests, shortest scale first: (history needed, buckets in the scale, floor history,
-        # largest jump as a share of the rise).  It holds the floor arrays themselves: trimming and restore()
-        # change them in place, never replace them.
         p = self.params
+        beats = max((s for s in p.scales if s <= p.floor_scales[1] * p.beat_floor), default=p.bucket)
+        self._beats = Beats(int(beats / p.bucket) + 1, p.beat_mean, p.beat_high)
+        # What each analysis tests, shortest scale first: (history needed, buckets in the scale, floor history,
+        # largest jump as a share of the rise, whether a beat is told apart).  It holds the floor arrays themselves:
+        # trimming and restore() change them in place, never replace them.
         self._plan = [(count + max(count // p.segments, int(p.min_prior / p.bucket)), count, floors,
-                       p.max_jump_fast if scale <= p.fast_scale and window <= p.fast_floor else p.max_jump)
+                       p.max_jump_fast if scale <= p.fast_scale and window <= p.fast_floor else p.max_jump,
+                       window <= p.beat_floor)
                       for scale in p.scales for count in (int(scale / p.bucket),)
                       for window, floors in zip(p.floor_windows, self._floors)
                       if p.floor_scales[0] * window <= count * p.bucket <= p.floor_scales[1] * window]
@@ -195,6 +205,7 @@ class LeakDetector:
             self._close_bucket(timestamp)
         if self._fast is not None:
             self._fast.sample(timestamp, value)
+        self._beats.add(value)
         if value < self._lo2:
             if value < self._lo1:
                 self._lo2, self._lo1 = self._lo1, value
@@ -219,6 +230,7 @@ class LeakDetector:
             self._highs.add(end, (-self._hi1,) if self._hi2 == -math.inf else (-self._hi1, -self._hi2))
             self._high = -self._highs.low(0.0)
             self._floor_times.append(end)
+            self._beats.close(self._high)
             if self._fast is not None:
                 found = self._fast.close(lows, self._floors[:2], self._high, self._capacity, p.bucket)
                 if found is not None:
@@ -238,23 +250,20 @@ class LeakDetector:
         history = len(self._floor_times)
         if history < self.params.min_history / self.params.bucket:
             return None
-        for needed, count, floors, max_jump in self._plan:
+        for needed, count, floors, max_jump, beat in self._plan:
             if history < needed:
                 return None
-            growth = self._growth_at(count, floors, max_jump)
+            growth = self._growth_at(count, floors, max_jump, beat)
             if growth is not None:
                 return growth
         return None
 
     def _window(self, count: int, floors: History) -> tuple[np.ndarray, np.ndarray]:
         """The last ``count`` floors' times and values, every stride-th one back from the newest."""
-        import numpy as np
+        points = self.params.points_per_scale
+        return strided(self._floor_times, count, points), strided(floors, count, points)
 
-        stride = max(1, math.ceil(count / self.params.points_per_scale))
-        first = len(floors) - 1 - (count - 1) // stride * stride
-        return np.array(self._floor_times[first::stride]), np.array(floors[first::stride])
-
-    def _growth_at(self, count: int, floors: History, max_jump: float) -> Growth | None:
+    def _growth_at(self, count: int, floors: History, max_jump: float, beat: bool) -> Growth | None:
         p = self.params
         length = count // p.segments
         end = len(floors)
@@ -293,7 +302,7 @@ class LeakDetector:
         times, values = self._window(count, floors)
         times = times - times[-1]
         slope = theil_sen(times, values)
-        if slope <= 0:
+        if slope <= 0 or beat and self._beats.beating(count, times, slope, p.points_per_scale):
             return None
         residual = values - slope * times
         center = median(residual)
@@ -354,6 +363,7 @@ class LeakDetector:
             "state": dataclasses.asdict(self.state),
             "first_alert_at": self.first_alert_at,
             "fast": self._fast.snapshot() if self._fast is not None else None,
+            "beats": self._beats.snapshot(),
         }
 
     @classmethod
@@ -386,6 +396,8 @@ class LeakDetector:
         detector.first_alert_at = None if first is None else float(first)
         if detector._fast is not None and snapshot.get("fast") is not None:  # a snapshot from before it has none
             detector._fast.restore(snapshot["fast"])
+        if snapshot.get("beats") is not None:  # a snapshot from before the minute means were kept has none
+            detector._beats.restore(snapshot["beats"])
         return detector
 
     def view(self, since: float) -> LeakView:
