@@ -15,7 +15,6 @@ than ``high`` of it is a beat.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 from tpuwatch.analysis.floors import pack, strided, unpack
@@ -27,26 +26,18 @@ if TYPE_CHECKING:
 
 
 class Beats:
-    """Feed every reading to ``add`` and each closed bucket's high to ``close``; ask ``beating``."""
+    """Feed each closed bucket's mean reading and the detector's high then to ``close``; ask ``beating``."""
 
-    __slots__ = ("mean", "high", "_total", "_count", "_means", "_tops")
+    __slots__ = ("mean", "high", "_means", "_tops")
 
     def __init__(self, minutes: int, mean: float, high: float) -> None:
         self.mean, self.high = mean, high
-        self._total, self._count = 0.0, 0
         self._means, self._tops = History(minutes), History(minutes)
 
-    def add(self, value: float) -> None:
-        """One reading of the open bucket; O(1)."""
-        self._total += value
-        self._count += 1
-
-    def close(self, high: float) -> None:
-        """The bucket closed, the detector's high then ``high``."""
-        if self._count:  # none after a restart from a snapshot that kept no sums: this minute is left out
-            self._means.append(self._total / self._count)
-            self._tops.append(high)
-        self._total, self._count = 0.0, 0
+    def close(self, mean: float, high: float) -> None:
+        """A bucket closed: its mean reading, and the high then."""
+        self._means.append(mean)
+        self._tops.append(high)
 
     def beating(self, count: int, times: np.ndarray, slope: float, points: int) -> bool:
         """Whether a floor's growth at ``slope`` over its last ``count`` minutes (``times``, ``points`` of them at
@@ -57,15 +48,12 @@ class Beats:
                 and theil_sen(times, strided(self._tops, count, points)) < -self.high * slope)
 
     def snapshot(self) -> list[Any]:
-        """The open bucket's sum and count and the kept minutes, as JSON data."""
-        return [self._total, self._count, pack(self._means.values()), pack(self._tops.values())]
+        """The kept minutes, as JSON data."""
+        return [pack(self._means.values()), pack(self._tops.values())]
 
     def restore(self, snapshot: list[Any]) -> None:
         """Carry on from ``snapshot()`` (into a fresh one); ValueError if it does not fit."""
-        total, count, means, tops = snapshot
-        self._total, self._count = float(total), int(count)
-        if not math.isfinite(self._total) or self._count < 0:
-            raise ValueError("the open bucket's sum is not a sum")
+        means, tops = snapshot
         self._means.extend(unpack(means))
         self._tops.extend(unpack(tops))
         if len(self._means) != len(self._tops):

@@ -164,7 +164,7 @@ class LeakDetector:
 
     __slots__ = ("params", "state", "first_alert_at", "_bucket_end", "_lo1", "_lo2", "_hi1", "_hi2",
                  "_capacity", "_lows", "_highs", "_keep", "_floors", "_floor_times", "_next_analysis", "_recent",
-                 "_quiet", "_high", "_plan", "_fast", "_beats")
+                 "_quiet", "_high", "_plan", "_fast", "_beats", "_total", "_count")
 
     def __init__(self, params: LeakParams | None = None) -> None:
         self.params = params or LeakParams()
@@ -173,6 +173,7 @@ class LeakDetector:
         self._bucket_end = -math.inf
         self._lo1 = self._lo2 = math.inf
         self._hi1 = self._hi2 = -math.inf
+        self._total, self._count = 0.0, 0  # the open bucket's sum of readings and their number
         self._capacity: float | None = None
         self._lows = [SlidingValues(window) for window in self.params.floor_windows]
         self._highs = SlidingValues(self.params.high_window)  # negated, so that its low is the high
@@ -205,7 +206,8 @@ class LeakDetector:
             self._close_bucket(timestamp)
         if self._fast is not None:
             self._fast.sample(timestamp, value)
-        self._beats.add(value)
+        self._total += value
+        self._count += 1
         if value < self._lo2:
             if value < self._lo1:
                 self._lo2, self._lo1 = self._lo1, value
@@ -230,7 +232,8 @@ class LeakDetector:
             self._highs.add(end, (-self._hi1,) if self._hi2 == -math.inf else (-self._hi1, -self._hi2))
             self._high = -self._highs.low(0.0)
             self._floor_times.append(end)
-            self._beats.close(self._high)
+            if self._count:  # none after a restart from a snapshot that kept no sum: the minute is left out
+                self._beats.close(self._total / self._count, self._high)
             if self._fast is not None:
                 found = self._fast.close(lows, self._floors[:2], self._high, self._capacity, p.bucket)
                 if found is not None:
@@ -243,6 +246,7 @@ class LeakDetector:
                 self._judge(timestamp, self._growth())
         self._lo1 = self._lo2 = math.inf
         self._hi1 = self._hi2 = -math.inf
+        self._total, self._count = 0.0, 0
         self._bucket_end = (math.floor(timestamp / p.bucket) + 1) * p.bucket
 
     def _growth(self) -> Growth | None:
@@ -350,7 +354,7 @@ class LeakDetector:
         """What the detector has learned, as JSON data (with inf and NaN, which Python's json reads back)."""
         return {
             "layout": _layout(self.params),
-            "bucket": [self._bucket_end, self._lo1, self._lo2, self._hi1, self._hi2],
+            "bucket": [self._bucket_end, self._lo1, self._lo2, self._hi1, self._hi2, self._total, self._count],
             "capacity": self._capacity,
             "lows": [window.snapshot() for window in self._lows],
             "highs": self._highs.snapshot(),
@@ -375,7 +379,13 @@ class LeakDetector:
         bucket = [float(v) for v in snapshot["bucket"]]
         if any(math.isnan(v) for v in bucket):
             raise ValueError("the open bucket holds NaN")
-        detector._bucket_end, detector._lo1, detector._lo2, detector._hi1, detector._hi2 = bucket
+        if len(bucket) == 5:  # from before the bucket kept its sum: this minute's mean is left out
+            bucket += [0.0, 0.0]
+        detector._bucket_end, detector._lo1, detector._lo2, detector._hi1, detector._hi2 = bucket[:5]
+        detector._total, count = bucket[5:]
+        if not math.isfinite(detector._total) or count < 0 or not count.is_integer():
+            raise ValueError("the open bucket's sum is not a sum")
+        detector._count = int(count)
         detector._capacity = None if snapshot["capacity"] is None else float(snapshot["capacity"])
         for window, buckets in zip(detector._lows, snapshot["lows"], strict=True):
             window.restore(buckets)
