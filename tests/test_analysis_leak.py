@@ -285,10 +285,7 @@ def _damaged(change: Any) -> dict[str, Any]:
     (lambda s: s["bucket"].__setitem__(1, math.nan), "the open bucket holds NaN"),
     (lambda s: s.update(floor_times=_shorter(s["floor_times"])), "floor histories of different lengths"),
     (lambda s: s["state"].update(slope=None), "a firing state without a slope"),
-    (lambda s: s["beats"].__setitem__(0, _shorter(s["beats"][0])), "the minute means and highs differ in length"),
-    (lambda s: s["bucket"].__setitem__(5, math.inf), "the open bucket's sum is not a sum"),
-    (lambda s: s["bucket"].__setitem__(6, 2.5), "the open bucket's sum is not a sum"),
-    (lambda s: s["bucket"].__setitem__(6, -1), "the open bucket's sum is not a sum"),
+    (lambda s: s["beats"].__setitem__(0, _shorter(s["beats"][0])), "the minutes' middles and highs differ in length"),
 ])
 def test_a_snapshot_that_does_not_fit_is_refused_saying_why(change: Any, message: str) -> None:
     with pytest.raises(ValueError, match=f"^{message}$"):
@@ -303,17 +300,20 @@ def test_a_snapshot_with_a_window_missing_or_one_too_many_is_refused(field: str)
         LeakDetector.restore(_damaged(lambda s: s[field].append(s[field][0])), SMALL)
 
 
-def test_a_restored_detector_keeps_its_minute_means_and_highs_and_one_from_before_them_starts_without() -> None:
-    detector = fed(START + 100.0 + 0.5)  # half a bucket open
+def test_each_minutes_middle_and_high_are_kept_and_a_detector_from_before_them_starts_without() -> None:
+    detector = LeakDetector(SMALL)
+    for t, value in ((0.0, 5.0), (0.5, 1.0), (1.0, 9.0), (1.5, 3.0), (2.0, 4.0)):  # a bucket of 2 s, then one more
+        detector.update(t, value, CAPACITY)
+    assert list(detector._beats._middles) == [(3.0 + 5.0) / 2]  # halfway between the second-lowest and -highest
+    assert list(detector._beats._tops) == [5.0]  # the high: the window's second-highest
+    detector = fed(START + 100.0)
     saved = json.loads(json.dumps(detector.snapshot()))
-    assert saved["bucket"][5:] == [level(START + 100.0), 1]  # the open bucket's sum and count
     assert json.loads(json.dumps(restarted(detector).snapshot())) == saved
-    del saved["beats"]  # as a daemon from before the means saved it
-    saved["bucket"] = saved["bucket"][:5]
+    del saved["beats"]  # as a daemon from before the middles saved it
     older = LeakDetector.restore(saved, SMALL)
-    assert older.snapshot()["beats"] == ["", ""] and older.snapshot()["bucket"][5:] == [0.0, 0]
-    fed(START + 104.0 + 0.5, older, since=START + 100.5)  # the open minute is left out, the next ones kept
-    assert len(older._beats._means) == len(older._beats._tops) == 2
+    assert older.snapshot()["beats"] == ["", ""]
+    fed(START + 104.0, older, since=START + 100.0)
+    assert len(older._beats._middles) == len(older._beats._tops) == 2
 
 
 # --- what the status page and the slope read --------------------------------------------------------------------

@@ -198,7 +198,7 @@ def test_history_is_bounded_whatever_the_uptime() -> None:
         assert keep <= len(history) < 2 * keep
     for window in (*detector._lows, detector._highs):
         assert len(window._buckets) <= window.window / 60 and len(window._sorted) <= 2 * len(window._buckets)
-    assert len(detector._beats._means) == len(detector._beats._tops) == 3 * 60 + 1  # the 15 min floor's longest scale
+    assert len(detector._beats._middles) == len(detector._beats._tops) == 3 * 60 + 1  # the 15 min floor's longest scale
 
 
 def test_a_detector_holds_after_two_hours_all_it_holds_after_three_days() -> None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tpuwatch import statefile
-from tpuwatch.analysis.state import FILE_NAME, TrendStateFile
+from tpuwatch.analysis.state import FILE_NAME, MAX_BYTES, TrendStateFile
 from tpuwatch.analysis.trend import TrendAnalyzer
 from tpuwatch.config import TrendConfig
 from tpuwatch.samples import Sample, sample
@@ -140,6 +140,15 @@ def test_the_state_file_restores_and_counts_failed_saves(tmp_path: Path, caplog:
         unwritable.path = tmp_path / "elsewhere" / FILE_NAME
         unwritable.save(trend, START)
     assert unwritable.path.exists()
+
+
+def test_the_state_files_bound_holds_as_many_full_leak_detectors_as_the_analyzer_keeps() -> None:
+    # 43 KiB a leak series at its longest before the minute means, 47 with them: a bound of 32 MiB refused the file of
+    # an analyzer holding over about 700, so that every detector learned afresh after a restart.
+    trend = TrendAnalyzer(TrendConfig())
+    feed(trend, np.arange(START, START + 12 * HOUR, STEP), seed=4)  # every history at its longest
+    entry = trend.snapshot(START + 12 * HOUR)["leaks"][0]
+    assert len(json.dumps(entry)) * trend.max_series < MAX_BYTES
 
 
 def drifting(trend: TrendAnalyzer, since: float) -> bool:

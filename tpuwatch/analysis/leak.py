@@ -40,8 +40,8 @@ growth on a floor when
 * the Theil-Sen slope is positive and its rise exceeds ``noise_factor`` times
   the robust scatter around it;
 * on the floors up to ``beat_floor``, it is not two allocator sawtooths that
-  beat (``beat.py``): minute means climbing under ``beat_mean`` of the slope
-  while the high falls by over ``beat_high`` of it;
+  beat (``beat.py``): the minutes' middles climbing under ``beat_middle`` of
+  the slope while the high falls by over ``beat_high`` of it;
 * against a known capacity, the time until the high reaches it at that slope
   is within ``max_eta``;
 * Mann-Kendall, its variance corrected for the autocorrelation of the floor
@@ -113,7 +113,7 @@ class LeakParams:
     newest_ratio: float = 0.5
     noise_factor: float = 4.0
     beat_floor: float = 900.0
-    beat_mean: float = 0.3
+    beat_middle: float = 0.3
     beat_high: float = 0.3
     persistence: int = 2
     persistence_of: int = 3
@@ -164,7 +164,7 @@ class LeakDetector:
 
     __slots__ = ("params", "state", "first_alert_at", "_bucket_end", "_lo1", "_lo2", "_hi1", "_hi2",
                  "_capacity", "_lows", "_highs", "_keep", "_floors", "_floor_times", "_next_analysis", "_recent",
-                 "_quiet", "_high", "_plan", "_fast", "_beats", "_total", "_count")
+                 "_quiet", "_high", "_plan", "_fast", "_beats")
 
     def __init__(self, params: LeakParams | None = None) -> None:
         self.params = params or LeakParams()
@@ -173,7 +173,6 @@ class LeakDetector:
         self._bucket_end = -math.inf
         self._lo1 = self._lo2 = math.inf
         self._hi1 = self._hi2 = -math.inf
-        self._total, self._count = 0.0, 0  # the open bucket's sum of readings and their number
         self._capacity: float | None = None
         self._lows = [SlidingValues(window) for window in self.params.floor_windows]
         self._highs = SlidingValues(self.params.high_window)  # negated, so that its low is the high
@@ -189,7 +188,7 @@ class LeakDetector:
         self._fast = FastCheck(self.params.fast) if self.params.fast is not None else None
         p = self.params
         beats = max((s for s in p.scales if s <= p.floor_scales[1] * p.beat_floor), default=p.bucket)
-        self._beats = Beats(int(beats / p.bucket) + 1, p.beat_mean, p.beat_high)
+        self._beats = Beats(int(beats / p.bucket) + 1, p.beat_middle, p.beat_high)
         # What each analysis tests, shortest scale first: (history needed, buckets in the scale, floor history,
         # largest jump as a share of the rise, whether a beat is told apart).  It holds the floor arrays themselves:
         # trimming and restore() change them in place, never replace them.
@@ -206,8 +205,6 @@ class LeakDetector:
             self._close_bucket(timestamp)
         if self._fast is not None:
             self._fast.sample(timestamp, value)
-        self._total += value
-        self._count += 1
         if value < self._lo2:
             if value < self._lo1:
                 self._lo2, self._lo1 = self._lo1, value
@@ -232,8 +229,8 @@ class LeakDetector:
             self._highs.add(end, (-self._hi1,) if self._hi2 == -math.inf else (-self._hi1, -self._hi2))
             self._high = -self._highs.low(0.0)
             self._floor_times.append(end)
-            if self._count:  # none after a restart from a snapshot that kept no sum: the minute is left out
-                self._beats.close(self._total / self._count, self._high)
+            top = self._hi1 if self._hi2 == -math.inf else self._hi2
+            self._beats.close((lows[-1] + top) / 2, self._high)  # the minute's middle, its second-lowest and -highest
             if self._fast is not None:
                 found = self._fast.close(lows, self._floors[:2], self._high, self._capacity, p.bucket)
                 if found is not None:
@@ -246,7 +243,6 @@ class LeakDetector:
                 self._judge(timestamp, self._growth())
         self._lo1 = self._lo2 = math.inf
         self._hi1 = self._hi2 = -math.inf
-        self._total, self._count = 0.0, 0
         self._bucket_end = (math.floor(timestamp / p.bucket) + 1) * p.bucket
 
     def _growth(self) -> Growth | None:
@@ -354,7 +350,7 @@ class LeakDetector:
         """What the detector has learned, as JSON data (with inf and NaN, which Python's json reads back)."""
         return {
             "layout": _layout(self.params),
-            "bucket": [self._bucket_end, self._lo1, self._lo2, self._hi1, self._hi2, self._total, self._count],
+            "bucket": [self._bucket_end, self._lo1, self._lo2, self._hi1, self._hi2],
             "capacity": self._capacity,
             "lows": [window.snapshot() for window in self._lows],
             "highs": self._highs.snapshot(),
@@ -379,13 +375,7 @@ class LeakDetector:
         bucket = [float(v) for v in snapshot["bucket"]]
         if any(math.isnan(v) for v in bucket):
             raise ValueError("the open bucket holds NaN")
-        if len(bucket) == 5:  # from before the bucket kept its sum: this minute's mean is left out
-            bucket += [0.0, 0.0]
-        detector._bucket_end, detector._lo1, detector._lo2, detector._hi1, detector._hi2 = bucket[:5]
-        detector._total, count = bucket[5:]
-        if not math.isfinite(detector._total) or count < 0 or not count.is_integer():
-            raise ValueError("the open bucket's sum is not a sum")
-        detector._count = int(count)
+        detector._bucket_end, detector._lo1, detector._lo2, detector._hi1, detector._hi2 = bucket
         detector._capacity = None if snapshot["capacity"] is None else float(snapshot["capacity"])
         for window, buckets in zip(detector._lows, snapshot["lows"], strict=True):
             window.restore(buckets)
@@ -406,7 +396,7 @@ class LeakDetector:
         detector.first_alert_at = None if first is None else float(first)
         if detector._fast is not None and snapshot.get("fast") is not None:  # a snapshot from before it has none
             detector._fast.restore(snapshot["fast"])
-        if snapshot.get("beats") is not None:  # a snapshot from before the minute means were kept has none
+        if snapshot.get("beats") is not None:  # a snapshot from before the middles were kept has none
             detector._beats.restore(snapshot["beats"])
         return detector
 

@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 FILE_NAME = "trend.json"
 SAVE_EVERY_S = 300.0
-MAX_BYTES = 32 << 20  # about 8 KiB per series, for the analyzer's 1000 at most
+MAX_BYTES = 64 << 20  # a leak series at its longest holds about 47 KiB, for the analyzer's 1000 at most
 
 
 class TrendStateFile:
