@@ -143,8 +143,8 @@ def test_the_state_file_restores_and_counts_failed_saves(tmp_path: Path, caplog:
 
 
 def test_the_state_files_bound_holds_as_many_full_leak_detectors_as_the_analyzer_keeps() -> None:
-    # 43 KiB a leak series at its longest before the minute means, 47 with them: a bound of 32 MiB refused the file of
-    # an analyzer holding over about 700, so that every detector learned afresh after a restart.
+    # A leak series at its longest holds about 47 KiB (43 before the beat test's minutes): a bound of 32 MiB refused the
+    # file of an analyzer holding over about 700, so that every detector learned afresh after a restart.
     trend = TrendAnalyzer(TrendConfig())
     feed(trend, np.arange(START, START + 12 * HOUR, STEP), seed=4)  # every history at its longest
     entry = trend.snapshot(START + 12 * HOUR)["leaks"][0]
