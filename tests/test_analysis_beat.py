@@ -22,15 +22,18 @@ def line(slope: float, start: float = 100.0) -> list[float]:
     return [start + slope * t for t in range(11)]
 
 
-@pytest.mark.parametrize(("middles", "tops", "beating"), [
-    (line(0.0), line(-1.0), True),  # the middle holds, the high falls as fast as the floor rises: a beat
-    (line(0.29), line(-0.31), True),
-    (line(0.3), line(-1.0), False),  # the middle climbs 0.3 of the floor's slope: growth
-    (line(0.0), line(-0.3), False),  # the high falls only 0.3 of it: a floor rising under a fixed top
-    (line(1.0), line(1.0), False),  # a leak: all three climb
+@pytest.mark.parametrize(("middles", "tops", "slope", "beating"), [
+    (line(0.0), line(-1.0), 1.0, True),  # the middle holds, the high falls as fast as the floor rises: a beat
+    (line(0.29), line(-0.31), 1.0, True),
+    (line(0.3), line(-1.0), 1.0, False),  # the middle climbs 0.3 of the floor's slope: growth
+    (line(0.0), line(-0.3), 1.0, False),  # the high falls only 0.3 of it: a floor rising under a fixed top
+    (line(1.0), line(1.0), 1.0, False),  # a leak: all three climb
+    (line(0.5), line(-2.0), 2.0, True),  # the shares are of the slope, whatever its size
+    (line(0.0), line(-0.5), 2.0, False),
 ])
-def test_a_beat_holds_its_middle_while_its_high_falls(middles: list[float], tops: list[float], beating: bool) -> None:
-    assert kept(middles, tops).beating(11, TIMES, 1.0, 45) is beating
+def test_a_beat_holds_its_middle_while_its_high_falls(middles: list[float], tops: list[float], slope: float,
+                                                      beating: bool) -> None:
+    assert kept(middles, tops).beating(11, TIMES, slope, 45) is beating
 
 
 def test_it_reads_the_newest_minutes_every_stride_th_one_and_needs_as_many_as_the_scale() -> None:
