@@ -11,6 +11,7 @@ MAX_LINE_BYTES = 64 * 1024
 MAX_MESSAGE_CHARS = 2048
 _JUNK_BYTES = bytes(b for b in range(32) if b not in (9, 10, 13)) + b"\x7f"
 _JUNK_TO_REPLACEMENT = {b: "\ufffd" for b in _JUNK_BYTES}
+_TEXT_BYTES = bytes(b for b in range(256) if b not in _JUNK_BYTES)
 
 # Raw /dev/kmsg: "PRIO,SEQ,USEC,FLAGS[,...];text" (the kernel prints 64-bit numbers: at most 20 digits).
 KMSG_HEAD = r"(\d{1,20}),(\d{1,20}),(\d{1,20}),[^;\n]{0,256};"
@@ -79,7 +80,7 @@ def maybe_other_program(line: str) -> bool:
 
 def is_text(data: bytes) -> bool:
     """True if ``data`` holds no control bytes other than tab, CR and LF (UTF-8 validity is not checked)."""
-    return len(data.translate(None, _JUNK_BYTES)) == len(data)
+    return not data.translate(None, _TEXT_BYTES)  # what is left is the junk, and writes no copy of the text
 
 
 def as_text(line: bytes) -> str | None:

@@ -138,7 +138,7 @@ class Block:
     parsed only when asked for (``record``): most lines of a log hold no keyword and are only counted.
     """
 
-    __slots__ = ("text", "line", "skipped", "_whole_split", "_continuations", "_blanks", "_length")
+    __slots__ = ("text", "line", "skipped", "lines", "_whole_split", "_continuations", "_blanks", "_length")
 
     def __init__(self, text: str, line: int = 1, skipped: dict[str, int] | None = None,
                  blanks: tuple[int, ...] = ()) -> None:
@@ -146,16 +146,12 @@ class Block:
         self.line = line
         self.skipped = skipped or {}
         self._blanks = blanks  # offsets of the BLANK lines, which are counted as records, and skipped
-        continuations = [m.start() + 1 for m in _CONTINUATION_RE.finditer(text)] if "\n " in text or "\n\t" in text \
-            else []
+        continuations = [m.start() + 1 for m in _CONTINUATION_RE.finditer(text)]  # (5x faster than "\n " in text)
         self._continuations = _bounded(text, continuations)
         self._whole_split = len(self._continuations) == len(continuations)  # no record past the bound: one split
-        self._length = self.lines - len(self._continuations)
-
-    @property
-    def lines(self) -> int:
+        self.lines = text.count("\n") + (bool(text) and not text.endswith("\n"))
         """The lines of the block."""
-        return self.text.count("\n") + (bool(self.text) and not self.text.endswith("\n"))
+        self._length = self.lines - len(self._continuations)
 
     def __len__(self) -> int:
         """The records of the block (``BLANK`` lines included: each is counted as skipped, not read)."""
@@ -263,10 +259,10 @@ class Block:
     def raws(self) -> list[str]:
         """The text of each record (its lines joined by newlines), in order, as the block counts them."""
         text = self.text
-        if self._whole_split:
-            raws = _RECORD_SPLIT_RE.split(text)
-            if text.endswith("\n"):
-                raws.pop()  # the split's empty piece after the last newline
+        if self._whole_split:  # every record is a line unless there are continuation lines
+            raws = _RECORD_SPLIT_RE.split(text) if self._continuations else text.split("\n")
+            if text.endswith("\n") or not text:
+                raws.pop()  # the split's empty piece after the last newline (or of an empty block)
             return raws
         out, start = [], 0
         while start < len(text):
