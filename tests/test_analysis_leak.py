@@ -395,7 +395,7 @@ def test_a_fast_page_is_critical_only_when_the_chip_fills_sooner_than_critical_e
 
 def test_the_fast_check_runs_with_the_detectors_settings() -> None:
     paged = _fast_changes()[0][0]
-    assert _fast_changes(LeakParams(fast=FastParams(persistence=8)))[0][0] > paged  # findings needed before a page
+    assert _fast_changes(LeakParams(fast=FastParams(persistence=8, urgent=8)))[0][0] > paged  # findings before a page
 
 
 def test_a_climb_that_has_stopped_within_its_newest_segment_is_no_longer_growth() -> None:

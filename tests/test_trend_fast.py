@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from tpuwatch.analysis.fast import FastCheck, FastFinding
+from tpuwatch.analysis.fast import FastCheck, FastFinding, FastParams
 from tpuwatch.analysis.leak import LeakDetector, LeakParams
 
 GIB = 1024.0**3
@@ -249,8 +249,21 @@ def reported(etas: Sequence[float | None]) -> list[bool]:
 
 
 def test_a_finding_is_reported_after_four_minutes_whose_time_to_full_fell_with_the_clock() -> None:
-    assert reported([13, 12, 11, 10, 9]) == [False, False, False, True, True]
-    assert reported([13, 12, None, 11, 10, 9, 8]) == [False] * 6 + [True]  # a gap starts the count again
+    assert reported([14, 13, 12, 11, 10]) == [False, False, False, True, True]
+    assert reported([14, 13, None, 14, 13, 12, 11]) == [False] * 6 + [True]  # a gap starts the count again
+
+
+def test_a_finding_is_reported_after_three_minutes_when_a_fourth_would_leave_under_10_minutes() -> None:
+    # The third finding says 10.9 min to full: a fourth would come with 9.9 left.  Each came nearer by at least
+    # half a minute a minute (the raw readings, none here, show no levelling off).
+    assert reported([12.9, 11.9, 10.9, 9.9]) == [False, False, True, True]
+    assert reported([13.0, 12.0, 11.0, 10.0]) == [False, False, False, True]  # 10 min would be left: it waits
+    assert reported([12.9, 12.6, 10.9, 9.9]) == [False, False, False, True]  # one minute it closed in too little
+    assert reported([12.9, None, 11.9, 10.9, 9.9]) == [False, False, False, False, True]  # two are not three
+    quick = dataclasses.replace(FastParams(), urgent=2)
+    check = Scripted([11.5, 10.5])
+    check.params = quick
+    assert [check.close((1.0, 2.0), [], 2.0, CAPACITY, MINUTE) is not None for _ in range(2)] == [False, True]
 
 
 def test_a_time_to_full_that_hovers_for_minutes_is_not_reported_even_if_it_dips() -> None:

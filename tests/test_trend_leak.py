@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tpuwatch.analysis import analyze
+from tpuwatch.analysis.fast import FastParams
 from tpuwatch.analysis.inputs import csv_points
 from tpuwatch.analysis.leak import LeakDetector, LeakParams
 from tpuwatch.analysis.robust import mann_kendall_p, median, theil_sen
@@ -126,6 +127,14 @@ def test_a_load_cycle_near_its_top_is_not_a_leak() -> None:
     # segment rises at least half as much as the steepest, the detector fired there.
     assert _first_alert("periodic_turning.csv", LeakParams()) is None
     assert _first_alert("periodic_turning.csv", LeakParams(newest_ratio=0.0, newest_half=-math.inf)) is not None
+
+
+def test_a_warm_up_in_steps_is_not_paged_short_of_its_persistence() -> None:
+    # A captured trace: a cache warming up in steps under a sawtooth, its time to full closing in 14.7, 11.6, 10.8
+    # min at its 7th-9th minute.  A page may come on three findings when the fourth would leave under 10 min, but
+    # only if the raw readings show the climb straight at half their usual bar: these show it levelling off.
+    assert _first_alert("warmup_steps_closing.csv", LeakParams()) is None
+    assert _first_alert("warmup_steps_closing.csv", LeakParams(fast=FastParams(urgent_bar=1.0))) is not None
 
 
 def test_a_warm_up_that_is_levelling_off_is_not_a_leak() -> None:

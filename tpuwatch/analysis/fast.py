@@ -65,7 +65,13 @@ aside) falls by at
 least ``closing`` of the time passed since the streak began (up to ``streak``
 minutes back: the projected full time stays put, as a leak's does; a climb
 that levels off pushes it away, and one whose time to full hovers for minutes
-has not closed in) is reported.
+has not closed in) is reported.  A streak of ``urgent`` findings is reported
+sooner when waiting out the rest would leave under ``lead`` before full (a
+leak of 20 min must be paged by its 10th minute), if each finding's time to
+full came at least ``closing`` of a minute nearer than the one before and the
+raw readings show the climb straight even at ``urgent_bar`` of their
+significance (a warm-up in steps, whose time to full also closes in for a few
+minutes, shows itself levelling off there first).
 """
 
 from __future__ import annotations
@@ -102,6 +108,9 @@ class FastParams:
     closing: float = 0.5
     persistence: int = 4
     streak: int = 10
+    urgent: int = 3
+    lead: float = 600.0
+    urgent_bar: float = 0.5
     teeth: TeethParams = TeethParams()
 
 
@@ -154,7 +163,7 @@ class FastCheck:
             finding = self._find(floors, high, capacity, bucket)
             if finding is not None and self._teeth.levels_off(high, capacity):
                 finding = None  # on the raw readings, its sawtooth set aside, the climb tops out below capacity
-        if finding is None:
+        if finding is None or capacity is None:  # (no capacity, no finding)
             self._etas.clear()
             return None
         self._etas.append(finding.track)
@@ -162,11 +171,24 @@ class FastCheck:
         # that levels off pushes it away.  Judged over the whole streak (up to ``streak`` minutes), not only
         # the last ``persistence``: a warm-up whose ETA hovers for minutes has not closed in.
         p = self.params
-        if len(self._etas) < p.persistence:
+        if len(self._etas) < p.persistence and not self._urgent(finding, high, capacity, bucket):
             return None
         if self._etas[-1] > self._etas[0] - p.closing * (len(self._etas) - 1) * bucket:
             return None
         return finding
+
+    def _urgent(self, finding: FastFinding, high: float, capacity: float, bucket: float) -> bool:
+        """A streak of ``urgent`` findings or more, short of ``persistence``, is paged now when waiting out the
+        rest would leave under ``lead`` before full, if every finding's time to full came at least ``closing`` of
+        a minute nearer than the one before and the raw readings show the climb straight, even at ``urgent_bar``
+        of their significance (a warm-up in steps levels off there first)."""
+        p = self.params
+        etas = self._etas
+        if len(etas) < p.urgent or finding.eta - (p.persistence - len(etas)) * bucket >= p.lead:
+            return False
+        if any(later > earlier - p.closing * bucket for earlier, later in pairwise(etas)):
+            return False
+        return not self._teeth.levels_off(high, capacity, p.urgent_bar)
 
     def snapshot(self) -> dict[str, Any]:
         """The bounded state, as JSON data."""

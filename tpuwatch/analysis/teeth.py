@@ -89,9 +89,10 @@ class Teeth:
         return [(self._times[(self._start + i) % keep], self._values[(self._start + i) % keep])
                 for i in range(self._count)]
 
-    def levels_off(self, high: float, capacity: float) -> bool:
+    def levels_off(self, high: float, capacity: float, bar: float = 1.0) -> bool:
         """True if the climb of the last ``window`` s, its sawtooth set aside, slows down significantly and, from
-        ``high``, tops out below ``capacity``."""
+        ``high``, tops out below ``capacity``; ``bar`` scales the significance asked (below 1: a surer straight
+        climb is needed for this to be False)."""
         p = self.params
         readings = self.readings()
         if not readings or capacity <= 0:
@@ -108,10 +109,11 @@ class Teeth:
                   if change < -drop or change - center > drop]
         room = 1.0 - high / capacity
         steps = [i for i in breaks if changes[i - 1] - center > drop]
-        if len(steps) >= p.steps and _steps_shrink(points, steps, room, p.step_significance, spread):
+        if len(steps) >= p.steps and _steps_shrink(points, steps, room, bar * p.step_significance, spread):
             return True
-        return _one_sawtooth(points, breaks, room, p.significance) or (
-            len(breaks) >= 3 and _any_sawtooths(points, breaks, room, p.significance))
+        significance = bar * p.significance
+        return _one_sawtooth(points, breaks, room, significance) or (
+            len(breaks) >= 3 and _any_sawtooths(points, breaks, room, significance))
 
     def snapshot(self) -> dict[str, str]:
         """The readings kept, as JSON data (their times and values as packed doubles)."""

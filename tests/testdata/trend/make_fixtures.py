@@ -16,6 +16,13 @@ Three captured leak-free traces of ``benchmarks/trend.py`` are not made here:
   fired;
 - ``warmup_levelling.csv``: seed 66, trace 176 (``warmup``, 95 GiB), up to
   30 min after the detector without its ``newest_ratio`` check fired.
+
+and one of ``benchmarks/fastleaks.py``:
+
+- ``warmup_steps_closing.csv``: seed 15, trace 227 (``warmup_steps``, 32
+  GiB, under a sawtooth), up to 40 min after the warm-up began: its time to
+  full closed in for three minutes, and the fast check without the raw
+  readings' stricter test for a page short of its persistence paged it.
 """
 
 from __future__ import annotations
