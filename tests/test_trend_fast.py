@@ -232,18 +232,21 @@ def test_a_snapshot_keeps_the_highs_and_one_without_them_is_restored() -> None:
 
 
 class Scripted(FastCheck):
-    """A fast check whose climbs are given: each bucket's finding's time to full (None: no finding)."""
+    """A fast check whose climbs are given: each bucket's finding's time to full, or that and the latest time to
+    full any floor found (None: no finding)."""
 
-    def __init__(self, etas: Sequence[float | None]) -> None:
+    def __init__(self, etas: Sequence[float | tuple[float, float] | None]) -> None:
         super().__init__()
         self.script = iter(etas)
 
     def _find(self, floors, high, capacity, bucket):  # type: ignore[no-untyped-def]
         eta = next(self.script)
+        if isinstance(eta, tuple):
+            return FastFinding(1.0, eta[0] * MINUTE, eta[0] * MINUTE, eta[1] * MINUTE)
         return None if eta is None else FastFinding(1.0, eta * MINUTE, eta * MINUTE)
 
 
-def reported(etas: Sequence[float | None]) -> list[bool]:
+def reported(etas: Sequence[float | tuple[float, float] | None]) -> list[bool]:
     check = Scripted(etas)
     return [check.close((1.0, 2.0), [], 2.0, CAPACITY, MINUTE) is not None for _ in etas]
 
@@ -260,6 +263,8 @@ def test_a_finding_is_reported_after_three_minutes_when_a_fourth_would_leave_und
     assert reported([13.0, 12.0, 11.0, 10.0]) == [False, False, False, True]  # 10 min would be left: it waits
     assert reported([12.9, 12.6, 10.9, 9.9]) == [False, False, False, True]  # one minute it closed in too little
     assert reported([12.9, None, 11.9, 10.9, 9.9]) == [False, False, False, False, True]  # two are not three
+    # Judged by the latest projection any floor or the high made: one that still says 11.5 min waits.
+    assert reported([12.9, 11.9, (10.9, 11.5), 9.9]) == [False, False, False, True]
     quick = dataclasses.replace(FastParams(), urgent=2)
     check = Scripted([11.5, 10.5])
     check.params = quick

@@ -66,8 +66,9 @@ least ``closing`` of the time passed since the streak began (up to ``streak``
 minutes back: the projected full time stays put, as a leak's does; a climb
 that levels off pushes it away, and one whose time to full hovers for minutes
 has not closed in) is reported.  A streak of ``urgent`` findings is reported
-sooner when waiting out the rest would leave under ``lead`` before full (a
-leak of 20 min must be paged by its 10th minute), if each finding's time to
+sooner when waiting out the rest would leave under ``lead`` before full, by
+the latest of the floors' and the high's projections (a leak of 20 min must
+be paged by its 10th minute), if each finding's time to
 full came at least ``closing`` of a minute nearer than the one before and the
 raw readings show the climb straight even at ``urgent_bar`` of their
 significance (a warm-up in steps, whose time to full also closes in for a few
@@ -116,12 +117,14 @@ class FastParams:
 
 @dataclass(frozen=True)
 class FastFinding:
-    """A climb that would fill the chip: its slope (bytes/s), the time until it does (s) and, for the persistence
-    test, the straight projection's time until it does (s; a staircase's next step set aside)."""
+    """A climb that would fill the chip: its slope (bytes/s), the time until it does (s), for the persistence
+    test the straight projection's time until it does (s; a staircase's next step set aside) and, for the urgency
+    test, the latest time until it does that any floor or the high found (s; None: ``eta``)."""
 
     slope: float
     eta: float
     track: float
+    latest: float | None = None
 
 
 FIVE = 5  # buckets of the floor between the 3 and 8 min ones (a sawtooth of a 4-5 min period)
@@ -179,12 +182,14 @@ class FastCheck:
 
     def _urgent(self, finding: FastFinding, high: float, capacity: float, bucket: float) -> bool:
         """A streak of ``urgent`` findings or more, short of ``persistence``, is paged now when waiting out the
-        rest would leave under ``lead`` before full, if every finding's time to full came at least ``closing`` of
-        a minute nearer than the one before and the raw readings show the climb straight, even at ``urgent_bar``
-        of their significance (a warm-up in steps levels off there first)."""
+        rest would leave under ``lead`` before full (by the latest projection of any floor or the high), if every
+        finding's time to full came at least ``closing`` of a minute nearer than the one before and the raw
+        readings show the climb straight, even at ``urgent_bar`` of their significance (a warm-up in steps levels
+        off there first)."""
         p = self.params
         etas = self._etas
-        if len(etas) < p.urgent or finding.eta - (p.persistence - len(etas)) * bucket >= p.lead:
+        latest = finding.eta if finding.latest is None else finding.latest
+        if len(etas) < p.urgent or latest - (p.persistence - len(etas)) * bucket >= p.lead:
             return False
         if any(later > earlier - p.closing * bucket for earlier, later in pairwise(etas)):
             return False
@@ -219,6 +224,7 @@ class FastCheck:
         least = p.min_rise * capacity
         finding = None
         findings = vetoes = bent = 0
+        latest = 0.0
         steady = False
         precedents: dict[int, float] = {}
         for series, held in ((self._lows, 0), (floors[0], 0), (self._fives, 1), (floors[1], 1), (self._highs, 0)):
@@ -254,12 +260,15 @@ class FastCheck:
             elif found is not None and found is not STEADY:
                 findings += 1
                 finding = finding or found
+                latest = max(latest, found.eta)
         if bent and not steady:
             return None  # a floor bends to below capacity and the ceiling does not climb on: a warm-up
         # A floor whose newest third fell back, or that bends while the ceiling climbs on straight (a floor holds
         # a sawtooth's trough or a step for up to its window: flat for minutes, a bend to the quadratic), vetoes
         # unless more floors see the climb go on.
-        return None if vetoes + bent >= findings else finding
+        if finding is None or vetoes + bent >= findings:
+            return None
+        return FastFinding(finding.slope, finding.eta, finding.track, latest)
 
     def _climb(self, values: list[float], precedent: float, high: float, capacity: float,
                bucket: float) -> FastFinding | None:
