@@ -14,38 +14,8 @@ shortest first, each on the floors whose window is from 1/``floor_scales[1]``
 to 1/``floor_scales[0]`` of the scale, cheapest checks first; the statistics
 run on at most ``points_per_scale`` points, so the cost per analysis is
 bounded.  A scale is tested only with ``min_prior`` of history before its
-window, so that a periodic load has shown its earlier highs.  A scale shows
-growth on a floor when
-
-* the medians of its ``segments`` consecutive segments all rise, the smallest
-  rise at least ``min_ratio`` of the largest (a step rises in one segment, a
-  warm-up that levels off in the first ones only) and the newest at least
-  ``newest_ratio`` of the largest (a warm-up slows down as it levels off, a
-  leak does not);
-* the rise is at least ``min_rise`` of the capacity (or of the level);
-* the newest floor is within ``end_slack`` of the rise of the newest
-  segment's median (periodic load has turned back down by then);
-* the newest segment still climbs within itself: the median of its newer half
-  tops that of its older half by ``newest_half`` of the rise per segment (a
-  leak's by about two thirds of it; a warm-up or a load that has levelled off,
-  whose earlier segments still rise in order, by nothing);
-* the newest segment tops the segments of the ``lookback`` before the window
-  by ``new_high`` of the rise (periodic load returns to levels already seen);
-* no single one-minute jump of the floor carries more than ``max_jump`` of
-  the rise (model swaps are a few big steps; a leaking staircase has more),
-  ``max_jump_fast`` on the scales up to ``fast_scale`` tested on floors up to
-  ``fast_floor``: those floors follow each step within minutes, and such a
-  window rarely holds three swaps upward, where a staircase leaking every
-  10-25 min shows three steps;
-* the Theil-Sen slope is positive and its rise exceeds ``noise_factor`` times
-  the robust scatter around it;
-* on the floors up to ``beat_floor``, it is not two allocator sawtooths that
-  beat (``beat.py``): the minutes' middles climbing under ``beat_middle`` of
-  the slope while the high falls by over ``beat_high`` of it;
-* against a known capacity, the time until the high reaches it at that slope
-  is within ``max_eta``;
-* Mann-Kendall, its variance corrected for the autocorrelation of the floor
-  (Yue-Wang, significant lags), rejects "no upward trend" at ``alpha``.
+window, so that a periodic load has shown its earlier highs.  What growth at
+one scale on one floor is: ``scales.py``.
 
 Nothing fires before ``min_history`` of data (a full load cycle must be seen).
 
@@ -66,21 +36,18 @@ import math
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
-from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tpuwatch import statefile
 from tpuwatch.analysis.beat import Beats
 from tpuwatch.analysis.fast import FastCheck, FastFinding, FastParams
 from tpuwatch.analysis.floors import SlidingValues, pack, strided, unpack
-from tpuwatch.analysis.robust import mann_kendall_p, median, theil_sen
+from tpuwatch.analysis.robust import theil_sen
+from tpuwatch.analysis.scales import Growth, growth_at
 from tpuwatch.store import History
 
-if TYPE_CHECKING:
-    import numpy as np
-
 TRIM_SLACK = 60  # floors (an hour) the arrays hold beyond what analyses read before they are trimmed
-# numpy is imported on first use (here and in robust.py), when a series first shows a rising floor worth
+# numpy is imported on first use (in floors.py and robust.py), when a series first shows a rising floor worth
 # testing: a healthy daemon never pays its ~11 MB.
 
 
@@ -121,15 +88,6 @@ class LeakParams:
     critical_eta: float = 4 * 3600.0
     max_eta: float = 7 * 86400.0
     fast: FastParams | None = FastParams()
-
-
-@dataclass(frozen=True)
-class Growth:
-    """Growth found at one analysis: robust slope, trend confidence, projected exhaustion."""
-
-    slope: float
-    confidence: float
-    eta: float | None
 
 
 @dataclass(frozen=True)
@@ -190,11 +148,11 @@ class LeakDetector:
         beats = max((s for s in p.scales if s <= p.floor_scales[1] * p.beat_floor), default=p.bucket)
         self._beats = Beats(int(beats / p.bucket) + 1, p.beat_middle, p.beat_high)
         # What each analysis tests, shortest scale first: (history needed, buckets in the scale, floor history,
-        # largest jump as a share of the rise, whether a beat is told apart).  It holds the floor arrays themselves:
-        # trimming and restore() change them in place, never replace them.
+        # largest jump as a share of the rise, the minutes' middles where a beat is told apart, else None).  It
+        # holds the floor arrays themselves: trimming and restore() change them in place, never replace them.
         self._plan = [(count + max(count // p.segments, int(p.min_prior / p.bucket)), count, floors,
                        p.max_jump_fast if scale <= p.fast_scale and window <= p.fast_floor else p.max_jump,
-                       window <= p.beat_floor)
+                       self._beats if window <= p.beat_floor else None)
                       for scale in p.scales for count in (int(scale / p.bucket),)
                       for window, floors in zip(p.floor_windows, self._floors)
                       if p.floor_scales[0] * window <= count * p.bucket <= p.floor_scales[1] * window]
@@ -250,74 +208,14 @@ class LeakDetector:
         history = len(self._floor_times)
         if history < self.params.min_history / self.params.bucket:
             return None
-        for needed, count, floors, max_jump, beat in self._plan:
+        for needed, count, floors, max_jump, beats in self._plan:
             if history < needed:
                 return None
-            growth = self._growth_at(count, floors, max_jump, beat)
+            growth = growth_at(self.params, self._floor_times, floors, count, max_jump, self._capacity, self._high,
+                               beats)
             if growth is not None:
                 return growth
         return None
-
-    def _window(self, count: int, floors: History) -> tuple[np.ndarray, np.ndarray]:
-        """The last ``count`` floors' times and values, every stride-th one back from the newest."""
-        points = self.params.points_per_scale
-        return strided(self._floor_times, count, points), strided(floors, count, points)
-
-    def _growth_at(self, count: int, floors: History, max_jump: float, beat: bool) -> Growth | None:
-        p = self.params
-        length = count // p.segments
-        end = len(floors)
-        # With end_slack <= 1 the rise, end and monotony checks below imply this one, far cheaper than the medians:
-        # the newest floor is then above the oldest segment's median, hence above its least value.
-        if p.end_slack <= 1.0:
-            least_rise = (1.0 - p.end_slack) * p.min_rise * (self._capacity or 0.0)
-            oldest_start = end - p.segments * length
-            if floors[-1] < min(floors[oldest_start:oldest_start + length]) + least_rise:
-                return None
-        levels = [median(floors[end - length:])]
-        for k in range(1, p.segments):  # newest first, stopping at the first segment that does not rise
-            levels.append(median(floors[end - (k + 1) * length:end - k * length]))
-            if levels[-1] >= levels[-2]:
-                return None
-        rises = [levels[k] - levels[k + 1] for k in range(p.segments - 1)]
-        if min(rises) < p.min_ratio * max(rises) or rises[0] < p.newest_ratio * max(rises):
-            return None
-        rise = levels[0] - levels[-1]
-        if floors[-1] < levels[0] - p.end_slack * rise:
-            return None
-        # Still climbing within the newest segment: its newer half above its older one (a leak's by half a
-        # segment's rise; a warm-up or a load that has levelled off, by nothing).
-        half = length // 2
-        if median(floors[end - half:]) - median(floors[end - length:end - half]) < p.newest_half * rise / p.segments:
-            return None
-        if rise < p.min_rise * (self._capacity if self._capacity is not None else levels[0]):
-            return None
-        oldest = max(0, end - p.segments * length - int(p.lookback / p.bucket))
-        older = range(end - (p.segments + 1) * length, oldest - 1, -length)
-        if levels[0] - max(median(floors[a:a + length]) for a in older) < p.new_high * rise:
-            return None
-        window = floors[-count:]
-        if max(b - a for a, b in pairwise(window)) > max_jump * rise:
-            return None
-        times, values = self._window(count, floors)
-        times = times - times[-1]
-        slope = theil_sen(times, values)
-        if slope <= 0 or beat and self._beats.beating(count, times, slope, p.points_per_scale):
-            return None
-        residual = values - slope * times
-        center = median(residual)
-        noise = 1.4826 * median(abs(residual - center))
-        if slope * (times[-1] - times[0]) <= p.noise_factor * noise:
-            return None
-        eta = None
-        if self._capacity is not None:
-            eta = max(0.0, (self._capacity - self._high) / slope)
-            if eta > p.max_eta:
-                return None
-        pvalue = mann_kendall_p(times, values, slope)
-        if pvalue >= p.alpha:
-            return None
-        return Growth(slope, 1.0 - pvalue, eta)
 
     def _judge(self, now: float, growth: Growth | None) -> None:
         p = self.params
@@ -413,7 +311,8 @@ class LeakDetector:
         count = min(len(self._floor_times), int(max(self.params.scales) / self.params.bucket))
         if count < 2:
             return 0.0
-        times, values = self._window(count, self._floors[-1])
+        points = self.params.points_per_scale
+        times, values = strided(self._floor_times, count, points), strided(self._floors[-1], count, points)
         return theil_sen(times - times[-1], values)
 
 
