@@ -49,6 +49,7 @@ ADDED_LEAKS = ("uneven_staircase",)  # drawn after the look-alikes, so that the 
 LOOK_ALIKES = ("model_load", "second_model", "warmup", "warmup_sawtooth", "warmup_steps")
 EASE_OUT = ("exponential", "quadratic", "cubic", "sqrt")
 REQUIRED_LEAD_MIN = 10.0
+YOUNG_BEFORE_MIN = (0.0, 5.0, 30.0)  # minutes of history a young series holds before the event
 
 
 @dataclass
@@ -240,6 +241,45 @@ def report(score: FastScore, seeds: list[int], per_cell: int) -> list[str]:
                   f"{total}**; look-alikes paged: **{sum(sum(f) for f in score.alarms.values())} of "
                   f"{sum(len(f) for f in score.alarms.values())}** ({sum(score.slow_alarms.values())} of them page without the "
                   "fast check too: the slow scales')."]
+    return lines
+
+
+def young(trace: FastTrace, before_min: float) -> FastTrace:
+    """``trace`` as a young series holds it: its readings from ``before_min`` minutes before the event on (a job's
+    chip whose readings start with the job, or a series the daemon forgot and sees again)."""
+    keep = trace.times >= trace.event_at - before_min * MINUTE
+    return dataclasses.replace(trace, times=trace.times[keep], used=trace.used[keep])
+
+
+def _young_seed(per_cell: int, seed: int, params: LeakParams | None) -> dict[float, list[int]]:
+    counts = {before: [0, 0, 0, 0] for before in YOUNG_BEFORE_MIN}  # leaks, paged in time, look-alikes, paged
+    for trace in traces(per_cell, seed):
+        for before, count in counts.items():
+            alert = first_alert(young(trace, before), params)
+            if trace.full_at is None:
+                count[2] += 1
+                count[3] += alert is not None
+            else:
+                count[0] += 1
+                count[1] += alert is not None and alert >= trace.event_at \
+                    and trace.full_at - alert >= REQUIRED_LEAD_MIN * MINUTE
+    return counts
+
+
+def young_report(per_cell: int, seeds: list[int], jobs: int = 1, params: LeakParams | None = None) -> list[str]:
+    """The markdown lines of the young-series part: every trace of ``seeds`` cut to ``YOUNG_BEFORE_MIN``."""
+    total = {before: [0, 0, 0, 0] for before in YOUNG_BEFORE_MIN}
+    with ProcessPoolExecutor(max(1, jobs)) as pool:
+        for part in pool.map(_young_seed, [per_cell] * len(seeds), seeds, [params] * len(seeds)):
+            for before, count in part.items():
+                total[before] = [a + b for a, b in zip(total[before], count)]
+    lines = ["### Young series: the same kinds with little or no history before the event", "",
+             f"Seeds {', '.join(map(str, seeds))}, {per_cell} per kind, speed and capacity, each trace cut to its "
+             "last minutes before the event (a job's chip, whose readings start with the job).", "",
+             "| History before the event | Leaks | Paged >= 10 min before full | Look-alikes | Paged |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {before:g} min | {leaks} | {good} | {looks} | {paged} |"
+              for before, (leaks, good, looks, paged) in total.items()]
     return lines
 
 

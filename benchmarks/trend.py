@@ -418,6 +418,9 @@ def main() -> int:
     parser.add_argument("--fast-held-out", type=seed_range, default=[], metavar="S,S,...",
                         help="also score the fast leaks of these seeds, reported apart (seeds not looked at while "
                              "tuning the fast check)")
+    parser.add_argument("--fast-young", type=seed_range, default=[], metavar="S,S,...",
+                        help="also score the fast-leak traces of these seeds as young series (cut to 0, 5 and 30 "
+                             "min before the event; 1 per kind, speed and capacity)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="processes for the seeds (default 1; the replay rate is one core's either way)")
     parser.add_argument("--output", type=Path, default=BENCHMARKS_MD, help="markdown file to update")
@@ -438,6 +441,8 @@ def main() -> int:
         held = fastleaks.report(fastleaks.evaluate(fast_per_cell, args.fast_held_out, args.jobs), args.fast_held_out,
                                 fast_per_cell)
         fast += ["", *(line.replace("### Fast leaks", "### Held out: fast leaks", 1) for line in held)]
+    if args.fast_young:
+        fast += ["", *fastleaks.young_report(1, args.fast_young, args.jobs)]
     command = shlex.join(["python", "benchmarks/trend.py", *sys.argv[1:]])
     text = report(scores, per_seed, replayed, replay_s, count, command, args.quick, free, fast)
     write_section("trend", text, args.output)

@@ -53,6 +53,14 @@ a climb without lag, under a sawtooth too (its teeth's tops).  On each:
   above) within ``near``: the page comes as late as a 10 min lead allows, so
   that a ramp that stops short of full is seen to stop.
 
+A young series (a job's chip: a TPU's readings start with its job, and a
+series unseen for an hour is forgotten) holds fewer than ``reference`` +
+``longest`` + 1 minutes: its first ``least_reference`` minutes are the
+reference and the climb is judged from there, but only once it has lasted
+``young_shortest`` minutes (a job's start-up: loading, compiling, caches
+warming up in straight ramps that no reading tells from a leak until they
+stop; the series has no history that shows what its job does).
+
 A finding is dropped while the raw readings of the last 10 min, their
 allocator's sawtooth or a staircase's steps set aside, show the climb slowing
 down to a top below capacity (``teeth.py``): the floors under a sawtooth
@@ -106,6 +114,8 @@ class FastParams:
     bend: float = 1.5
     max_lag: float = 0.8
     onset: float = 0.33
+    least_reference: int = 3
+    young_shortest: int = 15
     closing: float = 0.5
     persistence: int = 4
     streak: int = 10
@@ -221,6 +231,12 @@ class FastCheck:
     def _find(self, floors: list[Any], high: float, capacity: float, bucket: float) -> FastFinding | None:
         p = self.params
         need = p.reference + p.longest + 1
+        size = min(need, len(self._lows))
+        # A young series (a job's chip, whose readings start with the job): its first minutes are the reference,
+        # and a climb counts once it has lasted ``young_shortest`` (a job's start-up is no leak).
+        ref, shortest = (p.reference, p.shortest) if size == need else (p.least_reference, p.young_shortest)
+        if size < ref + shortest + 1:
+            return None
         least = p.min_rise * capacity
         finding = None
         findings = vetoes = bent = 0
@@ -228,30 +244,30 @@ class FastCheck:
         steady = False
         precedents: dict[int, float] = {}
         for series, held in ((self._lows, 0), (floors[0], 0), (self._fives, 1), (floors[1], 1), (self._highs, 0)):
-            start = len(series) - need
+            start = len(series) - size
             if start < 0:
                 if series is self._highs:
                     continue  # restored from a snapshot that kept no highs: not yet
                 return None
             # The cheap test first, without a copy: no new high on this floor, nothing to judge.
-            reference = islice(series, start, start + p.reference) if isinstance(series, deque) \
-                else series[start:start + p.reference]
+            reference = islice(series, start, start + ref) if isinstance(series, deque) \
+                else series[start:start + ref]
             if series[-1] - max(reference) < least:
                 continue
             if held not in precedents:  # read on the detector's 3 or 8 min floor (it holds them for hours)
                 history = floors[held]
-                end = len(history) - p.longest - 1
+                end = len(history) - (size - ref)
                 precedents[held] = _precedent(history[max(0, end - p.memory):end], least)
             precedent = precedents[held]
             values = list(series)[start:] if isinstance(series, deque) else list(series[start:])
-            found = self._climb(values, precedent, high, capacity, bucket)
+            found = self._climb(values, ref, shortest, precedent, high, capacity, bucket)
             if series is self._highs:
                 if found is LEVELS or found is TURNED:
                     return None  # the ceiling bends to below capacity, or falls back: a warm-up
                 steady = found is not None
                 if found is not None and found is not STEADY:
                     bent = 0  # the ceiling is due a page: the swinging floors' bends are troughs held
-            if found is LEVELS and max(values[:p.reference]) - min(values[:p.reference]) < least:
+            if found is LEVELS and max(values[:ref]) - min(values[:ref]) < least:
                 return None  # a floor that held still before the climb bends to below capacity: a warm-up
             if found is LEVELS:
                 bent += 1
@@ -270,25 +286,25 @@ class FastCheck:
             return None
         return FastFinding(finding.slope, finding.eta, finding.track, latest)
 
-    def _climb(self, values: list[float], precedent: float, high: float, capacity: float,
+    def _climb(self, values: list[float], ref: int, shortest: int, precedent: float, high: float, capacity: float,
                bucket: float) -> FastFinding | None:
         """The climb of one floor since it left the range of its reference, judged; ``values`` hold the reference
-        then the newest ``longest`` + 1 floors; ``precedent`` is the height the allocator has climbed to and
-        released from before (``_precedent``)."""
+        (``ref`` floors) then the newest; a climb shorter than ``shortest`` minutes is none yet; ``precedent`` is the
+        height the allocator has climbed to and released from before (``_precedent``)."""
         p = self.params
         now = values[-1]
-        reference = values[:p.reference]
+        reference = values[:ref]
         top, bottom = max(max(reference), precedent), min(reference)
         margin = max(p.new_high * (top - bottom), p.min_rise * capacity)
         if now - top < margin:
             return None
-        recent = values[p.reference:]
+        recent = values[ref:]
         onset = len(recent) - 1
         while onset > 0 and recent[onset - 1] > top + p.onset * margin:
             onset -= 1
         climb = recent[onset:]
         span = len(climb) - 1
-        if span < p.shortest:
+        if span < shortest:
             return None
         rise = now - climb[0]
         cuts = (0, round(span / 3.0), round(2.0 * span / 3.0), span)
@@ -371,7 +387,7 @@ def _precedent(values: list[float], tolerance: float) -> float:
     return peaks[0]
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=128)
 def _fits(span: int) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...], tuple[float, ...], float]:
     """Least-squares weights over t = -span..0: the straight line's slope; the quadratic a + b t + c t^2's a, b
     (the slope at the newest point) and c (half the acceleration); and the norm of c's weights (its standard
