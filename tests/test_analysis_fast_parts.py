@@ -4,12 +4,13 @@ damaged snapshot (mutation testing found each of them unpinned by the tests on w
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
 import pytest
 
-from tpuwatch.analysis.fast import FastCheck, FastFinding, _fits, _precedent
+from tpuwatch.analysis.fast import LEVELS, STEADY, FastCheck, FastFinding, FastParams, _fits, _precedent
 
 CAPACITY = 16 * 1024.0**3
 MINUTE = 60.0
@@ -77,3 +78,57 @@ def test_a_damaged_snapshot_is_refused_with_what_is_wrong() -> None:
         FastCheck().restore({**snapshot, "fives": [math.inf] * len(snapshot["fives"])})
     with pytest.raises(ValueError, match="differ in length"):
         FastCheck().restore({**snapshot, "fives": snapshot["fives"][1:]})
+
+
+def climb(values: list[float], high: float, capacity: float, reference: list[float] | None = None,
+          params: FastParams | None = None) -> FastFinding | None:
+    """One floor's climb judged by ``_climb``: ``reference`` (3 values, default 0.0) then ``values``."""
+    check = FastCheck(params)
+    ref = reference or [0.0, 0.0, 0.0]
+    return check._climb(ref + values, len(ref), 6, -math.inf, high, capacity, MINUTE)
+
+
+def quadratic(slope: float, curvature: float, span: int, level: float) -> list[float]:
+    """level + slope t + curvature t^2 at t = -span..0 (per bucket): ``slope`` now, slowing down when negative."""
+    return [level + slope * t + curvature * t * t for t in range(-span, 1)]
+
+
+def test_a_slowing_climb_levels_off_where_its_slope_falling_linearly_reaches_nothing() -> None:
+    # Slope 1 a bucket, falling by 0.04 a bucket: it rises 1 / (4 x 0.02) = 12.5 more (the thirds' rises, shrinking
+    # slower, would say 29).  Levels off under a capacity 13 above the high; 12 above, it is projected straight.
+    values = quadratic(1.0, -0.02, 12, 20.0)
+    reference = [4.0, 4.0, 4.0]
+    assert climb(values, 20.0, 33.0, reference) is LEVELS
+    found = climb(values, 20.0, 32.0, reference)
+    assert found is not None and found.slope == pytest.approx(1.0 / MINUTE)  # the slope now, not the line's
+    assert found.eta == pytest.approx(12.0 / (1.0 / MINUTE))
+
+
+def test_a_climb_whose_newest_third_rises_far_less_levels_off_where_that_series_sums_to() -> None:
+    # Thirds of 4 buckets rising 1, 1 and 0.4 a bucket: the newest third rose 1.6, q = 0.4 / 1 of the one before;
+    # shrinking so, 1.6 x 0.4 / 0.6 = 1.07 is left (the quadratic's projection says more).
+    values = [0.0]
+    for rate in (1.0, 1.0, 0.4):
+        values += [values[-1] + rate * (i + 1) for i in range(4)]
+    high, left = values[-1], 1.6 * 0.4 / 0.6
+    assert climb(values, high, high + left + 0.05, [-20.0] * 3) is LEVELS
+    assert climb(values, high, high + left - 0.05, [-20.0] * 3) not in (LEVELS, STEADY, None)
+
+
+def test_a_finding_projects_from_the_high_and_its_time_to_full_straight() -> None:
+    values = [0.5 * (i + 1) for i in range(12)]
+    found = climb(values, 6.0, 10.0)
+    assert found is not None and found.slope == pytest.approx(0.5 / MINUTE)
+    assert found.eta == pytest.approx(4.0 / found.slope) and found.track == pytest.approx(4.0 / found.slope)
+    close = climb(values, 6.0, 6.5)  # half a unit of room: the track is that, not a floor of 1
+    assert close is not None and close.track == pytest.approx(0.5 / close.slope)
+    over = climb(values, 6.0, 5.5)  # past capacity already: no room left
+    assert over is not None and over.eta == 0.0
+
+
+def test_a_climb_due_beyond_the_horizon_is_steady_whatever_near_says() -> None:
+    values = [0.5 * (i + 1) for i in range(12)]
+    room = 1300.0 * 0.5 / MINUTE  # 1300 s at the slope: beyond the 1200 s horizon
+    wide = dataclasses.replace(FastParams(), near=2000.0)
+    assert climb(values, 6.0, 6.0 + room, params=wide) is STEADY
+    assert climb(values, 6.0, 6.0 + room, params=dataclasses.replace(wide, horizon=1400.0)) not in (STEADY, None)
