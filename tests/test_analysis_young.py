@@ -62,6 +62,14 @@ def test_a_leak_from_the_jobs_start_is_paged_10_minutes_before_full(minutes: flo
     assert lead(points, first_page(points, young_shortest=90)) < 10.0
 
 
+def test_a_leak_of_110_minutes_from_the_jobs_start_is_paged_while_the_slow_scales_still_learn() -> None:
+    # Due a page by its 100th minute: the series holds more than the check's 91 minutes by then, but the slow
+    # scales judge nothing before 2 h, so it is young until then (the first minutes it holds are its reference).
+    points = job(leak(110), 115)
+    assert lead(points, first_page(points)) >= 10.0
+    assert lead(points, first_page(points, young_until=91)) < 10.0  # young only while under 91 minutes: missed
+
+
 def test_a_leak_under_a_sawtooth_from_the_jobs_start_is_paged_10_minutes_before_full() -> None:
     def extra(t: float) -> float:
         return leak(45)(t) * (1 - 0.08 / 0.7) + 0.08 * CAPACITY * ((t % 150.0) / 150.0)

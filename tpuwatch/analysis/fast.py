@@ -54,12 +54,13 @@ a climb without lag, under a sawtooth too (its teeth's tops).  On each:
   that a ramp that stops short of full is seen to stop.
 
 A young series (a job's chip: a TPU's readings start with its job, and a
-series unseen for an hour is forgotten) holds fewer than ``reference`` +
-``longest`` + 1 minutes: its first ``least_reference`` minutes are the
-reference and the climb is judged from there, but only once it has lasted
-``young_shortest`` minutes (a job's start-up: loading, compiling, caches
-warming up in straight ramps that no reading tells from a leak until they
-stop; the series has no history that shows what its job does).
+series unseen for an hour is forgotten), one of fewer than ``young_until``
+minutes (the slow scales' 2 h of learning), has no hour before its climb
+that shows what its job does: the first ``least_reference`` of the minutes
+it holds (up to ``reference`` + ``longest`` + 1) are the reference and the
+climb is judged from there, but only once it has lasted ``young_shortest``
+minutes (a job's start-up: loading, compiling, caches warming up in
+straight ramps that no reading tells from a leak until they stop).
 
 A finding is dropped while the raw readings of the last 10 min, their
 allocator's sawtooth or a staircase's steps set aside, show the climb slowing
@@ -116,6 +117,7 @@ class FastParams:
     onset: float = 0.33
     least_reference: int = 3
     young_shortest: int = 15
+    young_until: int = 120
     closing: float = 0.5
     persistence: int = 4
     streak: int = 10
@@ -232,9 +234,10 @@ class FastCheck:
         p = self.params
         need = p.reference + p.longest + 1
         size = min(need, len(self._lows))
-        # A young series (a job's chip, whose readings start with the job): its first minutes are the reference,
-        # and a climb counts once it has lasted ``young_shortest`` (a job's start-up is no leak).
-        ref, shortest = (p.reference, p.shortest) if size == need else (p.least_reference, p.young_shortest)
+        # A young series (a job's chip, whose readings start with the job): the first minutes it holds are the
+        # reference, and a climb counts once it has lasted ``young_shortest`` (a job's start-up is no leak).
+        young = len(floors[0]) < p.young_until
+        ref, shortest = (p.least_reference, p.young_shortest) if young else (p.reference, p.shortest)
         if size < ref + shortest + 1:
             return None
         least = p.min_rise * capacity
