@@ -74,9 +74,9 @@ def test_a_damaged_snapshot_is_refused_with_what_is_wrong() -> None:
     for _ in range(3):
         check.close((1.0, 2.0), [], 2.0, CAPACITY, MINUTE)
     snapshot = check.snapshot()
-    with pytest.raises(ValueError, match="not finite"):
+    with pytest.raises(ValueError, match="^the fast check holds a value that is not finite$"):
         FastCheck().restore({**snapshot, "fives": [math.inf] * len(snapshot["fives"])})
-    with pytest.raises(ValueError, match="differ in length"):
+    with pytest.raises(ValueError, match="^the fast check's floors differ in length$"):
         FastCheck().restore({**snapshot, "fives": snapshot["fives"][1:]})
 
 
@@ -132,3 +132,26 @@ def test_a_climb_due_beyond_the_horizon_is_steady_whatever_near_says() -> None:
     wide = dataclasses.replace(FastParams(), near=2000.0)
     assert climb(values, 6.0, 6.0 + room, params=wide) is STEADY
     assert climb(values, 6.0, 6.0 + room, params=dataclasses.replace(wide, horizon=1400.0)) not in (STEADY, None)
+
+
+def test_the_five_minute_floor_is_the_second_lowest_of_the_last_five_buckets_lows() -> None:
+    check = FastCheck()
+    lows = [(5.0, 6.0), (3.0, 9.0), (7.0, 8.0), (4.0, 4.5), (8.0, 9.0), (9.0, 9.5), (10.0, 11.0)]
+    for low in lows:
+        check.close(low, [], 10.0, None, MINUTE)
+    # The first bucket alone: its own second-lowest; then the second-lowest of everything the last five held.
+    assert check.snapshot()["fives"] == [6.0, 5.0, 5.0, 4.0, 4.0, 4.0, 4.5]
+
+
+def test_without_a_capacity_or_with_none_there_is_no_finding_and_no_error() -> None:
+    for capacity in (None, 0.0):
+        check = FastCheck()
+        found = [check.close((v, v + 0.5), [], v + 1.0, capacity, MINUTE) for v in range(200)]
+        assert found == [None] * 200
+
+
+def test_the_streak_of_times_to_full_kept_is_bounded() -> None:
+    check = Scripted([30.0] * 50)
+    for _ in range(50):
+        check.close((1.0, 2.0), [], 2.0, CAPACITY, MINUTE)
+    assert len(check.snapshot()["etas"]) == max(FastParams().persistence, FastParams().streak)
