@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -36,20 +37,44 @@ _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 _WORKER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]) % _WORKERS
 
 
+def _unassigned_ports() -> range:
+    """Ports below the kernel's ephemeral range (``ip_local_port_range``), which it never gives a socket on its own."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return range(10000, max(10000, low))
+
+
+_PORTS = _unassigned_ports()
+_PICK = random.Random(os.getpid())
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now and that this process has not handed out before.
 
     A port handed to a child that has not bound it yet is free again to the kernel; without the memory, two
     daemons started in a row can be given the same port, and the second one's readiness check is answered by
-    the first.  Under pytest-xdist each worker keeps to its own residue of half the port number (Linux hands bind()
-    even ports first), so two workers never hand out the same port."""
+    the first.  It is drawn below the kernel's ephemeral range: a port from that range could meanwhile become the
+    local end of any connection made on the machine (a test's own requests), and the child's bind then fails
+    with "address already in use" (seen under load).  Under pytest-xdist each worker keeps to its own residue of
+    half the port number, so two workers never hand out the same port."""
     while True:
+        if len(_PORTS) >= 1000:
+            port = _PICK.randrange(_PORTS.start, _PORTS.stop)
+        else:  # no room below the ephemeral range on this machine: any free port
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+        if port in _HANDED_OUT or (port >> 1) % _WORKERS != _WORKER:
+            continue
         with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port: int = sock.getsockname()[1]
-        if port not in _HANDED_OUT and (port >> 1) % _WORKERS == _WORKER:
-            _HANDED_OUT.add(port)
-            return port
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
 
 
 def waited_seconds(problem: str | None, prefix: str) -> float:
