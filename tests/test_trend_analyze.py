@@ -70,22 +70,30 @@ def test_query_range_json_with_two_series(capsys: pytest.CaptureFixture[str]) ->
     assert out.rstrip().endswith("1 of 2 series leaking")
 
 
+@pytest.mark.parametrize(("minutes", "capacity", "reason"), [
+    (60, None, "2 h of data needed for a slow leak, 1 h given; no capacity, so no fast one judged either"),
+    (60, "64GiB", "2 h of data needed for a slow leak, 1 h given; no fast one (filling the chip within 20 min) found"),
+    (18, "64GiB", "2 h of data needed for a slow leak, 18 min given"),  # too short for the fast check too
+    (19, "64GiB",
+     "2 h of data needed for a slow leak, 19 min given; no fast one (filling the chip within 20 min) found"),
+])
 def test_a_series_shorter_than_the_learning_period_is_insufficient_not_ok(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # Perfectly linear growth of 2.4 GiB/h for 1 h, with a header row of other names.
+        minutes: int, capacity: str | None, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Perfectly linear growth of 2.4 GiB/h, with a header row of other names.
     rate = 2.4 * GIB / 3600
-    rows = "\n".join(f"{1_767_225_600 + 10 * k},{8 * GIB + rate * 10 * k:.0f}" for k in range(361))
+    rows = "\n".join(f"{1_767_225_600 + 10 * k},{8 * GIB + rate * 10 * k:.0f}" for k in range(6 * minutes + 1))
     path = tmp_path / "short.csv"
     path.write_text(f"time,bytes\n{rows}\n")
-    code, out, _ = run(capsys, str(path), "--json")
+    given = ("--capacity", capacity) if capacity else ()
+    code, out, _ = run(capsys, str(path), *given, "--json")
     [series] = json.loads(out)["series"]
-    assert (code, series["verdict"], series["reason"]) == (0, "insufficient", "2 h of data needed, 1 h given")
-    assert series["samples"] == 361 and series["span_seconds"] == 3600
+    assert (code, series["verdict"], series["reason"]) == (0, "insufficient", reason)
+    assert series["samples"] == 6 * minutes + 1 and series["span_seconds"] == 60 * minutes
     assert series["slope_bytes_per_second"] == pytest.approx(rate, rel=1e-6)
-    code, out, _ = run(capsys, str(path))
+    code, out, _ = run(capsys, str(path), *given)
     assert code == 0
     assert out.splitlines()[1].split()[1:4] == ["insufficient", "-", "-"]  # no growth figure it cannot stand by
-    assert f"{path}: insufficient: 2 h of data needed, 1 h given" in out
+    assert f"{path}: insufficient: {reason}" in out
 
 
 @pytest.mark.parametrize(("text", "size"), [

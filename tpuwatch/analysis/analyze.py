@@ -67,12 +67,15 @@ class Replay:
         self.first: float | None = None
         self.last: float | None = None
         self._default_capacity = default_capacity
+        self._capacity_seen = False  # a capacity came with some point: the fast check could judge the series
         self._sample: list[tuple[float, float]] = []  # every ``_stride``-th point, for the whole-length slope
         self._stride = 1
 
     def add(self, timestamp: float, value: float, capacity: float | None) -> None:
         """Feed one point (in time order)."""
-        self.detector.update(timestamp, value, capacity if capacity is not None else self._default_capacity)
+        capacity = capacity if capacity is not None else self._default_capacity
+        self._capacity_seen = self._capacity_seen or capacity is not None
+        self.detector.update(timestamp, value, capacity)
         if self.first is None:
             self.first = timestamp
         self.last = timestamp
@@ -106,8 +109,7 @@ class Replay:
         if self.detector.first_alert_at is not None:
             verdict, reason = "leak", None
         elif span < self.params.min_history:
-            verdict = "insufficient"
-            reason = f"{_span(self.params.min_history)} of data needed, {_span(span)} given"
+            verdict, reason = "insufficient", self._short(span)
         else:
             verdict, reason = "ok", None
         return {
@@ -121,6 +123,18 @@ class Replay:
             "leak_slope_bytes_per_second": state.slope if state.firing else None,
             "exhaustion_eta_seconds": state.eta if state.firing else None,
         }
+
+    def _short(self, span: float) -> str:
+        """Why a series too short for the slow scales has no verdict, and whether the fast check judged it."""
+        reason = f"{_span(self.params.min_history)} of data needed for a slow leak, {_span(span)} given"
+        fast = self.params.fast
+        if fast is None:
+            return reason
+        if not self._capacity_seen:
+            return f"{reason}; no capacity, so no fast one judged either"
+        if span >= (fast.least_reference + fast.young_shortest + 1) * self.params.bucket:
+            return f"{reason}; no fast one (filling the chip within {_span(fast.horizon)}) found"
+        return reason
 
 
 def _span(seconds: float) -> str:
