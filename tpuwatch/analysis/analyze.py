@@ -67,15 +67,12 @@ class Replay:
         self.first: float | None = None
         self.last: float | None = None
         self._default_capacity = default_capacity
-        self._capacity_seen = False  # a capacity came with some point: the fast check could judge the series
         self._sample: list[tuple[float, float]] = []  # every ``_stride``-th point, for the whole-length slope
         self._stride = 1
 
     def add(self, timestamp: float, value: float, capacity: float | None) -> None:
         """Feed one point (in time order)."""
-        capacity = capacity if capacity is not None else self._default_capacity
-        self._capacity_seen = self._capacity_seen or capacity is not None
-        self.detector.update(timestamp, value, capacity)
+        self.detector.update(timestamp, value, capacity if capacity is not None else self._default_capacity)
         if self.first is None:
             self.first = timestamp
         self.last = timestamp
@@ -130,7 +127,7 @@ class Replay:
         fast = self.params.fast
         if fast is None:
             return reason
-        if not self._capacity_seen:
+        if self.detector.capacity is None:
             return f"{reason}; no capacity, so no fast one judged either"
         if span >= (fast.least_reference + fast.young_shortest + 1) * self.params.bucket:
             return f"{reason}; no fast one (filling the chip within {_span(fast.horizon)}) found"

@@ -298,6 +298,11 @@ class LeakDetector:
             detector._beats.restore(snapshot["beats"])
         return detector
 
+    @property
+    def capacity(self) -> float | None:
+        """The series' capacity as last given (None while none has been)."""
+        return self._capacity
+
     def view(self, since: float) -> LeakView:
         """The floor since ``since`` (at most the kept history), the high, the capacity and the state; read-only."""
         times = self._floor_times.values()
