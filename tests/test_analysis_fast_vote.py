@@ -93,3 +93,4 @@ def test_a_floor_that_held_still_before_it_bends_vetoes_alone() -> None:
 def test_with_no_highs_kept_the_floors_are_judged_alone() -> None:
     assert vote(found(500.0), found(500.0), None, None) == FastFinding(1.0, 500.0, 500.0, 500.0)
     assert vote(found(500.0), TURNED, None, None) is None
+    assert vote(found(500.0), found(500.0), LEVELS, None) is None  # nothing says the high climbs on
