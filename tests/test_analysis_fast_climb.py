@@ -232,3 +232,31 @@ def test_thirds_that_stopped_slowing_leave_the_level_to_the_quadratics_slope() -
     # Thirds rising 2, 0.5 and 0.5: the quadratic's slope now is already down to nothing: it levels off where it is.
     values = thirds(2.0, 0.5, 0.5)
     assert judge([-40.0] * 3, values, values[-1], values[-1] + 1e-6) is LEVELS
+
+
+def curvature_error(span: int) -> float:
+    """The standard error of a quadratic fit's t^2 coefficient over t = -span..0, per unit of noise."""
+    basis = np.vander(np.arange(-span, 1, dtype=float), 3)
+    return math.sqrt(float(np.linalg.inv(basis.T @ basis)[0, 0]))
+
+
+def test_a_curvature_under_what_the_noise_floor_can_tell_is_no_bend() -> None:
+    # A flat reference: the noise is the floor, 1e-4 of the capacity (100 of 1e6); the least curvature told from
+    # it, 3 x 100 x the curvature's standard error.  A climb bending by half that is projected straight, at its
+    # line's slope, not at the quadratic's slope now.
+    capacity, span = 1e6, 30
+    least = FastParams().decelerating * 1e-4 * capacity * curvature_error(span)
+    t = np.arange(-span, 1, dtype=float)
+    climb = list(975_000.0 + 2000.0 * t - 0.5 * least * t * t)
+    found = judge([900_000.0] * 3, climb, climb[-1], capacity)
+    assert found is not None and found not in (LEVELS, STEADY)
+    assert found.slope == pytest.approx(np.polyfit(t, climb, 1)[0] / MINUTE, rel=1e-9)
+
+
+def test_a_climb_of_three_minutes_bends_at_the_least_curvature_unwidened() -> None:
+    # Three minutes leave no residuals to read their autocorrelation on: a bend by 1.5 times the least curvature
+    # told from noise (the floor's, 1e-4 of the capacity) is a bend, here to well below capacity.
+    capacity = 1000.0
+    least = FastParams().decelerating * 1e-4 * capacity * curvature_error(3)
+    climb = [100.0 + 12.0 * t - 1.5 * least * t * t for t in range(-3, 1)]
+    assert judge([0.0] * 3, climb, climb[-1], capacity, shortest=3) is LEVELS

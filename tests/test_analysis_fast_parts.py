@@ -143,6 +143,23 @@ def test_the_five_minute_floor_is_the_second_lowest_of_the_last_five_buckets_low
     assert check.snapshot()["fives"] == [6.0, 5.0, 5.0, 4.0, 4.0, 4.0, 4.5]
 
 
+def test_a_first_bucket_of_one_reading_is_its_own_five_minute_floor() -> None:
+    check = FastCheck()
+    check.close((5.0,), [], 10.0, None, MINUTE)
+    check.close((7.0,), [], 10.0, None, MINUTE)
+    assert check.snapshot()["fives"] == [5.0, 7.0]
+
+
+def test_the_check_keeps_a_reference_and_the_longest_climb_of_minutes_and_the_newest() -> None:
+    check = FastCheck()
+    for v in range(200):
+        check.close((float(v), v + 0.5), [], v + 1.0, None, MINUTE)
+    kept = check.snapshot()
+    params = FastParams()
+    assert len(kept["lows"]) == len(kept["fives"]) == len(kept["highs"]) == params.reference + params.longest + 1
+    assert kept["lows"][0] == 200 - 91 + 0.5
+
+
 def test_without_a_capacity_or_with_none_there_is_no_finding_and_no_error() -> None:
     for capacity in (None, 0.0):
         check = FastCheck()
