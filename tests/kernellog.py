@@ -8,11 +8,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tpuwatch.kernel_log.attribution import Attribution
+from tpuwatch.kernel_log.blocks import Block
 from tpuwatch.kernel_log.events import KernelEvent
 from tpuwatch.kernel_log.filesource import StreamSource
 from tpuwatch.kernel_log.matcher import StreamMatcher
 from tpuwatch.kernel_log.reader import LogReader
-from tpuwatch.kernel_log.records import Block, Record
+from tpuwatch.kernel_log.records import Record
 from tpuwatch.kernel_log.rule import Match
 from tpuwatch.kernel_log.rules import RuleSet
 from tpuwatch.kernel_log.sources import Source

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from tpuwatch.kernel_log.blocks import MAX_CONTINUATION_LINES, Block
 from tpuwatch.kernel_log.formats import is_text
-from tpuwatch.kernel_log.records import MAX_CONTINUATION_LINES, Block
 
 
 def test_text_is_every_byte_but_the_control_bytes_other_than_tab_cr_and_lf() -> None:

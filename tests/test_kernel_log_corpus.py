@@ -16,11 +16,12 @@ import yaml
 from test_kernel_log_resilience import journal_entry, write_journal
 
 from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver, prefix_device
+from tpuwatch.kernel_log.blocks import Splitter
 from tpuwatch.kernel_log.collector import MAX_RECENT_EVENTS, KernelLogCollector
 from tpuwatch.kernel_log.events import KernelEvent, make_event
 from tpuwatch.kernel_log.filesource import FileSource
 from tpuwatch.kernel_log.matcher import StreamMatcher
-from tpuwatch.kernel_log.records import Record, Splitter, parse_kmsg, parse_line
+from tpuwatch.kernel_log.records import Record, parse_kmsg, parse_line
 from tpuwatch.kernel_log.rulefile import load_rules
 
 from conftest import require_tool

@@ -25,10 +25,11 @@ from test_kernel_log_resilience import journal_entry, journal_module, write_jour
 
 from tpuwatch.hw.procfs import read_boot_id
 from tpuwatch.kernel_log import filesource
+from tpuwatch.kernel_log.blocks import Splitter
 from tpuwatch.kernel_log.collector import KernelLogCollector
 from tpuwatch.kernel_log.filesource import FileSource
 from tpuwatch.kernel_log.journal import JournalSource
-from tpuwatch.kernel_log.records import MAX_MESSAGE_CHARS, Splitter, parse_kmsg, parse_line
+from tpuwatch.kernel_log.records import MAX_MESSAGE_CHARS, parse_kmsg, parse_line
 from tpuwatch.kernel_log.rulefile import load_rules
 from tpuwatch.kernel_log.sources import KmsgSource, Source
 

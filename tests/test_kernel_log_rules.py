@@ -16,13 +16,7 @@ from tpuwatch.kernel_log import rules as rules_module
 from tpuwatch.kernel_log.events import make_event
 from tpuwatch.kernel_log.matcher import StreamMatcher
 from tpuwatch.kernel_log.prefilter import literal_alternation
-from tpuwatch.kernel_log.records import (
-    Record,
-    normalise_pci,
-    parse_kmsg,
-    parse_line,
-    pci_of_kernel_device,
-)
+from tpuwatch.kernel_log.records import Record, normalise_pci, parse_kmsg, parse_line, pci_of_kernel_device
 from tpuwatch.kernel_log.rule import Rule
 from tpuwatch.kernel_log.rulefile import SHIPPED_DIR, RuleError, load_rules, parse_rule_file
 from tpuwatch.kernel_log.rules import RuleSet

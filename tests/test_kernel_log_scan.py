@@ -14,9 +14,10 @@ import pytest
 from tpuwatch.config import Config, parse
 from tpuwatch.kernel_log import filesource, logscan
 from tpuwatch.kernel_log.attribution import Attribution, SysfsResolver
+from tpuwatch.kernel_log.blocks import Block
 from tpuwatch.kernel_log.events import KernelEvent
 from tpuwatch.kernel_log.matcher import StreamMatcher
-from tpuwatch.kernel_log.records import MAX_LINE_BYTES, Block, parse_kmsg, parse_record
+from tpuwatch.kernel_log.records import MAX_LINE_BYTES, parse_kmsg, parse_record
 from tpuwatch.kernel_log.rulefile import load_rules
 
 from kernellog import Scanned, scan

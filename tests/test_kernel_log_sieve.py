@@ -8,10 +8,11 @@ import random
 
 import pytest
 
+from tpuwatch.kernel_log.blocks import Splitter
 from tpuwatch.kernel_log.filesource import StreamSource
 from tpuwatch.kernel_log.matcher import StreamMatcher
 from tpuwatch.kernel_log.reader import STORM_PERIOD, LogReader
-from tpuwatch.kernel_log.records import Record, Splitter
+from tpuwatch.kernel_log.records import Record
 from tpuwatch.kernel_log.rule import Match
 from tpuwatch.kernel_log.rulefile import load_rules
 from tpuwatch.kernel_log.sieve import BacklogSieve, Storm

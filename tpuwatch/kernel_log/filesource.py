@@ -1,6 +1,6 @@
 """A followed text log file (kern.log, dmesg output, raw kmsg records, journalctl -o json) as a kernel log source,
 and a stream read once from its start (``StreamSource``: what ``tpuwatch logscan`` reads): both through the one
-record splitter (``records.Splitter``)."""
+record splitter (``blocks.Splitter``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from tpuwatch.kernel_log.blocks import Block, Splitter
 from tpuwatch.kernel_log.position import INT64_MAX, Position, is_count
-from tpuwatch.kernel_log.records import Block, Splitter
 from tpuwatch.kernel_log.sources import Source, SourceError
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ class FileSource(Source):
     end.  A path that does not exist (yet) is a warning and ``degraded``; the
     file is followed from its start once it appears; so is one that replaces a FIFO, a device or a directory at
     the path, which are refused (opened without blocking, never read).  ``read()`` gives the next ``Block`` of
-    whole records, at most ``FILE_READ_BYTES`` of the file (see ``records.Splitter`` for lines that are no
+    whole records, at most ``FILE_READ_BYTES`` of the file (see ``blocks.Splitter`` for lines that are no
     records, and for a record's continuation lines).
     """
 

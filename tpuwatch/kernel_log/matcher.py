@@ -22,7 +22,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from tpuwatch.kernel_log.attribution import device_key, pci_of_key, prefix_device
-from tpuwatch.kernel_log.records import Block, Record
+from tpuwatch.kernel_log.blocks import Block
+from tpuwatch.kernel_log.records import Record
 from tpuwatch.kernel_log.rule import RANK, Match
 from tpuwatch.kernel_log.rules import RESTART_STARTS, RuleSet
 from tpuwatch.kernel_log.sieve import BacklogSieve

@@ -18,9 +18,10 @@ from __future__ import annotations
 import time
 
 from tpuwatch.kernel_log.attribution import Attribution
+from tpuwatch.kernel_log.blocks import Block
 from tpuwatch.kernel_log.events import KernelEvent, make_event
 from tpuwatch.kernel_log.matcher import StreamMatcher
-from tpuwatch.kernel_log.records import Block, Record
+from tpuwatch.kernel_log.records import Record
 from tpuwatch.kernel_log.rule import Match
 from tpuwatch.kernel_log.rules import RuleSet
 from tpuwatch.kernel_log.sieve import MAX_STORMS, BacklogSieve, Storm

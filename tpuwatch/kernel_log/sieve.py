@@ -41,8 +41,9 @@ from dataclasses import dataclass, field
 from itertools import repeat
 
 from tpuwatch.kernel_log.attribution import names_a_device, printed_prefix
+from tpuwatch.kernel_log.blocks import Block
 from tpuwatch.kernel_log.prefilter import Prefilter
-from tpuwatch.kernel_log.records import Block, Record
+from tpuwatch.kernel_log.records import Record
 from tpuwatch.kernel_log.rule import Match
 from tpuwatch.kernel_log.rules import RuleSet
 

@@ -26,9 +26,10 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
+from tpuwatch.kernel_log.blocks import Block, Splitter
 from tpuwatch.kernel_log.formats import KMSG_HEAD_BYTES_RE
 from tpuwatch.kernel_log.position import Position, is_count
-from tpuwatch.kernel_log.records import SKIP_REASONS, Block, Record, Splitter
+from tpuwatch.kernel_log.records import SKIP_REASONS, Record
 
 log = logging.getLogger(__name__)
 
