@@ -39,45 +39,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import pairwise
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from tpuwatch.analysis.floors import strided
+from tpuwatch.analysis.params import LeakParams
 from tpuwatch.analysis.robust import mann_kendall_p, median, theil_sen
 
 if TYPE_CHECKING:
     from tpuwatch.analysis.beat import Beats
     from tpuwatch.store import History
-
-
-class Settings(Protocol):
-    """The settings of ``LeakParams`` (leak.py, which imports this module) that the test reads."""
-
-    @property
-    def bucket(self) -> float: ...
-    @property
-    def points_per_scale(self) -> int: ...
-    @property
-    def lookback(self) -> float: ...
-    @property
-    def segments(self) -> int: ...
-    @property
-    def min_rise(self) -> float: ...
-    @property
-    def min_ratio(self) -> float: ...
-    @property
-    def newest_ratio(self) -> float: ...
-    @property
-    def newest_half(self) -> float: ...
-    @property
-    def new_high(self) -> float: ...
-    @property
-    def end_slack(self) -> float: ...
-    @property
-    def noise_factor(self) -> float: ...
-    @property
-    def max_eta(self) -> float: ...
-    @property
-    def alpha(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -89,7 +59,7 @@ class Growth:
     eta: float | None
 
 
-def growth_at(p: Settings, times: History, floors: History, count: int, max_jump: float,
+def growth_at(p: LeakParams, times: History, floors: History, count: int, max_jump: float,
               capacity: float | None, high: float, beats: Beats | None) -> Growth | None:
     """Growth over the last ``count`` minutes of ``floors`` (``times``: when each closed), or None.
 
