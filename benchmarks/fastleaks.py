@@ -31,9 +31,10 @@ full; a look-alike that pages is a false alarm.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -50,6 +51,7 @@ LOOK_ALIKES = ("model_load", "second_model", "warmup", "warmup_sawtooth", "warmu
 EASE_OUT = ("exponential", "quadratic", "cubic", "sqrt")
 REQUIRED_LEAD_MIN = 10.0
 YOUNG_BEFORE_MIN = (0.0, 5.0, 30.0)  # minutes of history a young series holds before the event
+INTERVAL_EVERY = (1, 2, 3, 6)  # the sampling intervals scored, in readings of the traces' STEP_S
 
 
 @dataclass
@@ -251,11 +253,22 @@ def young(trace: FastTrace, before_min: float) -> FastTrace:
     return dataclasses.replace(trace, times=trace.times[keep], used=trace.used[keep])
 
 
-def _young_seed(per_cell: int, seed: int, params: LeakParams | None) -> dict[float, list[int]]:
-    counts = {before: [0, 0, 0, 0] for before in YOUNG_BEFORE_MIN}  # leaks, paged in time, look-alikes, paged
+def thinned(trace: FastTrace, every: int) -> FastTrace:
+    """``trace`` read every ``every`` x ``STEP_S`` seconds instead: every ``every``-th of its readings (the same
+    chip, scraped or sampled less often)."""
+    return dataclasses.replace(trace, times=trace.times[::every], used=trace.used[::every])
+
+
+Variant = tuple[str, Callable[[FastTrace], FastTrace]]  # a row's label, and the trace as that row reads it
+
+
+def _variant_seed(per_cell: int, seed: int, variants: Sequence[Variant],
+                  params: LeakParams | None) -> dict[str, list[int]]:
+    counts = {label: [0, 0, 0, 0] for label, _ in variants}  # leaks, paged in time, look-alikes, paged
     for trace in traces(per_cell, seed):
-        for before, count in counts.items():
-            alert = first_alert(young(trace, before), params)
+        for label, variant in variants:
+            count = counts[label]
+            alert = first_alert(variant(trace), params)
             if trace.full_at is None:
                 count[2] += 1
                 count[3] += alert is not None
@@ -266,21 +279,40 @@ def _young_seed(per_cell: int, seed: int, params: LeakParams | None) -> dict[flo
     return counts
 
 
+def _variant_rows(per_cell: int, seeds: list[int], variants: Sequence[Variant], jobs: int,
+                  params: LeakParams | None) -> list[str]:
+    """Every trace of ``seeds`` read as each variant reads it: a table row per variant (leaks, paged in time,
+    look-alikes, paged)."""
+    total = {label: [0, 0, 0, 0] for label, _ in variants}
+    with ProcessPoolExecutor(max(1, jobs)) as pool:
+        for part in pool.map(_variant_seed, [per_cell] * len(seeds), seeds, [variants] * len(seeds),
+                             [params] * len(seeds)):
+            for label, count in part.items():
+                total[label] = [a + b for a, b in zip(total[label], count)]
+    return [f"| {label} | {leaks} | {good} | {looks} | {paged} |"
+            for label, (leaks, good, looks, paged) in total.items()]
+
+
 def young_report(per_cell: int, seeds: list[int], jobs: int = 1, params: LeakParams | None = None) -> list[str]:
     """The markdown lines of the young-series part: every trace of ``seeds`` cut to ``YOUNG_BEFORE_MIN``."""
-    total = {before: [0, 0, 0, 0] for before in YOUNG_BEFORE_MIN}
-    with ProcessPoolExecutor(max(1, jobs)) as pool:
-        for part in pool.map(_young_seed, [per_cell] * len(seeds), seeds, [params] * len(seeds)):
-            for before, count in part.items():
-                total[before] = [a + b for a, b in zip(total[before], count)]
-    lines = ["### Young series: the same kinds with little or no history before the event", "",
-             f"Seeds {', '.join(map(str, seeds))}, {per_cell} per kind, speed and capacity, each trace cut to its "
-             "last minutes before the event (a job's chip, whose readings start with the job).", "",
-             "| History before the event | Leaks | Paged >= 10 min before full | Look-alikes | Paged |",
-             "|---|---:|---:|---:|---:|"]
-    lines += [f"| {before:g} min | {leaks} | {good} | {looks} | {paged} |"
-              for before, (leaks, good, looks, paged) in total.items()]
-    return lines
+    variants = [(f"{before:g} min", partial(young, before_min=before)) for before in YOUNG_BEFORE_MIN]
+    return ["### Young series: the same kinds with little or no history before the event", "",
+            f"Seeds {', '.join(map(str, seeds))}, {per_cell} per kind, speed and capacity, each trace cut to its "
+            "last minutes before the event (a job's chip, whose readings start with the job).", "",
+            "| History before the event | Leaks | Paged >= 10 min before full | Look-alikes | Paged |",
+            "|---|---:|---:|---:|---:|", *_variant_rows(per_cell, seeds, variants, jobs, params)]
+
+
+def interval_report(per_cell: int, seeds: list[int], jobs: int = 1, params: LeakParams | None = None) -> list[str]:
+    """The markdown lines of the sampling-interval part: every trace of ``seeds`` read every ``INTERVAL_EVERY``
+    x ``STEP_S`` seconds (the same traces, so the rows pair)."""
+    variants = [(f"{every * STEP_S:g} s", partial(thinned, every=every)) for every in INTERVAL_EVERY]
+    return ["### Sampling interval: the same traces read less often", "",
+            f"Seeds {', '.join(map(str, seeds))}, {per_cell} per kind, speed and capacity, each trace read at its "
+            "10 s and at every 2nd, 3rd and 6th of its readings (a daemon's `interval` or a Prometheus scrape of "
+            "20, 30 or 60 s).", "",
+            "| Interval | Leaks | Paged >= 10 min before full | Look-alikes | Paged |",
+            "|---|---:|---:|---:|---:|", *_variant_rows(per_cell, seeds, variants, jobs, params)]
 
 
 def main() -> int:

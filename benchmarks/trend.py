@@ -28,7 +28,9 @@ more seeds through tpuwatch's detector alone, on every core, and reports its
 false alarms there: 1,200 leak-free traces cannot show a rate of one in a
 thousand.  It then scores fast leaks (20-120 min to full) and their look-alikes
 (``fastleaks.py``): lead time before full per kind and speed, false alarms;
-``--fast-held-out`` scores more seeds of it apart.
+``--fast-held-out`` scores more seeds of it apart, ``--fast-young`` the
+traces of more seeds as young series, ``--fast-intervals`` those of more seeds
+read every 10, 20, 30 and 60 s.
 """
 
 from __future__ import annotations
@@ -421,6 +423,9 @@ def main() -> int:
     parser.add_argument("--fast-young", type=seed_range, default=[], metavar="S,S,...",
                         help="also score the fast-leak traces of these seeds as young series (cut to 0, 5 and 30 "
                              "min before the event; 1 per kind, speed and capacity)")
+    parser.add_argument("--fast-intervals", type=seed_range, default=[], metavar="S,S,...",
+                        help="also score the fast-leak traces of these seeds read every 10, 20, 30 and 60 s (1 per "
+                             "kind, speed and capacity)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="processes for the seeds (default 1; the replay rate is one core's either way)")
     parser.add_argument("--output", type=Path, default=BENCHMARKS_MD, help="markdown file to update")
@@ -443,6 +448,8 @@ def main() -> int:
         fast += ["", *(line.replace("### Fast leaks", "### Held out: fast leaks", 1) for line in held)]
     if args.fast_young:
         fast += ["", *fastleaks.young_report(1, args.fast_young, args.jobs)]
+    if args.fast_intervals:
+        fast += ["", *fastleaks.interval_report(1, args.fast_intervals, args.jobs)]
     command = shlex.join(["python", "benchmarks/trend.py", *sys.argv[1:]])
     text = report(scores, per_seed, replayed, replay_s, count, command, args.quick, free, fast)
     write_section("trend", text, args.output)
