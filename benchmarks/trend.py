@@ -4,7 +4,11 @@
 Usage::
 
     python benchmarks/trend.py [--traces N] [--seeds S,S,...|A-B] [--leak-free-seeds A-B] [--quick]
+                               [--fast-held-out A-B] [--fast-young A-B] [--fast-intervals A-B] [--jobs N]
                                [--output BENCHMARKS.md]
+
+The defaults are the run BENCHMARKS.md quotes (about 12 min on 2 cores); ``--quick`` is a smoke run of the
+two main tables alone, and ``none`` leaves out any of the extra seed sets.
 
 Generates, for each seed, ``N`` traces of each kind and capacity (16, 32, 95 GiB): 12 h at 10 s
 with a few missed samples, leak-free (flat noise, regular and irregular
@@ -344,7 +348,9 @@ def leak_free_alarms(per_kind: int, seed: int) -> tuple[int, list[str]]:
 
 
 def seed_range(text: str) -> list[int]:
-    """Seeds given as ``A-B`` (inclusive) or ``S,S,...``; an argparse type."""
+    """Seeds given as ``A-B`` (inclusive) or ``S,S,...``, or ``none``; an argparse type."""
+    if text == "none":
+        return []
     try:
         if "-" in text:
             first, last = text.split("-")
@@ -408,28 +414,32 @@ def main() -> int:
     parser.add_argument("--traces", type=int, default=10, help="traces per kind and capacity (default 10)")
     parser.add_argument("--seeds", type=seed_range, default="2,3,4,5,6",
                         help="generator seeds, A-B or S,S,... (default 2,3,4,5,6: not used in tuning)")
-    parser.add_argument("--leak-free-seeds", type=seed_range, default=[], metavar="A-B",
+    parser.add_argument("--leak-free-seeds", type=seed_range, default="7-9", metavar="A-B",
                         help="also count tpuwatch's false alarms on the leak-free traces of these seeds (A-B or "
-                             "S,S,...), on every core")
-    parser.add_argument("--quick", action="store_true", help="2 traces per kind and capacity: a smoke run")
+                             "S,S,...; default 7-9), on every core")
+    parser.add_argument("--quick", action="store_true",
+                        help="2 traces per kind and capacity, 1 per fast-leak cell, no extra seed sets: a smoke run")
     parser.add_argument("--fast-seeds", type=seed_range, default="2,3", metavar="S,S,...",
                         help="seeds of the fast-leak traces (default 2,3: the fast check was tuned on them; "
                              "--fast-held-out for others)")
     parser.add_argument("--fast-traces", type=int, default=2,
                         help="fast-leak traces per kind, speed and capacity (default 2)")
-    parser.add_argument("--fast-held-out", type=seed_range, default=[], metavar="S,S,...",
+    parser.add_argument("--fast-held-out", type=seed_range, default="4-29", metavar="S,S,...",
                         help="also score the fast leaks of these seeds, reported apart (seeds not looked at while "
-                             "tuning the fast check)")
-    parser.add_argument("--fast-young", type=seed_range, default=[], metavar="S,S,...",
+                             "tuning the fast check; default 4-29)")
+    parser.add_argument("--fast-young", type=seed_range, default="30-37", metavar="S,S,...",
                         help="also score the fast-leak traces of these seeds as young series (cut to 0, 5 and 30 "
-                             "min before the event; 1 per kind, speed and capacity)")
-    parser.add_argument("--fast-intervals", type=seed_range, default=[], metavar="S,S,...",
+                             "min before the event; 1 per kind, speed and capacity; default 30-37)")
+    parser.add_argument("--fast-intervals", type=seed_range, default="38-45", metavar="S,S,...",
                         help="also score the fast-leak traces of these seeds read every 10, 20, 30 and 60 s (1 per "
-                             "kind, speed and capacity)")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="processes for the seeds (default 1; the replay rate is one core's either way)")
+                             "kind, speed and capacity; default 38-45)")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="processes for the seeds (default: one per core; the replay rate is one core's either "
+                             "way)")
     parser.add_argument("--output", type=Path, default=BENCHMARKS_MD, help="markdown file to update")
     args = parser.parse_args()
+    if args.quick:
+        args.leak_free_seeds = args.fast_held_out = args.fast_young = args.fast_intervals = []
     per_kind = 2 if args.quick else args.traces
     scores, per_seed, replayed, replay_s, count = evaluate(per_kind, args.seeds, args.jobs)
     free = None

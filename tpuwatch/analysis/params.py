@@ -9,7 +9,7 @@ from tpuwatch.analysis.fast import FastParams
 
 @dataclass(frozen=True)
 class LeakParams:
-    """Tuning of the leak detector; the defaults suit sampling every 1-30 s."""
+    """Tuning of the leak detector; the defaults suit sampling every 1-30 s (the fast check was tuned at 10 s)."""
 
     bucket: float = 60.0
     floor_windows: tuple[float, ...] = (180.0, 480.0, 900.0, 3600.0)
