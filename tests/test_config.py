@@ -225,6 +225,19 @@ def test_config_check_cli_exit_codes(tmp_path: Path) -> None:
         2, "tpuwatch: config error: interval: 10 has no unit: write 10s (or ms, m, h, d); only 0 needs none\n")
 
 
+@pytest.mark.parametrize(("interval", "warned"), [("30s", False), ("31s", True), ("1m", True)])
+def test_config_check_warns_of_an_interval_too_long_for_the_fast_leak_check(interval: str, warned: bool,
+                                                                         tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"interval: {interval}\nkernel_log: {{source: none}}\n")
+    result = run_cli("config", "check", "--config", str(path))
+    assert (result.returncode, result.stdout) == (0, f"{path}: ok\n")
+    seconds = {"30s": "30", "31s": "31", "1m": "60"}[interval]
+    assert result.stderr == (f"tpuwatch: config warning: interval: {seconds}s: the fast leak check (a chip full "
+                             "within 20 min) is tuned for 30s or less; sampled less often it pages later, and more "
+                             "warm-ups (docs/trend.md, Limits)\n" if warned else "")
+
+
 def test_config_check_reads_what_run_reads(tmp_path: Path) -> None:
     (tmp_path / "bad-rules").mkdir()
     (tmp_path / "bad-rules" / "x.yaml").write_text("rules: [{name: broken}]\n")

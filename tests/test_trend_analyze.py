@@ -96,6 +96,30 @@ def test_a_series_shorter_than_the_learning_period_is_insufficient_not_ok(
     assert f"{path}: insufficient: {reason}" in out
 
 
+@pytest.mark.parametrize(("step", "capacity", "noted"), [
+    (60, "64GiB", True), (31, "64GiB", True), (30, "64GiB", False), (60, None, False),
+])
+def test_readings_too_sparse_for_the_fast_check_are_noted(step: int, capacity: str | None, noted: bool,
+                                                          tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Most readings further apart than 30 s, on a series the fast check judges (one with a capacity): the note
+    says it pages later there; a one-hour gap in 10 s readings is no such series."""
+    rows = "\n".join(f"{1_767_225_600 + step * k},{8 * GIB}" for k in range(3 * 3600 // step))
+    path = tmp_path / "sparse.csv"
+    path.write_text(f"{rows}\n")
+    given = ("--capacity", capacity) if capacity else ()
+    code, out, _ = run(capsys, str(path), *given, "--json")
+    [series] = json.loads(out)["series"]
+    note = ("most readings over 30 s apart: the fast check (a chip full within 20 min) pages later there, and more "
+            "warm-ups (docs/trend.md, Limits)")
+    assert (code, series["verdict"], series["note"]) == (0, "ok", note if noted else None)
+    code, out, _ = run(capsys, str(path), *given)
+    assert (f"{path}: note: {note}" in out) is noted
+    gap = "\n".join(f"{1_767_225_600 + 10 * k + (3600 if k >= 540 else 0)},{8 * GIB}" for k in range(1080))
+    path.write_text(f"{gap}\n")
+    code, out, _ = run(capsys, str(path), "--capacity", "64GiB", "--json")
+    assert json.loads(out)["series"][0]["note"] is None
+
+
 @pytest.mark.parametrize(("text", "size"), [
     ("17179869184", 16 * GIB), ("16GiB", 16 * GIB), ("16Gi", 16 * GIB), (" 16 GiB ", 16 * GIB),
     ("1.5TiB", 1.5 * 1024 * GIB), ("17GB", 17e9), ("17G", 17e9), ("512B", 512.0), ("64KiB", 65536.0), ("2MB", 2e6)])

@@ -185,9 +185,10 @@ def _cmd_config(args: argparse.Namespace, config: Config) -> int:
     except ConfigError as exc:
         print(f"tpuwatch: config error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    from tpuwatch.kernel_log.collector import config_warnings
+    from tpuwatch.analysis import trend
+    from tpuwatch.kernel_log import collector
 
-    for warning in config_warnings(config):
+    for warning in [*collector.config_warnings(config), *trend.config_warnings(config)]:
         print(f"tpuwatch: config warning: {warning}", file=sys.stderr)
     print(f"{args.config or 'built-in defaults'}: ok")
     return EXIT_OK

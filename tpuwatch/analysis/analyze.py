@@ -29,6 +29,7 @@ import requests
 
 from tpuwatch.analysis.inputs import InputError, Point, csv_points, describe, parse_prometheus, results
 from tpuwatch.analysis.leak import LeakDetector, LeakParams
+from tpuwatch.analysis.params import FAST_INTERVAL
 from tpuwatch.analysis.robust import theil_sen
 from tpuwatch.config import Config
 from tpuwatch.hw.units import GIB, KIB, MIB
@@ -69,10 +70,13 @@ class Replay:
         self._default_capacity = default_capacity
         self._sample: list[tuple[float, float]] = []  # every ``_stride``-th point, for the whole-length slope
         self._stride = 1
+        self._close = 0  # readings at most FAST_INTERVAL after the one before
 
     def add(self, timestamp: float, value: float, capacity: float | None) -> None:
         """Feed one point (in time order)."""
         self.detector.update(timestamp, value, capacity if capacity is not None else self._default_capacity)
+        if self.last is not None and timestamp - self.last <= FAST_INTERVAL:
+            self._close += 1
         if self.first is None:
             self.first = timestamp
         self.last = timestamp
@@ -119,7 +123,16 @@ class Replay:
             "slope_bytes_per_second": self.slope(),
             "leak_slope_bytes_per_second": state.slope if state.firing else None,
             "exhaustion_eta_seconds": state.eta if state.firing else None,
+            "note": self._sparse(),
         }
+
+    def _sparse(self) -> str | None:
+        """A note when most readings are further apart than the fast check is tuned for, and it judged the series."""
+        fast = self.params.fast
+        if fast is None or self.detector.capacity is None or self.count < 2 or 2 * self._close >= self.count - 1:
+            return None
+        return (f"most readings over {FAST_INTERVAL:g} s apart: the fast check (a chip full within "
+                f"{_span(fast.horizon)}) pages later there, and more warm-ups (docs/trend.md, Limits)")
 
     def _short(self, span: float) -> str:
         """Why a series too short for the slow scales has no verdict, and whether the fast check judged it."""
@@ -347,7 +360,8 @@ def _eta(seconds: float | None) -> str:
 
 
 def render(results: list[dict[str, Any]]) -> str:
-    """The readable table: one line per series, a note per series with too little data."""
+    """The readable table: one line per series, a note per series with too little data or readings too sparse for
+    the fast check."""
     rows = [("SERIES", "VERDICT", "FIRST ALERT (UTC)", "GROWTH", "EXHAUSTED IN")]
     for r in results:
         alert = r["first_alert_at"]
@@ -360,6 +374,7 @@ def render(results: list[dict[str, Any]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     notes = [f"{describe(r['labels'])}: insufficient: {r['reason']}" for r in results if r["verdict"] == "insufficient"]
+    notes += [f"{describe(r['labels'])}: note: {r['note']}" for r in results if r["note"]]
     leaks = sum(r["verdict"] == "leak" for r in results)
     lines += ["", *notes] if notes else [""]
     lines.append(f"{leaks} of {len(results)} series leaking" if leaks else f"no leak in {len(results)} series")

@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from tpuwatch.analysis.fast import FastParams
 
+FAST_INTERVAL = 30.0
+"""Seconds between readings beyond which the fast check pages fewer fast leaks in time and more warm-ups (at 60 s:
+docs/trend.md, Limits); ``tpuwatch analyze`` and ``tpuwatch config check`` say so."""
+
 
 @dataclass(frozen=True)
 class LeakParams:

@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuwatch.analysis.drift import DriftDetector
+from tpuwatch.analysis.fast import FastParams
 from tpuwatch.analysis.leak import LeakDetector, LeakParams, LeakView
-from tpuwatch.config import TrendConfig
+from tpuwatch.analysis.params import FAST_INTERVAL
+from tpuwatch.config import Config, TrendConfig
 from tpuwatch.samples import Labels, Sample, sample
 
 SNAPSHOT_VERSION = 1
@@ -36,6 +38,15 @@ DRIFT_SIGNALS = {"canary_latency": "tpuwatch_canary_duration_seconds",
                  "canary_error": "tpuwatch_canary_max_abs_error"}
 UTILIZATION_BANDS = 5
 TEMPERATURE_BUCKET_S = 60.0  # temperature drift is judged on per-minute means
+
+
+def config_warnings(config: Config) -> list[str]:
+    """What ``tpuwatch config check`` warns about the trend analysis: readings too sparse for the fast check."""
+    if config.interval <= FAST_INTERVAL:
+        return []
+    return [f"interval: {config.interval:g}s: the fast leak check (a chip full within {FastParams().horizon / 60:g} "
+            "min) is tuned for "
+            f"{FAST_INTERVAL:g}s or less; sampled less often it pages later, and more warm-ups (docs/trend.md, Limits)"]
 
 
 @dataclass
