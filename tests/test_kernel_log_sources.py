@@ -156,7 +156,9 @@ def test_kmsg_is_read_by_a_thread_of_its_own_into_a_bounded_queue(tmp_path: Path
     test's is lost."""
     monkeypatch.setattr(sources, "KMSG_QUEUE_BYTES", 400)
     tag = f"tpuwatch-test-{uuid.uuid4().hex[:12]}"
-    source = KmsgSource(KMSG, tmp_path / "kmsg.json", read_boot_id(), lookback=0.0)
+    # A second of lookback, not 0: printk's clock lags CLOCK_MONOTONIC (by half a millisecond on a host up half a
+    # day), so a record written right after the source read the clock may stamp an earlier time and be passed over.
+    source = KmsgSource(KMSG, tmp_path / "kmsg.json", read_boot_id(), lookback=1.0)
     source.start()
     try:
         thread = source._thread

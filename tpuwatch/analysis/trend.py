@@ -44,8 +44,8 @@ def config_warnings(config: Config) -> list[str]:
     """What ``tpuwatch config check`` warns about the trend analysis: readings too sparse for the fast check."""
     if config.interval <= FAST_INTERVAL:
         return []
-    return [f"interval: {config.interval:g}s: the fast leak check (a chip full within {FastParams().horizon / 60:g} "
-            "min) is tuned for "
+    horizon = FastParams().horizon / 60
+    return [f"interval: {config.interval:g}s: the fast leak check (a chip full within {horizon:g} min) is tuned for "
             f"{FAST_INTERVAL:g}s or less; sampled less often it pages later, and more warm-ups (docs/trend.md, Limits)"]
 
 
