@@ -309,10 +309,20 @@ def interval_report(per_cell: int, seeds: list[int], jobs: int = 1, params: Leak
     variants = [(f"{every * STEP_S:g} s", partial(thinned, every=every)) for every in INTERVAL_EVERY]
     return ["### Sampling interval: the same traces read less often", "",
             f"Seeds {', '.join(map(str, seeds))}, {per_cell} per kind, speed and capacity, each trace read at its "
-            "10 s and at every 2nd, 3rd and 6th of its readings (a daemon's `interval` or a Prometheus scrape of "
-            "20, 30 or 60 s).", "",
+            f"{STEP_S:g} s and at every {_spoken([_ordinal(e) for e in INTERVAL_EVERY[1:]], 'and')} of its readings "
+            f"(a daemon's `interval` or a Prometheus scrape of "
+            f"{_spoken([f'{e * STEP_S:g}' for e in INTERVAL_EVERY[1:]], 'or')} s).", "",
             "| Interval | Leaks | Paged >= 10 min before full | Look-alikes | Paged |",
             "|---|---:|---:|---:|---:|", *_variant_rows(per_cell, seeds, variants, jobs, params)]
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def _spoken(words: list[str], last: str) -> str:
+    """``a, b and c``."""
+    return f"{', '.join(words[:-1])} {last} {words[-1]}" if len(words) > 1 else "".join(words)
 
 
 def main() -> int:

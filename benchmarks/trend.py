@@ -431,7 +431,8 @@ def main() -> int:
                         help="also score the fast-leak traces of these seeds as young series (cut to 0, 5 and 30 "
                              "min before the event; 1 per kind, speed and capacity; default 30-37)")
     parser.add_argument("--fast-intervals", type=seed_range, default="38-45", metavar="S,S,...",
-                        help="also score the fast-leak traces of these seeds read every 10, 20, 30 and 60 s (1 per "
+                        help="also score the fast-leak traces of these seeds read every "
+                             f"{', '.join(f'{e * fastleaks.STEP_S:g}' for e in fastleaks.INTERVAL_EVERY)} s (1 per "
                              "kind, speed and capacity; default 38-45)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="processes for the seeds (default: one per core; the replay rate is one core's either "
