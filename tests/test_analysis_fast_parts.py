@@ -172,3 +172,46 @@ def test_the_streak_of_times_to_full_kept_is_bounded() -> None:
     for _ in range(50):
         check.close((1.0, 2.0), [], 2.0, CAPACITY, MINUTE)
     assert len(check.snapshot()["etas"]) == max(FastParams().persistence, FastParams().streak)
+
+
+class Recording(FastCheck):
+    """A fast check that records which series' climbs it judges (and judges none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.judged: list[float] = []
+
+    def _climb(self, values, ref, shortest, precedent, high, capacity, bucket):  # type: ignore[no-untyped-def]
+        self.judged.append(values[-1])
+        return None
+
+
+def test_a_climb_is_judged_exactly_when_its_series_tops_its_whole_reference_as_the_reference_moves_on() -> None:
+    # The first test looks first where the reference peaked a minute ago; a peak that has left the reference, or
+    # a reference that changed as a young series came of age, must not hide a new high.  Brute force decides.
+    import random
+
+    rng = random.Random(7)
+    params = FastParams()
+    least = params.min_rise * CAPACITY
+    floors: list[float] = []
+    check = Recording()
+    judged = 0
+    level = 0.1
+    for minute in range(600):
+        if rng.random() < 0.05:  # a job of its own size now and then; a spike a minute long sometimes
+            level = rng.uniform(0.1, 0.5)
+        value = (level + rng.uniform(0.0, 0.02) + (0.3 if rng.random() < 0.02 else 0.0)) * CAPACITY
+        floors.append(value)
+        check.judged.clear()
+        check.close((value, value), [floors, floors], value, CAPACITY, MINUTE)
+        kept = check.snapshot()
+        size = len(kept["lows"])
+        young = len(floors) < params.young_until
+        ref = params.least_reference if young else params.reference
+        shortest = params.young_shortest if young else params.shortest
+        expected = [series[-1] for series in (kept["lows"], floors, kept["fives"], floors, kept["highs"])
+                    if size > ref + shortest and series[-1] - max(series[len(series) - size:][:ref]) >= least]
+        assert check.judged == expected, minute
+        judged += bool(expected) and not young
+    assert judged > 40  # the jobs and spikes made new highs, after the series came of age too

@@ -149,7 +149,7 @@ STEADY = FastFinding(0.0, math.nan, math.nan)  # a straight climb, not yet due a
 class FastCheck:
     """Feed ``close(lows, floors, high, capacity, bucket)`` once per one-minute bucket; it returns a finding or None."""
 
-    __slots__ = ("params", "_window", "_lows", "_fives", "_highs", "_etas", "_teeth")
+    __slots__ = ("params", "_window", "_lows", "_fives", "_highs", "_etas", "_teeth", "_peaks")
 
     def __init__(self, params: FastParams | None = None) -> None:
         self.params = params or FastParams()
@@ -160,6 +160,9 @@ class FastCheck:
         self._highs: deque[float] = deque(maxlen=keep)  # and the detector's high (a ceiling that does not lag a climb)
         self._etas: deque[float] = deque(maxlen=max(self.params.persistence, self.params.streak))
         self._teeth = Teeth(self.params.teeth)
+        # Per series judged, how many minutes before its newest value its reference's highest one stood at the last
+        # minute: where the first test looks first (a hint only, checked against the reference's bounds).
+        self._peaks = [-1] * 5
 
     def sample(self, timestamp: float, value: float) -> None:
         """One raw reading (for the sawtooth-aware fit, ``teeth.py``); O(1)."""
@@ -246,16 +249,25 @@ class FastCheck:
         latest = 0.0
         steady = False
         precedents: dict[int, float] = {}
-        for series, held in ((self._lows, 0), (floors[0], 0), (self._fives, 1), (floors[1], 1), (self._highs, 0)):
+        peaks = self._peaks
+        for index, (series, held) in enumerate(((self._lows, 0), (floors[0], 0), (self._fives, 1), (floors[1], 1),
+                                                (self._highs, 0))):
             start = len(series) - size
             if start < 0:
                 if series is self._highs:
                     continue  # restored from a snapshot that kept no highs: not yet
                 return None
-            # The cheap test first, without a copy: no new high on this floor, nothing to judge.
-            reference = islice(series, start, start + ref) if isinstance(series, deque) \
-                else series[start:start + ref]
-            if series[-1] - max(reference) < least:
+            # The cheap test first: no new high on this floor, nothing to judge.  One value of the reference that
+            # stands too high is enough: where its highest stood a minute ago (it most often still stands there).
+            hint = len(series) - 2 - peaks[index]
+            if start <= hint < start + ref and series[-1] - series[hint] < least:
+                peaks[index] += 1
+                continue
+            reference = list(islice(series, start, start + ref) if isinstance(series, deque)
+                             else series[start:start + ref])
+            top = max(reference)
+            peaks[index] = len(series) - 1 - start - reference.index(top)
+            if series[-1] - top < least:
                 continue
             if held not in precedents:  # read on the detector's 3 or 8 min floor (it holds them for hours)
                 history = floors[held]

@@ -72,8 +72,9 @@ def unpack(packed: str) -> array[float]:
     return values
 
 
-def strided(history: History, count: int, points: int) -> np.ndarray:
-    """Of the last ``count`` values of ``history``, every stride-th one back from the newest, at most ``points``."""
+def strided(history: History | memoryview, count: int, points: int) -> np.ndarray:
+    """Of the last ``count`` values of ``history`` (or of its ``values()``), every stride-th one back from the newest,
+    at most ``points``."""
     import numpy as np
 
     stride = max(1, math.ceil(count / points))

@@ -109,14 +109,15 @@ class LeakDetector:
         p = self.params
         beats = max((s for s in p.scales if s <= p.floor_scales[1] * p.beat_floor), default=p.bucket)
         self._beats = Beats(int(beats / p.bucket) + 1, p.beat_middle, p.beat_high)
-        # What each analysis tests, shortest scale first: (history needed, buckets in the scale, floor history,
-        # largest jump as a share of the rise, the minutes' middles where a beat is told apart, else None).  It
-        # holds the floor arrays themselves: trimming and restore() change them in place, never replace them.
-        self._plan = [(count + max(count // p.segments, int(p.min_prior / p.bucket)), count, floors,
+        # What each analysis tests, shortest scale first: (history needed, buckets in the scale, which floor
+        # history, largest jump as a share of the rise, the minutes' middles where a beat is told apart, else None,
+        # and the oldest segment's start and length, counted back from the newest floor, for the first check).
+        self._plan = [(count + max(count // p.segments, int(p.min_prior / p.bucket)), count, index,
                        p.max_jump_fast if scale <= p.fast_scale and window <= p.fast_floor else p.max_jump,
-                       self._beats if window <= p.beat_floor else None)
+                       self._beats if window <= p.beat_floor else None,
+                       p.segments * (count // p.segments), count // p.segments)
                       for scale in p.scales for count in (int(scale / p.bucket),)
-                      for window, floors in zip(p.floor_windows, self._floors)
+                      for index, window in enumerate(p.floor_windows)
                       if p.floor_scales[0] * window <= count * p.bucket <= p.floor_scales[1] * window]
 
     def update(self, timestamp: float, value: float, capacity: float | None = None) -> None:
@@ -152,7 +153,8 @@ class LeakDetector:
             top = self._hi1 if self._hi2 == -math.inf else self._hi2
             self._beats.close((lows[-1] + top) / 2, self._high)  # the minute's middle, its second-lowest and -highest
             if self._fast is not None:
-                found = self._fast.close(lows, self._floors[:2], self._high, self._capacity, p.bucket)
+                found = self._fast.close(lows, [floors.values() for floors in self._floors[:2]], self._high,
+                                         self._capacity, p.bucket)
                 if found is not None:
                     self._fast_found(timestamp, found)
             if len(self._floor_times) >= self._keep + TRIM_SLACK:
@@ -166,15 +168,27 @@ class LeakDetector:
         self._bucket_end = (math.floor(timestamp / p.bucket) + 1) * p.bucket
 
     def _growth(self) -> Growth | None:
-        """The shortest scale that shows growth, or None."""
+        """The shortest scale that shows growth, or None.
+
+        A scale's floor is first asked to stand above the least floor of the scale's oldest segment (by
+        ``1 - end_slack`` of the least rise): with ``end_slack`` <= 1 the rise, end and monotony checks of
+        ``growth_at`` imply it, and most analyses of a series that does not leak end here, far cheaper than its
+        medians.
+        """
+        p = self.params
         history = len(self._floor_times)
-        if history < self.params.min_history / self.params.bucket:
+        if history < p.min_history / p.bucket:
             return None
-        for needed, count, floors, max_jump, beats in self._plan:
+        times = self._floor_times.values()
+        views = [floors.values() for floors in self._floors]
+        least = (1.0 - p.end_slack) * p.min_rise * (self._capacity or 0.0) if p.end_slack <= 1.0 else -math.inf
+        for needed, count, index, max_jump, beats, oldest, length in self._plan:
             if history < needed:
                 return None
-            growth = growth_at(self.params, self._floor_times, floors, count, max_jump, self._capacity, self._high,
-                               beats)
+            floors = views[index]
+            if floors[-1] < min(floors[history - oldest:history - oldest + length]) + least:
+                continue
+            growth = growth_at(p, times, floors, count, max_jump, self._capacity, self._high, beats)
             if growth is not None:
                 return growth
         return None

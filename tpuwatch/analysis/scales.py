@@ -47,7 +47,6 @@ from tpuwatch.analysis.robust import mann_kendall_p, median, theil_sen
 
 if TYPE_CHECKING:
     from tpuwatch.analysis.beat import Beats
-    from tpuwatch.store import History
 
 
 @dataclass(frozen=True)
@@ -59,22 +58,16 @@ class Growth:
     eta: float | None
 
 
-def growth_at(p: LeakParams, times: History, floors: History, count: int, max_jump: float,
+def growth_at(p: LeakParams, times: memoryview, floors: memoryview, count: int, max_jump: float,
               capacity: float | None, high: float, beats: Beats | None) -> Growth | None:
     """Growth over the last ``count`` minutes of ``floors`` (``times``: when each closed), or None.
 
-    ``max_jump``: the largest one-minute jump of the floor, as a share of the rise; ``capacity`` None when unknown;
-    ``high``: what exhaustion is projected from; ``beats``: the minutes' middles, where a beat is told apart.
+    ``times`` and ``floors`` are the histories' values (``History.values()``); ``max_jump``: the largest one-minute
+    jump of the floor, as a share of the rise; ``capacity`` None when unknown; ``high``: what exhaustion is
+    projected from; ``beats``: the minutes' middles, where a beat is told apart.
     """
     length = count // p.segments
     end = len(floors)
-    # With end_slack <= 1 the rise, end and monotony checks below imply this one, far cheaper than the medians:
-    # the newest floor is then above the oldest segment's median, hence above its least value.
-    if p.end_slack <= 1.0:
-        least_rise = (1.0 - p.end_slack) * p.min_rise * (capacity or 0.0)
-        oldest_start = end - p.segments * length
-        if floors[-1] < min(floors[oldest_start:oldest_start + length]) + least_rise:
-            return None
     levels = [median(floors[end - length:])]
     for k in range(1, p.segments):  # newest first, stopping at the first segment that does not rise
         levels.append(median(floors[end - (k + 1) * length:end - k * length]))
