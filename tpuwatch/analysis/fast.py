@@ -1,87 +1,43 @@
 """The leak detector's fast-exhaustion check: a steady climb that fills the chip within 20 minutes.
 
-Run once a minute (when the detector closes a one-minute bucket), in O(91)
-per series and bounded memory, on four floors, each the second-lowest reading
-of its window: the minute's own (no lag), the detector's 3 min floor, a 5 min
-floor of its own and the detector's 8 min floor (an allocator sawtooth of up
-to 3, 5 or 8 min is seen through, at the price of that much lag); and on the
-detector's high (the second-highest reading of 15 min), a ceiling that follows
-a climb without lag, under a sawtooth too (its teeth's tops).  On each:
+Run once a minute (when the detector closes a one-minute bucket), per series
+with a known capacity, in bounded memory, on four floors, each the
+second-lowest reading of its window (the minute's own, the detector's 3 min
+floor, a 5 min floor of its own, the detector's 8 min floor: a sawtooth of up
+to 8 min seen through at the price of that much lag), and on the detector's
+high (the second-highest reading of 15 min: the ceiling, which follows a climb
+without lag and whose teeth's tops fill the chip).  On each, in order:
 
-* a new high: the floor stands above everything it showed in the
-  ``reference`` before the last ``longest`` minutes by ``new_high`` times that
-  reference's range, at least ``min_rise`` of the capacity (an allocator that
-  has climbed and released like this before, or a floor that swings with a
-  sawtooth longer than its window, does not pass).  The reference's top is
-  raised to the allocator's precedent: over the ``memory`` minutes before the
-  climb, the second-highest excursion of the 3 min floor (8 min floor, for
-  the 5 and 8 min floors) above its lowest value that fell back there (a
-  sawtooth of teeth up to 30 min and 30 % of the chip tall, one far taller
-  than the last hour's, is no new high; one excursion, a job that ran higher
-  and was replaced, is no precedent);
-* a climb: from its onset (where the floor left that range) to now, at least
-  ``shortest`` minutes, rising in every third, the slowest third at least
-  ``min_ratio`` as steep as the steepest, no one-minute rise over ``max_jump``
-  of the climb (a model load is a jump, not a climb).  A climb that rose and
-  fell back in its newest third has levelled off (on the high, a veto; on a
-  floor, one unless more floors find the climb going on: a floor caught
-  between two teeth of a sawtooth falls back for a minute);
-* its shape: a quadratic fitted by least squares gives the slope now and the
-  acceleration.  A deceleration over ``decelerating`` standard errors is a
-  bend: the climb is projected to where it levels off (the nearer of the slope
-  falling linearly, slope^2/2a, and the thirds' rises shrinking geometrically,
-  r q/(1-q)); if that is below capacity the climb is a warm-up and vetoes the
-  other floors' findings.  No bend: projected straight at its fitted slope.
-  While the least bend the fit could tell from noise is over ``bend`` times
-  the slope falling to nothing over the climb, it waits; and a bend that is
-  significant only if the minutes were independent (its error widened by the
-  AR(1) factor of the residuals' lag-one autocorrelation, up to ``max_lag``:
-  a staircase's steps, a tooth's top held) is neither, and waits too.  A
-  floor that swung by ``min_rise`` of the capacity before the climb (a
-  sawtooth it does not see through: it holds troughs, and two sawtooths
-  that beat make it slow down for minutes) vetoes alone only while the high
-  shows no straight climb; against a straight one it is a vote, and none
-  once the high is due a page (the tops fill the chip);
-* projected from the high (the sawtooth's top is what fills the chip), raised
-  by the largest one-minute rise the high took during the climb less a
-  minute's climb at the slope, at most half the room (a staircase fills the
-  chip at the step that crosses capacity, a step's time sooner than a
-  straight line through its steps; a smooth climb's rises are its slope, and
-  add nothing), it
-  reaches the capacity within ``horizon``, and even at the faster end of the
-  slope's confidence interval (``confidence`` standard errors, from the noise
-  above) within ``near``: the page comes as late as a 10 min lead allows, so
-  that a ramp that stops short of full is seen to stop.
+1. a new high above the ``reference`` hour before the last ``longest``
+   minutes by ``new_high`` times its range, at least ``min_rise`` of the
+   capacity, its top raised to the allocator's precedent (``_precedent``);
+   most minutes end here, on a look where the reference peaked a minute ago;
+2. a climb from its onset of at least ``shortest`` minutes, rising in each
+   third (the slowest at least ``min_ratio`` as steep as the steepest), with
+   no one-minute jump over ``max_jump`` of it; one whose thirds rose ever
+   slower and fell back in the newest has levelled off;
+3. its shape: a quadratic's slope and bend (``decelerating`` standard errors,
+   widened by the residuals' AR(1) factor up to ``max_lag``); a bend that
+   levels off below capacity is a warm-up and vetoes; a climb too rough for a
+   bend to show (``bend``) waits;
+4. a projection from the high, plus a staircase's largest step (at most half
+   the room), within ``horizon``, and within ``near`` even at the faster end
+   of the slope's ``confidence`` interval.
 
-A young series (a job's chip: a TPU's readings start with its job, and a
-series unseen for an hour is forgotten), one of fewer than ``young_until``
-minutes (the slow scales' 2 h of learning), has no hour before its climb
-that shows what its job does: the first ``least_reference`` of the minutes
-it holds (up to ``reference`` + ``longest`` + 1) are the reference and the
-climb is judged from there, but only once it has lasted ``young_shortest``
-minutes (a job's start-up: loading, compiling, caches warming up in
-straight ramps that no reading tells from a leak until they stop).
-
-A finding is dropped while the raw readings of the last 10 min, their
-allocator's sawtooth or a staircase's steps set aside, show the climb slowing
-down to a top below capacity (``teeth.py``): the floors under a sawtooth
-climb in steps and cannot show a warm-up's first minutes slowing down; the
-raw readings can.
-
-A finding on ``persistence`` minutes in a row whose time to full (projected
-straight from the high: the largest step, which changes as steps come, set
-aside) falls by at
-least ``closing`` of the time passed since the streak began (up to ``streak``
-minutes back: the projected full time stays put, as a leak's does; a climb
-that levels off pushes it away, and one whose time to full hovers for minutes
-has not closed in) is reported.  A streak of ``urgent`` findings is reported
-sooner when waiting out the rest would leave under ``lead`` before full, by
-the latest of the floors' and the high's projections (a leak of 20 min must
-be paged by its 10th minute), if each finding's time to
-full came at least ``closing`` of a minute nearer than the one before and the
-raw readings show the climb straight even at ``urgent_bar`` of their
-significance (a warm-up in steps, whose time to full also closes in for a few
-minutes, shows itself levelling off there first).
+The floors and the high vote: the high bending or falling back, or a floor
+that held still before the climb bending, ends the minute; another floor that
+falls back or bends votes against those that see the climb go on, and a bend
+ends it where the high shows no straight climb.  A young series (under
+``young_until`` minutes: a job's chip) takes its first ``least_reference``
+minutes as the reference and waits ``young_shortest`` minutes of climb.  A
+finding is dropped while the raw readings, their sawtooth or steps set aside,
+show the climb levelling off below capacity (``teeth.py``); one found
+``persistence`` minutes in a row whose time to full closes in by ``closing``
+of the time passed (over up to ``streak`` minutes) is reported, or after
+``urgent`` when waiting would leave under ``lead`` before full and the raw
+readings show the climb straight at ``urgent_bar`` of their significance.
+docs/trend.md ("The fast-exhaustion check") gives each rule's reason and what
+it was measured to cost.
 """
 
 from __future__ import annotations
