@@ -20,11 +20,11 @@ import pytest
 from k8s_apiserver import ApiServer, strategic_merge
 
 from tpuwatch import config as config_module
-from tpuwatch.config import KubernetesConfig
 from tpuwatch.kubernetes import node as node_marks
 from tpuwatch.kubernetes.agent import KubernetesAgent
 from tpuwatch.kubernetes.client import ApiError, Credentials, KubeClient, from_kubeconfig, in_cluster
 from tpuwatch.kubernetes.conditions import DEFAULT_CONDITIONS, ConditionBook, PatchGate, faults, format_time
+from tpuwatch.kubernetes.plugin import KubernetesConfig
 from tpuwatch.kubernetes.slots import SlotLimiter, slot_limit
 from tpuwatch.schema import ConfigError
 

@@ -25,8 +25,9 @@ from tpuwatch.cloud.events import (
 )
 from tpuwatch.cloud.plugin import MaintenanceConfig
 from tpuwatch.cloud.standin import UNAVAILABLE, MetadataStandIn
-from tpuwatch.config import KubernetesConfig, parse
+from tpuwatch.config import parse
 from tpuwatch.kubernetes.conditions import condition_table, offered
+from tpuwatch.kubernetes.plugin import KubernetesConfig
 from tpuwatch.kubernetes.remediation import Ladders, Trigger
 from tpuwatch.schema import ConfigError, build
 from tpuwatch.units import from_now

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from tpuwatch.config import RemediationActionConfig
+from tpuwatch.kubernetes.plugin import RemediationActionConfig
 
 OUTPUT_MAX = 2000
 

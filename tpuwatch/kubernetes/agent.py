@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from tpuwatch import statefile
-from tpuwatch.config import Config, KubernetesConfig, NodeConditionConfig
+from tpuwatch.config import Config
 from tpuwatch.kubernetes import actions
 from tpuwatch.kubernetes.client import ApiError, KubeClient, connect, in_cluster_namespace
 from tpuwatch.kubernetes.conditions import ConditionBook, Fault, PatchGate, condition_table, faults, offered
 from tpuwatch.kubernetes.node import Marks, patch_for
+from tpuwatch.kubernetes.plugin import KubernetesConfig, NodeConditionConfig
 from tpuwatch.kubernetes.remediation import MARK_ACTIONS, Ladders, Trigger, add_mark
 from tpuwatch.kubernetes.slots import SlotLimiter
 from tpuwatch.samples import Sample, sample

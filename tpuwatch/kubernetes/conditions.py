@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from tpuwatch.config import ConditionAlertConfig, Config, KubernetesConfig, NodeConditionConfig
+from tpuwatch.config import Config
+from tpuwatch.kubernetes.plugin import ConditionAlertConfig, KubernetesConfig, NodeConditionConfig
 from tpuwatch.plugins import PLUGINS
 
 MESSAGE_MAX = 1024

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuwatch.alerting.state import rfc3339
-from tpuwatch.config import KubernetesConfig, RemediationActionConfig
 from tpuwatch.kubernetes.node import Marks, taint_key
+from tpuwatch.kubernetes.plugin import KubernetesConfig, RemediationActionConfig
 
 log = logging.getLogger(__name__)
 
