@@ -76,7 +76,7 @@ from common import BENCHMARKS_MD, checkout_env, machine_and_command, write_secti
 sys.path.insert(0, str(REPO_ROOT))
 from tpuwatch.analysis.leak import LeakParams  # noqa: E402
 from tpuwatch.config import StoreConfig  # noqa: E402
-from tpuwatch.schema import parse_duration  # noqa: E402
+from tpuwatch.syntax import parse_duration  # noqa: E402
 
 UNIT = REPO_ROOT / "systemd" / "tpuwatch.service"
 PAGE_EVERY_S = 5.0

@@ -15,7 +15,8 @@ import yaml
 from tpuwatch import config as config_module
 from tpuwatch.config import Config, ReceiverConfig
 from tpuwatch.plugins import PLUGINS
-from tpuwatch.schema import ConfigError, format_duration, parse_duration, parse_listen_address
+from tpuwatch.schema import ConfigError
+from tpuwatch.syntax import format_duration, parse_duration, parse_listen_address
 from tpuwatch.webconfig import load_web_config
 
 from certs import make_tls_files

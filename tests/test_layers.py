@@ -30,8 +30,8 @@ DECLARATION = "*.plugin"  # a plugin's declaration, tpuwatch/PACKAGE/plugin.py: 
 LAYERS: list[tuple[str, set[str]]] = [
     ("the bottom: hardware and host facts, readings, how quantities read, the backends by name",
      {ROOT, "hw", "samples", "units", "backends", "probewire"}),
-    ("plumbing", {"schema", "yamlfile", "statefile", "metricspec", "pluginspec", "logsetup", "sdnotify", "httpd",
-                  "malloc"}),
+    ("plumbing", {"syntax", "schema", "yamlfile", "statefile", "metricspec", "pluginspec", "logsetup", "sdnotify",
+                  "httpd", "malloc"}),
     ("plugin declarations: each plugin's plugin.py (its config section, metrics, conditions, drills)",
      {DECLARATION}),
     ("config, the registered plugins, the metric catalogue, the store, the state directory, the web config, "

@@ -31,8 +31,8 @@ from tpuwatch.schema import (
     did_you_mean,
     dump,
     join_key,
-    short,
 )
+from tpuwatch.syntax import short
 
 _Section = TypeVar("_Section")
 _PLUGIN_KEYS = frozenset(p.name for p in PLUGINS)

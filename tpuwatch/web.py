@@ -28,7 +28,7 @@ from tpuwatch.httpd.protocol import Request, Response, accepts_gzip
 from tpuwatch.httpd.server import Server
 from tpuwatch.httpd.stats import HttpStats
 from tpuwatch.samples import Sample
-from tpuwatch.schema import parse_listen_address
+from tpuwatch.syntax import parse_listen_address
 from tpuwatch.webconfig import WebConfig
 
 # A JSON endpoint: returns the HTTP status and the body.

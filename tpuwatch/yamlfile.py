@@ -37,7 +37,8 @@ from yaml.reader import Reader
 from yaml.resolver import Resolver
 from yaml.scanner import Scanner
 
-from tpuwatch.schema import ConfigError, short
+from tpuwatch.schema import ConfigError
+from tpuwatch.syntax import short
 
 MAX_BYTES = 1 << 20
 MAX_DEPTH = 64

@@ -437,7 +437,6 @@ class AlertDB:
             rows = self._conn.execute("SELECT receiver, COUNT(*), MIN(created) FROM outbox GROUP BY receiver")
             return {r: (int(n), float(oldest)) for r, n, oldest in rows.fetchall()}
 
-
     def delete_rows(self, where: dict[str, str]) -> int:
         """Delete, in one transaction, the rows of each table that match its SQL condition; how many went."""
         with self._lock:
@@ -446,6 +445,7 @@ class AlertDB:
                           for table, condition in where.items())
             self._conn.execute("COMMIT")
         return dropped
+
 
 def _alert_rows(a: Alert) -> list[tuple[str, tuple[object, ...]]]:
     rows: list[tuple[str, tuple[object, ...]]] = [(

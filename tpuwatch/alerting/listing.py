@@ -16,7 +16,8 @@ import requests
 from tpuwatch.config import Config
 from tpuwatch.logsetup import add_secrets, redact
 from tpuwatch.notifiers import inline_secrets
-from tpuwatch.schema import ConfigError, Url, parse_listen_address
+from tpuwatch.schema import ConfigError, Url
+from tpuwatch.syntax import parse_listen_address
 from tpuwatch.webconfig import load_web_config
 
 _WILDCARDS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}

@@ -32,7 +32,7 @@ from tpuwatch.hw.procfs import read_boot_id
 from tpuwatch.logsetup import redact_data
 from tpuwatch.notifiers import Notifier, build_notifiers
 from tpuwatch.samples import Sample, sample
-from tpuwatch.schema import parse_listen_address
+from tpuwatch.syntax import parse_listen_address
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from tpuwatch.analysis.params import FAST_INTERVAL
 from tpuwatch.analysis.robust import theil_sen
 from tpuwatch.config import Config
 from tpuwatch.hw.units import GIB, KIB, MIB
-from tpuwatch.schema import parse_bytes, parse_duration
+from tpuwatch.syntax import parse_bytes, parse_duration
 
 EXIT_OK, EXIT_LEAK, EXIT_USAGE = 0, 1, 2
 MAX_POINTS_PER_QUERY = 10_000

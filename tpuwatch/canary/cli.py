@@ -21,7 +21,7 @@ from tpuwatch.canary.judge import CanaryResult
 from tpuwatch.canary.runner import Progress, run_canary
 from tpuwatch.canary.spec import INJECTIONS
 from tpuwatch.config import Config
-from tpuwatch.schema import parse_duration
+from tpuwatch.syntax import parse_duration
 
 EXIT_CODES = {"pass": 0, "fail": 1, "suspect": 1, "slow": 1, "skipped": 3, "error": 3, "undetected": 3}
 EXIT_USAGE = 2

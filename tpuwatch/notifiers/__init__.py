@@ -23,7 +23,8 @@ from typing import Annotated, Any
 from tpuwatch.logsetup import add_secrets
 from tpuwatch.notifiers import alertmanager, pagerduty, slack, webhook
 from tpuwatch.notifiers.base import Notifier, NotifierType, read_secret
-from tpuwatch.schema import Check, ConfigError, FilePath, Regex, Secret, Url, did_you_mean, join_key, short
+from tpuwatch.schema import Check, ConfigError, FilePath, Regex, Secret, Url, did_you_mean, join_key
+from tpuwatch.syntax import short
 
 __all__ = ["TYPES", "Notifier", "NotifierType", "ReceiverConfig", "build_notifiers", "inline_secrets"]
 

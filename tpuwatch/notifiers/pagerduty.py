@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from tpuwatch.notifiers.base import GroupKey, Notifier, NotifierType, Receiver, Sent, rfc3339
-from tpuwatch.schema import ConfigError, short
+from tpuwatch.schema import ConfigError
+from tpuwatch.syntax import short
 
 _SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
 
