@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from daemon import BenchmarkError, die_with_parent
+from servers import BenchmarkError, die_with_parent
 
 from common import REPO_ROOT
 

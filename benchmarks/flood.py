@@ -40,15 +40,14 @@ from pathlib import Path
 
 import requests
 import yaml
-from daemon import (
+from daemon import Results, measure_scrapes
+from servers import (
     PROMETHEUS_ACCEPT,
     BenchmarkError,
     Child,
-    Results,
     free_port,
     interrupt,
     machine_facts,
-    measure_scrapes,
     node_exporter_binary,
     progress,
     ratio,

@@ -47,9 +47,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
-from daemon import (
-    INTERVAL_S,
-    REPO_ROOT,
+from daemon import INTERVAL_S
+from servers import (
     Child,
     cpu_seconds,
     free_port,
@@ -63,7 +62,7 @@ from daemon import (
 )
 from soak import start, unit_environment, unit_environment_text
 
-from common import BENCHMARKS_MD, checkout_env, machine_and_command, write_section
+from common import BENCHMARKS_MD, REPO_ROOT, checkout_env, machine_and_command, write_section
 
 sys.path.insert(0, str(REPO_ROOT))
 from tpuwatch import config as config_module  # noqa: E402

@@ -61,7 +61,7 @@ from pathlib import Path
 
 import requests
 from container import Container, container
-from daemon import BenchmarkError, interrupt, progress
+from servers import BenchmarkError, interrupt, progress
 
 from common import BENCHMARKS_MD, REPO_ROOT, cpu_model, machine_and_command, write_section
 

@@ -53,9 +53,8 @@ from pathlib import Path
 
 import requests
 import yaml
-from daemon import (
+from servers import (
     PROMETHEUS_ACCEPT,
-    REPO_ROOT,
     BenchmarkError,
     Child,
     Fit,
@@ -71,7 +70,7 @@ from daemon import (
     wait_ready,
 )
 
-from common import BENCHMARKS_MD, checkout_env, machine_and_command, write_section
+from common import BENCHMARKS_MD, REPO_ROOT, checkout_env, machine_and_command, write_section
 
 sys.path.insert(0, str(REPO_ROOT))
 from tpuwatch.analysis.leak import LeakParams  # noqa: E402

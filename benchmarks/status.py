@@ -44,7 +44,7 @@ from pathlib import Path
 
 import requests
 import yaml
-from daemon import (
+from servers import (
     BenchmarkError,
     Child,
     cpu_seconds,
