@@ -215,3 +215,20 @@ def test_a_climb_is_judged_exactly_when_its_series_tops_its_whole_reference_as_t
         assert check.judged == expected, minute
         judged += bool(expected) and not young
     assert judged > 40  # the jobs and spikes made new highs, after the series came of age too
+
+
+def test_a_series_exactly_min_rise_above_where_its_reference_peaked_is_judged() -> None:
+    # The look where the reference peaked a minute ago ends the minute only below the bar, as the full max does:
+    # a newest value exactly `min_rise` of the capacity above it is a new high, and its climb is judged.
+    least = FastParams().min_rise * CAPACITY
+    floors = [0.0] * 130  # not young
+    check = Recording()
+    for _ in range(90):
+        floors.append(0.0)
+        check.close((0.0, 0.0), [floors, floors], 0.0, CAPACITY, MINUTE)
+    assert check.judged == []
+    floors.append(least)
+    check.close((least, least), [floors, floors], least, CAPACITY, MINUTE)
+    # The minute's own floor, the two floor histories and the high; not the five-minute floor (the second-lowest
+    # of five minutes' lows is still 0).
+    assert check.judged == [least] * 4
