@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -189,8 +190,6 @@ class Recording(FastCheck):
 def test_a_climb_is_judged_exactly_when_its_series_tops_its_whole_reference_as_the_reference_moves_on() -> None:
     # The first test looks first where the reference peaked a minute ago; a peak that has left the reference, or
     # a reference that changed as a young series came of age, must not hide a new high.  Brute force decides.
-    import random
-
     rng = random.Random(7)
     params = FastParams()
     least = params.min_rise * CAPACITY
