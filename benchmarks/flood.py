@@ -40,7 +40,8 @@ from pathlib import Path
 
 import requests
 import yaml
-from daemon import Results, measure_scrapes
+from daemon import measure_scrapes
+from daemon_report import Results
 from servers import (
     PROMETHEUS_ACCEPT,
     BenchmarkError,

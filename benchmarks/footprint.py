@@ -47,7 +47,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
-from daemon import INTERVAL_S
+from daemon_report import INTERVAL_S
 from servers import (
     Child,
     cpu_seconds,
