@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -12,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -182,6 +184,32 @@ class DaemonProcess:
         stop_process(self.proc)
         self._log.close()
         return self.proc.returncode
+
+
+KMSG_RING_LOCK = Path(tempfile.gettempdir()) / "tpuwatch-tests-kmsg-ring.lock"
+
+
+def _hold_kmsg_ring(mode: int) -> Iterator[None]:
+    fd = os.open(KMSG_RING_LOCK, os.O_RDONLY | os.O_CREAT, 0o644)  # read-only: whoever created it, any user may lock
+    try:
+        fcntl.flock(fd, mode)
+        yield
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def kmsg_ring() -> Iterator[None]:
+    """The host's kernel ring (a few hundred KiB, shared by every test worker) is not flooded while this test's
+    records wait in it: a test that floods it takes ``kmsg_flood``, alone."""
+    yield from _hold_kmsg_ring(fcntl.LOCK_SH)
+
+
+@pytest.fixture
+def kmsg_flood() -> Iterator[None]:
+    """This test writes more to the host's kernel ring than it holds: no test whose records wait there runs
+    meanwhile (``kmsg_ring``)."""
+    yield from _hold_kmsg_ring(fcntl.LOCK_EX)
 
 
 @pytest.fixture

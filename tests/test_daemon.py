@@ -264,6 +264,7 @@ def test_simulated_sdc_fails_the_canary_on_its_chip_only(start_daemon: Callable[
     assert [labels["device"] for labels in wrong] == ["1"]
 
 
+@pytest.mark.usefixtures("kmsg_ring")
 def test_kernel_log_events_reach_metrics_and_healthz(start_daemon: Callable[..., DaemonProcess],
                                                     tmp_path: Path) -> None:
     if not os.access("/dev/kmsg", os.R_OK | os.W_OK):

@@ -351,6 +351,7 @@ def test_build_collector_from_config(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK | os.W_OK), reason="needs root and /dev/kmsg")
+@pytest.mark.usefixtures("kmsg_ring")
 def test_real_kmsg_record_becomes_an_event_and_a_counter(tmp_path: Path) -> None:
     tag = f"tpuwatch-test-{uuid.uuid4().hex[:12]}"
     rules_dir = write_selftest_rule(tmp_path / "rules.d", tag)
@@ -377,6 +378,7 @@ def test_event_problems_name_critical_events_only() -> None:
 
 
 @pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK), reason="needs root and /dev/kmsg")
+@pytest.mark.usefixtures("kmsg_ring")
 def test_check_reads_this_boot_without_touching_the_daemon_position(tmp_path: Path) -> None:
     config = parse(f"state_dir: {tmp_path}\nkernel_log: {{source: kmsg, rules_dirs: []}}")
     daemon, _ = build_collector(config, lambda pci: None)

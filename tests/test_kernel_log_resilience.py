@@ -197,6 +197,7 @@ def test_file_offset_beyond_the_end_means_truncated_while_down(tmp_path: Path) -
 
 
 @pytest.mark.skipif(not os.access(KMSG, os.R_OK | os.W_OK), reason="needs root and /dev/kmsg")
+@pytest.mark.usefixtures("kmsg_ring")
 def test_kmsg_positions_of_the_wrong_shape_or_from_the_future_are_ignored(tmp_path: Path) -> None:
     tag = f"tpuwatch-test-{uuid.uuid4().hex[:12]}"
     with open(KMSG, "w") as kmsg:

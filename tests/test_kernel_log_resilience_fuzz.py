@@ -181,6 +181,7 @@ def test_fuzzed_journal_entries_in_a_real_journal_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not os.access(KMSG, os.R_OK | os.W_OK), reason="needs root and /dev/kmsg")
+@pytest.mark.usefixtures("kmsg_flood")
 def test_fuzzed_texts_through_the_real_kmsg(tmp_path: Path) -> None:
     """Random bytes (never a line any shipped rule matches: this is the host's kernel log) round-trip the kernel."""
     rng = random.Random(f"{SEED}-kmsg")

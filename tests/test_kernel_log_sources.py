@@ -27,6 +27,7 @@ from kernellog import drain
 from kernellog import records as records_of
 
 KMSG = "/dev/kmsg"
+pytestmark = pytest.mark.usefixtures("kmsg_ring")  # records wait in the host's ring: no flood meanwhile
 JOURNAL_REMOTE = "/lib/systemd/systemd-journal-remote"
 
 

@@ -216,6 +216,7 @@ def _kernel_log_probe(settings: dict[str, list[str]],
                 KERNEL_LOG_PROBE, config, cwd="/")
 
 
+@pytest.mark.usefixtures("kmsg_ring")
 def test_installed_kernel_log_collector_reads_kmsg_with_the_units_capabilities(installed: None) -> None:
     """The packaged collector, as the tpuwatch user with only CAP_SYSLOG, turns a new /dev/kmsg record into an event."""
     settings = unit_settings(Path("/", UNIT_PATH).read_text())
