@@ -8,13 +8,14 @@ live in a temporary directory; a process holds a chip by keeping its file open.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import json
 import logging
 import os
 import resource
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -35,11 +36,10 @@ from tpuwatch.jobreports.collector import JobReports
 from tpuwatch.pods.lookup import PodRef
 from tpuwatch.probe.channel import exchange
 
-from conftest import wait_until
+from conftest import require_tool, wait_until
 
 NOBODY = 65534
 TPU = "google.com/tpu"
-CLONE_NEWPID = 0x20000000
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="runs a peer as another user (needs root)")
 
 
@@ -62,18 +62,23 @@ def readings(place: Path) -> list[DeviceReading]:
                           plugin_ids=((TPU, f"tpu-{chip}"),)) for chip in range(4)]
 
 
+def start_reports(place: Path, pods: Any = None, procfs: Path | None = None, **probe: Any) -> JobReports:
+    """The daemon's side of the socket in ``place`` with ``probe`` settings, over its four simulated chips."""
+    config = config_module.parse(yaml.safe_dump({
+        "state_dir": str(place / "state"), "probe": {"socket": str(place / "probe.sock"), **probe},
+        **({"paths": {"procfs": str(procfs)}} if procfs is not None else {})}))
+    chips = Board()  # the cycle's inventory, as the devices stage publishes it
+    chips.publish(readings(place), {})
+    return JobReports(config, CanaryCollector(config), chips, pods)
+
+
 @pytest.fixture
 def serve(place: Path) -> Iterator[Callable[..., JobReports]]:
-    """Start the daemon's side of the socket with ``probe`` settings; stopped at teardown."""
+    """Start the daemon's side of the socket with ``probe`` settings (``start_reports``); stopped at teardown."""
     made: list[JobReports] = []
 
     def start(pods: Any = None, procfs: Path | None = None, **probe: Any) -> JobReports:
-        config = config_module.parse(yaml.safe_dump({
-            "state_dir": str(place / "state"), "probe": {"socket": str(place / "probe.sock"), **probe},
-            **({"paths": {"procfs": str(procfs)}} if procfs is not None else {})}))
-        chips = Board()  # the cycle's inventory, as the devices stage publishes it
-        chips.publish(readings(place), {})
-        made.append(JobReports(config, CanaryCollector(config), chips, pods))
+        made.append(start_reports(place, pods, procfs, **probe))
         return made[-1]
 
     yield start
@@ -611,32 +616,34 @@ def test_out_of_descriptors_the_socket_says_so_once_and_serves_the_waiting_repor
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-def in_new_pid_namespace(work: Callable[[], Any]) -> Any:
-    """What ``work`` returns (JSON), run as pid 1 of a PID namespace of its own (a container's first process)."""
-    reader, writer = os.pipe()
-    child = os.fork()
-    if child == 0:  # only this process's calls until _exit: unshare, fork, then work in the grandchild
-        try:
-            if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWPID) != 0:
-                os.write(writer, json.dumps({"error": os.strerror(ctypes.get_errno())}).encode())
-                os._exit(0)
-            grandchild = os.fork()
-            if grandchild == 0:
-                try:
-                    os.write(writer, json.dumps({"pid": os.getpid(), "out": work()}).encode())
-                finally:
-                    os._exit(0)
-            os.waitpid(grandchild, 0)
-        finally:
-            os._exit(0)
-    os.close(writer)
-    with os.fdopen(reader, "rb") as pipe:
-        out = json.loads(pipe.read() or b'{"error": "no answer"}')
-    os.waitpid(child, 0)
-    if "error" in out:
-        pytest.skip(f"cannot make a PID namespace here: {out['error']}")
+def in_new_pid_namespace(function: str, *args: str) -> Any:
+    """What this module's ``function`` returns (JSON) given ``args``, called by a new interpreter that runs as pid 1
+    of a PID namespace of its own (a container's first process), through unshare(1).  Skipped only where unshare
+    cannot make the namespace; the work's own failure fails the test."""
+    unshare = require_tool("unshare")
+    tried = subprocess.run([unshare, "--pid", "--fork", "true"], capture_output=True, text=True, timeout=60)
+    if tried.returncode != 0:
+        pytest.skip(f"cannot make a PID namespace here: {tried.stderr.strip()}")
+    code = ("import json, os, sys; sys.path.insert(0, sys.argv[1]); import test_jobreports_socket as t; "
+            "print(json.dumps({'pid': os.getpid(), 'out': getattr(t, sys.argv[2])(*sys.argv[3:])}))")
+    done = subprocess.run([unshare, "--pid", "--fork", sys.executable, "-c", code, str(Path(__file__).parent),
+                           function, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
     assert out["pid"] == 1
     return out["out"]
+
+
+def report_as_pid_1(place: str, procfs: str) -> dict[str, Any]:
+    """Run in ``in_new_pid_namespace``: the daemon, whose namespace sees its own pid as 1, takes a report from it."""
+    pods = Pods(PodRef(pod_uid="uid-1"))
+    part = start_reports(Path(place), pods, Path(procfs), socket=f"{place}/pid1.sock")
+    try:
+        answer = send(Path(place) / "pid1.sock", line())
+        jobs = [r.job for r in part.book.results()]
+    finally:
+        part.close()
+    return {"accepted": answer["accepted"], "jobs": jobs, "asked": [pid for pid, _ in pods.asked]}
 
 
 @needs_root
@@ -644,17 +651,8 @@ def test_the_first_process_of_the_daemon_s_pid_namespace_is_named_like_any_other
         serve: Callable[..., JobReports], place: Path) -> None:
     procfs = fake_procfs(place, 1, [0, 1, 2, 3], comm="entrypoint")  # pid 1 as the daemon's namespace sees it
     fake_procfs(place, os.getpid(), [0, 1, 2, 3], comm="trainer")
-
-    def report_as_pid_1() -> dict[str, Any]:
-        pods = Pods(PodRef(pod_uid="uid-1"))
-        part = serve(pods=pods, procfs=procfs, socket=str(place / "pid1.sock"))  # this daemon sees its own pid: 1
-        answer = send(place / "pid1.sock", line())
-        jobs = [r.job for r in part.book.results()]
-        part.close()
-        return {"accepted": answer["accepted"], "jobs": jobs, "asked": [pid for pid, _ in pods.asked]}
-
-    assert in_new_pid_namespace(report_as_pid_1) == {"accepted": True, "jobs": ["pid 1 (entrypoint) in pod UID uid-1"],
-                                                     "asked": [1]}
+    assert in_new_pid_namespace("report_as_pid_1", str(place), str(procfs)) == {
+        "accepted": True, "jobs": ["pid 1 (entrypoint) in pod UID uid-1"], "asked": [1]}
     part = serve(pods=Pods(PodRef(pod_uid="uid-2")), procfs=procfs)  # and any other process alike
     assert send(place / "probe.sock", line())["accepted"] is True
     assert [r.job for r in part.book.results()] == [f"pid {os.getpid()} (trainer) in pod UID uid-2"]
