@@ -20,7 +20,8 @@ from prometheus_client import generate_latest
 
 from tpuwatch import config as config_module
 from tpuwatch.alerting import Alerting
-from tpuwatch.alerting.db import DB_NAME, Notification, OutboxFull
+from tpuwatch.alerting.database import OutboxFull
+from tpuwatch.alerting.db import DB_NAME, Notification
 from tpuwatch.exporter import build_registry
 from tpuwatch.samples import Sample, sample
 from tpuwatch.schema import ConfigError

@@ -1,26 +1,17 @@
-"""SQLite in ``state_dir`` (WAL): alert state, what each receiver was told, counter memory, and the outbox.
-
-One connection guarded by a lock serves every thread of the process; other
-processes (``tpuwatch test-alert``) share the file safely through WAL, a busy
-timeout and per-row claims.  A full disk (or ``alerting.outbox_max_bytes``)
-makes writes fail with :class:`OutboxFull`; what is already stored is kept.
-"""
+"""The alerting database's tables (SQLite in ``state_dir``): alert state, what each receiver was told, counter memory,
+and the outbox.  Where they live (the file, or memory while it cannot be written) is ``database.Database``'s."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import sqlite3
-import threading
-import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
-from tpuwatch import statefile
 from tpuwatch.alerting import sqlitefile
+from tpuwatch.alerting.database import Database, OutboxFull
 from tpuwatch.alerting.state import Alert, fingerprint
 from tpuwatch.alerting.tracker import Row
 
@@ -53,9 +44,15 @@ CREATE TABLE IF NOT EXISTS counters (
     PRIMARY KEY (name, labels));
 """
 
-
-class OutboxFull(RuntimeError):
-    """The database cannot grow (disk full or outbox_max_bytes reached): new work is refused."""
+# Merging an in-memory database (attached as ``outage``) into a file it did not copy whole.
+_MERGE = (
+    "INSERT OR REPLACE INTO main.alerts SELECT * FROM outage.alerts",
+    "INSERT OR REPLACE INTO main.notified SELECT * FROM outage.notified",
+    "INSERT OR REPLACE INTO main.alert_keys SELECT * FROM outage.alert_keys",
+    "INSERT OR REPLACE INTO main.counters SELECT * FROM outage.counters",
+    "INSERT INTO main.outbox (receiver, key, body, created, next_attempt, attempts) "
+    "SELECT receiver, key, body, created, next_attempt, attempts FROM outage.outbox ORDER BY id",
+)
 
 
 @dataclass(frozen=True)
@@ -95,27 +92,13 @@ def priority(severities: Iterable[str]) -> int:
     return min((SEVERITY_PRIORITY.get(s, OTHER_PRIORITY) for s in severities), default=OTHER_PRIORITY)
 
 
-class AlertDB:
-    """The alerting database file, or an in-memory copy of it while the file cannot be written."""
+class AlertDB(Database):
+    """The alerting database: its alerts, counters and outbox, read and written."""
 
-    def __init__(self, path: str, max_bytes: int, memory: str | None = None, verify: bool = False) -> None:
-        """Open ``path``; with ``memory`` (why the file cannot be written) an in-memory copy of what it holds.
+    SCHEMA = _SCHEMA
+    MERGE = _MERGE
 
-        With ``verify`` a database that fails SQLite's quick check raises DatabaseError (SQLITE_CORRUPT).
-        """
-        self.path = path
-        self.max_bytes = max_bytes
-        self.problem = memory  # why the state is in memory only, None while it is in the file
-        self._lock = threading.Lock()
-        self._whole = True  # the memory copy holds all the file did (else the file is merged into, not replaced)
-        self.recovered = False  # set by recover(): the file was replaced while in use, its rows must be written again
-        self.repairs = False  # the daemon's (it holds the state_dir lock): only it replaces a file that went bad
-        if memory is None:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            self._conn = sqlitefile.connect_file(path, _SCHEMA, max_bytes, verify)
-        else:
-            self._conn, self._whole = sqlitefile.memory_copy(path, _SCHEMA, max_bytes)
-            self._say_partial()
+    def _reconnected(self) -> None:
         self._rank_unranked()
 
     def _rank_unranked(self) -> None:
@@ -126,113 +109,6 @@ class AlertDB:
                                "SELECT id, receiver, 1, '' FROM outbox WHERE id NOT IN (SELECT id FROM outbox_rank)")
         except sqlite3.Error as exc:  # a read-only file: claim() still finds them (their rank is the default)
             log.debug("cannot rank queued notifications: %s", exc)
-
-    @property
-    def in_memory(self) -> bool:
-        """True while the database lives in memory (state_dir unwritable)."""
-        return self.problem is not None
-
-    def _say_partial(self) -> None:
-        if not self._whole and self.problem is not None:
-            self.problem += (f"; what {self.path} holds is not copied into memory (too large or unreadable), it "
-                             "is kept there and merged with what happens meanwhile")
-
-    def use_memory(self, reason: str) -> None:
-        """Go on in memory, with a copy of what the file holds (reading works on a full or read-only disk)."""
-        with self._lock:
-            if self.problem is None:
-                memory, self._whole = sqlitefile.copy_to_memory(self._conn, self.path, _SCHEMA, self.max_bytes)
-                sqlitefile.close_quietly(self._conn)
-                self._conn = memory
-            self.problem = reason
-            self._say_partial()
-            self._rank_unranked()
-
-    def use_file(self) -> bool:
-        """Back to the file: the in-memory database written over it (or merged into it, when the copy was not
-        whole); False (still in memory) if the file cannot be written yet."""
-        with self._lock:
-            if self.problem is None:
-                return True
-            try:
-                conn = self._merged() if not self._whole else None
-                if conn is None:
-                    sqlitefile.write_over(self._conn, self.path)
-                    conn = sqlitefile.connect_file(self.path, _SCHEMA, self.max_bytes, verify=False)
-            except (OSError, sqlite3.Error):
-                return False
-            sqlitefile.close_quietly(self._conn)
-            self._conn, self.problem, self._whole = conn, None, True
-            self._rank_unranked()
-            return True
-
-    def _merged(self) -> sqlite3.Connection | None:
-        """The file with what memory holds merged in; None if the file is corrupt (moved aside: write over)."""
-        try:
-            return sqlitefile.merge_into(self._conn, self.path, _SCHEMA, self.max_bytes, _MERGE)
-        except sqlite3.DatabaseError as exc:
-            if not sqlitefile.corrupt(exc):
-                raise
-        moved = sqlitefile.move_aside(self.path)
-        log.error("alerting database %s is corrupt (moved aside as %s): alert state written afresh from memory",
-                  self.path, moved)
-        return None
-
-    def recover(self, exc: sqlite3.DatabaseError) -> bool:
-        """After ``exc``: if it says the file went bad while in use (overwritten, damaged by something else),
-        move it aside and go on in a fresh one; True if so (``recovered`` is then set until taken).
-
-        What the process holds (alert state, counters) is written afresh by its owner; queued notifications are
-        lost with the file.  A file that cannot be replaced leaves the database in memory.
-        """
-        if not self.repairs or not sqlitefile.went_bad(exc):
-            return False
-        with self._lock:
-            if self.problem is not None:
-                return False
-            sqlitefile.close_quietly(self._conn)
-            try:
-                moved = sqlitefile.move_aside(self.path)
-                self._conn = sqlitefile.connect_file(self.path, _SCHEMA, self.max_bytes, verify=False)
-                # Outbox ids go on above any the old file gave: a message claimed from it is never taken
-                # for another one's.
-                self._conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('outbox', ?)",
-                                   (int(time.time() * 1e6),))
-            except (OSError, sqlite3.Error) as err:
-                self._conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-                self._conn.executescript(_SCHEMA)
-                self._whole = True
-                self.problem = f"{self.path} went corrupt ({exc}) and cannot be replaced ({err})"
-                log.error("alerting database %s: kept in memory", self.problem)
-                moved = None
-            if moved is not None:
-                log.error("alerting database %s went corrupt while in use (%s): moved aside as %s; alert state is "
-                          "written afresh from memory, queued notifications are lost", self.path, exc, moved)
-                statefile.LEDGER.discard(Path(self.path), f"corrupt ({exc}), moved aside as {os.path.basename(moved)}")
-            self.recovered = True
-            return True
-
-    def close(self) -> None:
-        """Close the connection."""
-        with self._lock:
-            self._conn.close()
-
-    def _write(self, statements: Iterable[tuple[str, tuple[object, ...]]]) -> None:
-        statements = list(statements)
-        if not statements:
-            return
-        with self._lock:
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                for sql, params in statements:
-                    self._conn.execute(sql, params)
-                self._conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if self._conn.in_transaction:
-                    self._conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.OperationalError) and "full" in str(exc):
-                    raise OutboxFull(str(exc)) from None
-                raise
 
     # --- alert state -------------------------------------------------------
 
@@ -465,14 +341,3 @@ def _moved(old: str, new: str) -> list[tuple[str, tuple[object, ...]]]:
 
 def _deletions(fp: str) -> list[tuple[str, tuple[object, ...]]]:
     return [(f"DELETE FROM {table} WHERE fingerprint = ?", (fp,)) for table in ("alerts", "alert_keys")]
-
-
-# Merging an in-memory database (attached as ``outage``) into a file it did not copy whole.
-_MERGE = [
-    "INSERT OR REPLACE INTO main.alerts SELECT * FROM outage.alerts",
-    "INSERT OR REPLACE INTO main.notified SELECT * FROM outage.notified",
-    "INSERT OR REPLACE INTO main.alert_keys SELECT * FROM outage.alert_keys",
-    "INSERT OR REPLACE INTO main.counters SELECT * FROM outage.counters",
-    "INSERT INTO main.outbox (receiver, key, body, created, next_attempt, attempts) "
-    "SELECT receiver, key, body, created, next_attempt, attempts FROM outage.outbox ORDER BY id",
-]

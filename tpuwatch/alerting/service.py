@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from tpuwatch.alerting import runbooks
-from tpuwatch.alerting.db import OutboxFull
+from tpuwatch.alerting.database import OutboxFull
 from tpuwatch.alerting.dbopen import open_db
 from tpuwatch.alerting.delivery import Delivery
 from tpuwatch.alerting.dispatch import Dispatcher

@@ -12,7 +12,7 @@ import functools
 import os
 import sqlite3
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, Protocol, TypeVar
 
@@ -143,7 +143,7 @@ def copy_to_memory(conn: sqlite3.Connection, path: str, schema: str, max_bytes: 
 
 
 def merge_into(conn: sqlite3.Connection, path: str, schema: str, max_bytes: int,
-               statements: list[str]) -> sqlite3.Connection:
+               statements: Sequence[str]) -> sqlite3.Connection:
     """Open the file at ``path`` and run ``statements`` on it in one transaction, with ``conn``'s database
     attached as ``outage``; the file's connection.  Raises OSError or sqlite3.Error."""
     temp = path + ".outage"
