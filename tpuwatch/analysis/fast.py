@@ -126,8 +126,9 @@ class FastCheck:
 
     def close(self, lows: tuple[float, ...], floors: list[Any], high: float, capacity: float | None,
               bucket: float) -> FastFinding | None:
-        """One bucket closed with ``lows`` (its lowest and second-lowest readings); ``floors`` are the detector's 3
-        and 8 min floor histories, ``high`` its high."""
+        """One bucket closed with ``lows`` (its lowest and second-lowest readings); ``floors`` are the values of the
+        detector's 3 and 8 min floor histories (oldest first, as ``History.values()`` gives them), ``high`` its
+        high."""
         self._window.append(lows)
         self._lows.append(lows[-1])
         self._fives.append(sorted(v for low in self._window for v in low)[1] if len(self._window) > 1 else lows[-1])
