@@ -21,7 +21,8 @@ allocator sawtooth of a 1-5 min period), then one event at ``event_at``:
   min and levels off at 50-85 %: exponential, quadratic, cubic or square-root
   ease-out), ``warmup_sawtooth`` (the same under an allocator sawtooth) and
   ``warmup_steps`` (the same taken in steps of 0.5-3 min: a cache that grows
-  in chunks).
+  in chunks) and ``warmup_s_curve`` (the same along a logistic S of
+  steepness 6-12: slow, then fast, then slow).
 
 1 % of samples are missed.  A leak is scored by its lead: the time from the
 first page (``first_alert_at``, the daemon's and ``tpuwatch analyze``'s) to
@@ -47,6 +48,7 @@ CAPACITIES_GIB = (16, 32, 95)
 SPEEDS = ((20, 30), (30, 45), (45, 60), (60, 90), (90, 120))  # minutes to full
 FAST_LEAKS = ("linear", "under_sawtooth", "staircase")
 ADDED_LEAKS = ("uneven_staircase",)  # drawn after the look-alikes, so that the traces before them stay as they were
+ADDED_LOOK_ALIKES = ("warmup_s_curve",)  # and these after them
 LOOK_ALIKES = ("model_load", "second_model", "warmup", "warmup_sawtooth", "warmup_steps")
 EASE_OUT = ("exponential", "quadratic", "cubic", "sqrt")
 REQUIRED_LEAD_MIN = 10.0
@@ -83,6 +85,13 @@ def _ease_out(rng: np.random.Generator, x: np.ndarray) -> np.ndarray:
     if shape == "cubic":
         return 1 - (1 - x) ** 3
     return np.sqrt(x)
+
+
+def _s_curve(rng: np.random.Generator, x: np.ndarray) -> np.ndarray:
+    """A climb from 0 to 1 over x in [0, 1] (clipped) along a logistic S of steepness 6-12: slow, fast, slow."""
+    steepness = rng.uniform(6, 12)
+    low, high = 1 / (1 + np.exp(steepness / 2)), 1 / (1 + np.exp(-steepness / 2))
+    return np.clip((1 / (1 + np.exp(-steepness * (np.clip(x, 0.0, 1.0) - 0.5))) - low) / (high - low), 0.0, 1.0)
 
 
 def generate(kind: str, capacity_gib: int, rng: np.random.Generator,
@@ -129,7 +138,7 @@ def generate(kind: str, capacity_gib: int, rng: np.random.Generator,
         used += np.where(t >= event_at - 30 * MINUTE, first, 0.0)
         used += (level - first - base) * np.minimum(np.floor(since / (within / steps)) + 1, steps) / steps \
             * (t >= event_at)
-    elif kind in ("warmup", "warmup_sawtooth", "warmup_steps"):
+    elif kind in ("warmup", "warmup_sawtooth", "warmup_steps", "warmup_s_curve"):
         if kind == "warmup_sawtooth":
             used += _sawtooth(rng, t, capacity, 5)
         level = rng.uniform(0.5, 0.85) * capacity - float(used[t < event_at].max())
@@ -137,7 +146,8 @@ def generate(kind: str, capacity_gib: int, rng: np.random.Generator,
         if kind == "warmup_steps":  # the cache grows in chunks: its ease-out taken in steps of 0.5-3 min
             every = rng.uniform(0.5, 3) * MINUTE
             since = np.ceil(since / every) * every
-        used += max(level, 0.05 * capacity) * _ease_out(rng, since / within)
+        shape = _s_curve if kind == "warmup_s_curve" else _ease_out
+        used += max(level, 0.05 * capacity) * shape(rng, since / within)
     used = np.clip(used, 0, capacity)
     keep = rng.random(t.size) > 0.01
     epoch = 1_700_000_000.0 + float(rng.integers(0, 10**6)) * STEP_S
@@ -153,15 +163,21 @@ def traces(per_cell: int, seed: int) -> Iterator[FastTrace]:
             for capacity in CAPACITIES_GIB:
                 for _ in range(per_cell):
                     yield generate(kind, capacity, rng, speed)
-    for kind in LOOK_ALIKES:
-        for capacity in CAPACITIES_GIB:
-            for _ in range(per_cell * len(SPEEDS)):
-                yield generate(kind, capacity, rng)
+    yield from _look_alikes(LOOK_ALIKES, per_cell, rng)
     for kind in ADDED_LEAKS:
         for speed in SPEEDS:
             for capacity in CAPACITIES_GIB:
                 for _ in range(per_cell):
                     yield generate(kind, capacity, rng, speed)
+    yield from _look_alikes(ADDED_LOOK_ALIKES, per_cell, rng)
+
+
+def _look_alikes(kinds: Sequence[str], per_cell: int, rng: np.random.Generator) -> Iterator[FastTrace]:
+    """As many traces of each look-alike kind and capacity as there are of each leak kind and capacity."""
+    for kind in kinds:
+        for capacity in CAPACITIES_GIB:
+            for _ in range(per_cell * len(SPEEDS)):
+                yield generate(kind, capacity, rng)
 
 
 def first_alert(trace: FastTrace, params: LeakParams | None = None) -> float | None:

@@ -10,6 +10,8 @@ import dataclasses
 import math
 import random
 
+import pytest
+
 from tpuwatch.analysis.fast import FastParams
 from tpuwatch.analysis.leak import LeakDetector, LeakParams
 
@@ -128,3 +130,28 @@ def test_a_20_minute_leak_is_paged_on_three_findings_when_a_fourth_would_leave_u
     assert page is not None and full - page >= 10 * MINUTE
     waited = first_page(points, dataclasses.replace(LeakParams(), fast=FastParams(urgent=4)))
     assert waited is not None and 9 * MINUTE <= full - waited < 10 * MINUTE
+
+
+def s_curve(steepness: float, within_min: float, level: float) -> list[tuple[float, float]]:
+    """3 h at 30 %, then a cache that warms up along a logistic S over ``within_min`` minutes (slow, then fast,
+    then slow) to ``level`` of the chip, and stays there for an hour."""
+    low, high = 1 / (1 + math.exp(steepness / 2)), 1 / (1 + math.exp(-steepness / 2))
+    points = []
+    for i in range(int((BEFORE + 60 * MINUTE) / STEP)):
+        t = i * STEP
+        x = min(1.0, max(0.0, t - BEFORE) / (within_min * MINUTE))
+        share = (1 / (1 + math.exp(-steepness * (x - 0.5))) - low) / (high - low) if 0 < x < 1 else x
+        points.append((START + t, (0.3 + (level - 0.3) * share) * CAPACITY + jitter(i)))
+    return points
+
+
+@pytest.mark.parametrize(("steepness", "within_min", "level"),
+                         [(6, 20, 0.7), (8, 15, 0.6), (10, 25, 0.7), (12, 20, 0.6)])
+def test_an_s_shaped_warm_up_past_its_steepest_is_seen_slowing_down_on_its_newest_minutes(
+        steepness: float, within_min: float, level: float) -> None:
+    # Over its whole climb an S bends by little (it sped up first); each of these paged, late in its climb, before
+    # the newest half of the climb was judged on its own.
+    points = s_curve(steepness, within_min, level)
+    assert first_page(points) is None
+    whole_only = dataclasses.replace(LeakParams(), fast=dataclasses.replace(FastParams(), newest=10**6))
+    assert first_page(points, whole_only) is not None

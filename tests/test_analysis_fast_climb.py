@@ -260,3 +260,20 @@ def test_a_climb_of_three_minutes_bends_at_the_least_curvature_unwidened() -> No
     least = FastParams().decelerating * 1e-4 * capacity * curvature_error(3)
     climb = [100.0 + 12.0 * t - 1.5 * least * t * t for t in range(-3, 1)]
     assert judge([0.0] * 3, climb, climb[-1], capacity, shortest=3) is LEVELS
+
+
+def test_a_climb_that_sped_up_and_now_slows_down_levels_off_on_its_newest_half() -> None:
+    # An S over 16 minutes, 500 + 3u - 0.01u^3 for u = -8..8, point-symmetric about its middle: the quadratic over
+    # the whole climb bends by nothing.  Its newest half (u = 0..8, span 8 >= 2 x newest) fits a quadratic whose
+    # slope now falls fast enough to show through its own residuals: it tops out b^2 / 4|c| above the high.
+    u = np.arange(-16, 1, dtype=float) + 8
+    climb = list(500.0 + 3.0 * u - 0.01 * u**3)
+    curvature, slope, _ = np.polyfit(np.arange(-8, 1, dtype=float), climb[-9:], 2)
+    top = slope * slope / (4.0 * -curvature)
+    assert judge([400.0] * 3, climb, climb[-1], climb[-1] + top + 0.2) is LEVELS
+    found = judge([400.0] * 3, climb, climb[-1], climb[-1] + top - 0.2)  # would top out above capacity
+    assert found is not None and found not in (LEVELS, STEADY)
+    assert found.slope == pytest.approx(np.polyfit(u, climb, 1)[0] / MINUTE, rel=1e-9)  # projected straight
+    whole_only = dataclasses.replace(FastParams(), newest=10**6)
+    found = judge([400.0] * 3, climb, climb[-1], climb[-1] + top + 0.2, params=whole_only)
+    assert found is not None and found not in (LEVELS, STEADY)

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from tpuwatch.analysis.fast import LEVELS, STEADY, FastCheck, FastFinding, FastParams, _fits, _precedent
+from tpuwatch.analysis.fast import LEVELS, STEADY, FastCheck, FastFinding, FastParams, _precedent
+from tpuwatch.analysis.quadratic import fits
 
 CAPACITY = 16 * 1024.0**3
 MINUTE = 60.0
@@ -20,8 +21,8 @@ MINUTE = 60.0
 @pytest.mark.parametrize("span", [4, 6, 15, 30, 87])
 def test_the_fits_weights_give_back_a_quadratics_level_slope_and_curvature_and_a_lines_slope(span: int) -> None:
     ts = range(-span, 1)
-    line, level, slope, curvature, norm = _fits.__wrapped__(span)  # not the cache: computed by this code
-    assert _fits(span) == (line, level, slope, curvature, norm)
+    line, level, slope, curvature, norm = fits.__wrapped__(span)  # not the cache: computed by this code
+    assert fits(span) == (line, level, slope, curvature, norm)
     quadratic = [3.0 - 0.7 * t + 0.05 * t * t for t in ts]  # at t = 0: 3.0, slope -0.7, half the acceleration 0.05
     assert sum(w * y for w, y in zip(level, quadratic)) == pytest.approx(3.0, abs=1e-9)
     assert sum(w * y for w, y in zip(slope, quadratic)) == pytest.approx(-0.7, abs=1e-9)

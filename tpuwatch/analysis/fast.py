@@ -19,7 +19,9 @@ without lag and whose teeth's tops fill the chip).  On each, in order:
 3. its shape: a quadratic's slope and bend (``decelerating`` standard errors,
    widened by the residuals' AR(1) factor up to ``max_lag``); a bend that
    levels off below capacity is a warm-up and vetoes; a climb too rough for a
-   bend to show (``bend``) waits;
+   bend to show (``bend``) waits; a climb of ``2 x newest`` minutes or more
+   whose newest half alone bends by ``newest_bar`` times that bar and levels
+   off is a warm-up too (an S: it sped up, then slowed down);
 4. a projection from the high, plus a staircase's largest step (at most half
    the room), within ``horizon``, and within ``near`` even at the faster end
    of the slope's ``confidence`` interval.
@@ -45,10 +47,10 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from functools import lru_cache
 from itertools import islice, pairwise
 from typing import Any
 
+from tpuwatch.analysis.quadratic import fits, quadratic
 from tpuwatch.analysis.teeth import Teeth, TeethParams
 
 
@@ -70,6 +72,8 @@ class FastParams:
     confidence: float = 3.0
     bend: float = 1.5
     max_lag: float = 0.8
+    newest: int = 4
+    newest_bar: float = 2.0
     onset: float = 0.33
     least_reference: int = 3
     young_shortest: int = 15
@@ -289,26 +293,15 @@ class FastCheck:
         diffs = sorted(b - a for a, b in zip(reference, reference[1:]))
         center = diffs[len(diffs) // 2]
         spread = sorted(abs(d - center) for d in diffs)[len(diffs) // 2]
-        noise = max(1.4826 * spread / math.sqrt(2.0), 1e-4 * capacity)  # of one floor value
-        fit_m, fit_a, fit_b, fit_c, norm_c = _fits(span)
+        floor_noise = max(1.4826 * spread / math.sqrt(2.0), 1e-4 * capacity)  # of one floor value
+        fit_m, _, fit_b, _, norm_c = fits(span)
         slope = sum(w * y for w, y in zip(fit_m, climb)) / bucket  # the straight line's, per second
-        level = sum(w * y for w, y in zip(fit_a, climb))  # the quadratic's level, slope and half its
-        current = sum(w * y for w, y in zip(fit_b, climb))  # acceleration at the newest floor, per bucket
-        curvature = sum(w * y for w, y in zip(fit_c, climb))
-        if span > 3:  # what the quadratic leaves unexplained (a staircase's steps, a sawtooth's teeth)
-            residuals = [y - level - current * t - curvature * t * t for t, y in zip(range(-span, 1), climb)]
-            squares = sum(r * r for r in residuals)
-            noise = max(noise, math.sqrt(squares / (span - 2)))
-            # Residuals that follow each other (a staircase's flat steps, a sawtooth's tops held for minutes)
-            # hold fewer independent values than minutes: the bend's standard error grows by the AR(1) factor.
-            lag = sum(a * b for a, b in zip(residuals, residuals[1:])) / squares if squares > 0 else 0.0
-            lag = min(max(lag, 0.0), p.max_lag)
-            inflation = math.sqrt((1.0 + lag) / (1.0 - lag))
-        else:
-            inflation = 1.0
+        current, curvature, noise, inflation = quadratic(climb, floor_noise, p.max_lag)
         resolution = p.decelerating * noise * norm_c  # the least curvature told from noise
         if resolution > p.bend * slope * bucket / span:
             return None  # too rough yet to see the climb bend, if it does: wait for a longer one
+        if span >= 2 * p.newest and _levels_now(climb[-(span // 2) - 1:], floor_noise, p, capacity - high):
+            return LEVELS  # its newest half slows down and levels off (an S-shaped warm-up past its steepest)
         if -resolution * inflation <= curvature < -resolution:
             return None  # a bend only if the minutes were independent: neither a warm-up's nor a steady climb
         if curvature < -resolution:
@@ -359,25 +352,12 @@ def _precedent(values: list[float], tolerance: float) -> float:
     return peaks[0]
 
 
-@lru_cache(maxsize=128)
-def _fits(span: int) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...], tuple[float, ...], float]:
-    """Least-squares weights over t = -span..0: the straight line's slope; the quadratic a + b t + c t^2's a, b
-    (the slope at the newest point) and c (half the acceleration); and the norm of c's weights (its standard
-    error per unit of noise)."""
-    ts = [float(t) for t in range(-span, 1)]
-    mean = sum(ts) / len(ts)
-    spread = sum((t - mean) ** 2 for t in ts)
-    line = tuple((t - mean) / spread for t in ts)
-    sums = [sum(t**k for t in ts) for k in range(5)]
-    inverse = _inverse3([[sums[i + j] for j in range(3)] for i in range(3)])
-    a, b, c = ([sum(inverse[r][k] * t**k for k in range(3)) for t in ts] for r in range(3))
-    return line, tuple(a), tuple(b), tuple(c), math.sqrt(sum(w * w for w in c))
-
-
-def _inverse3(m: list[list[float]]) -> list[list[float]]:
-    (a, b, c), (d, e, f), (g, h, i) = m
-    det = a * (e * i - f * h) - b * (d * i - f * g) + c * (d * h - e * g)
-    cof = [[e * i - f * h, c * h - b * i, b * f - c * e],
-           [f * g - d * i, a * i - c * g, c * d - a * f],
-           [d * h - e * g, b * g - a * h, a * e - b * d]]
-    return [[v / det for v in row] for row in cof]
+def _levels_now(newest: list[float], noise: float, p: FastParams, room: float) -> bool:
+    """Whether ``newest`` (the newest half of a climb) slows down by over ``newest_bar`` times ``decelerating``
+    standard errors (widened by its AR(1) factor: few minutes, a high bar) while still rising, and tops out
+    (b^2 / 4|c| above the high) within ``room``.  A climb that sped up, then slows down (an S-shaped warm-up) fits
+    no bend over its whole length."""
+    current, curvature, noise, inflation = quadratic(newest, noise, p.max_lag)
+    if current <= 0 or curvature >= -p.newest_bar * p.decelerating * noise * fits(len(newest) - 1)[4] * inflation:
+        return False
+    return current * current / (4.0 * -curvature) < room
