@@ -277,3 +277,17 @@ def test_a_climb_that_sped_up_and_now_slows_down_levels_off_on_its_newest_half()
     whole_only = dataclasses.replace(FastParams(), newest=10**6)
     found = judge([400.0] * 3, climb, climb[-1], climb[-1] + top + 0.2, params=whole_only)
     assert found is not None and found not in (LEVELS, STEADY)
+
+
+def test_a_climb_of_exactly_twice_newest_minutes_is_judged_on_its_newest_half() -> None:
+    # Span 8 = 2 x newest: 50 + 0.3u - 0.004u^3 for u = -4..4, at a scale where the slope now is under 1 a bucket.
+    # The whole climb bends by nothing; its newest half (5 values) tops out within the room given.  With newest 5
+    # (a span under twice it) the newest half is not judged and the climb is projected.
+    u = np.arange(-8, 1, dtype=float) + 4
+    climb = list(50.0 + 0.3 * u - 0.004 * u**3)
+    curvature, slope, _ = np.polyfit(np.arange(-4, 1, dtype=float), climb[-5:], 2)
+    room = slope * slope / (4.0 * -curvature) + 0.05
+    assert 0 < slope < 1
+    assert judge([40.0] * 3, climb, climb[-1], climb[-1] + room) is LEVELS
+    found = judge([40.0] * 3, climb, climb[-1], climb[-1] + room, params=dataclasses.replace(FastParams(), newest=5))
+    assert found is not None and found not in (LEVELS, STEADY)

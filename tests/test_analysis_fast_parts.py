@@ -9,9 +9,10 @@ import math
 import random
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 
-from tpuwatch.analysis.fast import LEVELS, STEADY, FastCheck, FastFinding, FastParams, _precedent
+from tpuwatch.analysis.fast import LEVELS, STEADY, FastCheck, FastFinding, FastParams, _levels_now, _precedent
 from tpuwatch.analysis.quadratic import fits
 
 CAPACITY = 16 * 1024.0**3
@@ -232,3 +233,27 @@ def test_a_series_exactly_min_rise_above_where_its_reference_peaked_is_judged() 
     # The minute's own floor, the two floor histories and the high; not the five-minute floor (the second-lowest
     # of five minutes' lows is still 0).
     assert check.judged == [least] * 4
+
+
+def test_a_newest_half_whose_residuals_follow_each_other_needs_a_bend_past_its_widened_bar() -> None:
+    # Newest values: a line, a bend and a small cubic wobble (what a quadratic leaves of it runs in blocks: its
+    # lag-one autocorrelation is positive).  Worked out with numpy: the residuals' noise (span - 2 degrees of
+    # freedom), their AR(1) factor and the bar, newest_bar x decelerating x noise x the curvature's standard error.
+    # A bend between the bar and the bar widened by the factor is no levelling off; one past the widened bar is.
+    params = FastParams()
+    t = np.arange(-8, 1, dtype=float)
+    wobble = 0.0005 * (t + 4) ** 3
+    basis = np.vander(t, 3)
+    own = np.linalg.lstsq(basis, wobble, rcond=None)[0]
+    residuals = wobble - basis @ own
+    noise = math.sqrt(float((residuals**2).sum()) / 6)
+    lag = float((residuals[:-1] * residuals[1:]).sum() / (residuals**2).sum())
+    factor = math.sqrt((1 + lag) / (1 - lag))
+    assert 0 < lag < params.max_lag
+    bar = params.newest_bar * params.decelerating * noise * math.sqrt(float(np.linalg.inv(basis.T @ basis)[0, 0]))
+
+    def newest(bend: float) -> list[float]:
+        return list(5.0 + 0.5 * t + (bend - own[0]) * t * t + wobble)
+
+    assert not _levels_now(newest(-bar * (1 + factor) / 2), 1e-6, params, 100.0)
+    assert _levels_now(newest(-bar * factor * 1.05), 1e-6, params, 100.0)
