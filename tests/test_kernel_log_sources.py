@@ -18,7 +18,7 @@ from tpuwatch.kernel_log import journal as journal_source
 from tpuwatch.kernel_log.filesource import FileSource
 from tpuwatch.kernel_log.journal import JournalSource
 from tpuwatch.kernel_log.opening import open_source
-from tpuwatch.kernel_log.records import Record, parse_kmsg
+from tpuwatch.kernel_log.records import KmsgRecord, Record, parse_kmsg
 from tpuwatch.kernel_log.sources import KmsgSource, SequenceTracker
 from tpuwatch.schema import ConfigError
 
@@ -80,8 +80,8 @@ def test_kmsg_reads_new_records_and_resumes_after_restart_without_duplicates_or_
     second.close()
 
 
-def _write_kmsg_at(text: str) -> int:
-    """Write a record; its kmsg timestamp (microseconds), read back from the ring."""
+def _write_kmsg_record(text: str) -> KmsgRecord:
+    """Write a record; the record as the ring holds it (its sequence number and timestamp), read back."""
     fd = os.open(KMSG, os.O_RDONLY | os.O_NONBLOCK)
     try:
         os.lseek(fd, 0, os.SEEK_END)
@@ -89,9 +89,14 @@ def _write_kmsg_at(text: str) -> int:
         while True:
             record = parse_kmsg(os.read(fd, 8192).decode("utf-8", "replace"))
             if record is not None and record.record.message == text[3:].rstrip("\n"):
-                return record.usec
+                return record
     finally:
         os.close(fd)
+
+
+def _write_kmsg_at(text: str) -> int:
+    """Write a record; its kmsg timestamp (microseconds), read back from the ring."""
+    return _write_kmsg_record(text).usec
 
 
 @needs_kmsg
@@ -157,9 +162,12 @@ def test_kmsg_is_read_by_a_thread_of_its_own_into_a_bounded_queue(tmp_path: Path
     test's is lost."""
     monkeypatch.setattr(sources, "KMSG_QUEUE_BYTES", 400)
     tag = f"tpuwatch-test-{uuid.uuid4().hex[:12]}"
-    # A second of lookback, not 0: printk's clock lags CLOCK_MONOTONIC (by half a millisecond on a host up half a
-    # day), so a record written right after the source read the clock may stamp an earlier time and be passed over.
-    source = KmsgSource(KMSG, tmp_path / "kmsg.json", read_boot_id(), lookback=1.0)
+    # Read from a record of its own on, as from a saved position: a first start would read the lookback's records
+    # too, and another test may have written hundreds of KiB to the ring in the second before (the fuzz test, whose
+    # flood this test once spent its 10 s draining 400 bytes at a time).
+    start = _write_kmsg_record(f"<4>{tag}: start\n")
+    (tmp_path / "kmsg.json").write_text(json.dumps({"boot_id": read_boot_id(), "seq": start.seq}))
+    source = KmsgSource(KMSG, tmp_path / "kmsg.json", read_boot_id())
     source.start()
     try:
         thread = source._thread
