@@ -99,9 +99,6 @@ class AlertDB(Database):
     MERGE = _MERGE
 
     def _reconnected(self) -> None:
-        self._rank_unranked()
-
-    def _rank_unranked(self) -> None:
         """Give queued rows without a rank (written by a tpuwatch that kept none, or merged in from memory) the
         default one: one group per receiver, so they keep their order among themselves."""
         try:
